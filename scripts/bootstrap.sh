@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
+# system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server),
+# .venv with the pinned lock (CPU torch) and this package in editable mode,
+# .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+need_apt=()
+command -v mpirun >/dev/null || need_apt+=(openmpi-bin)
+command -v git-lfs >/dev/null || need_apt+=(git-lfs)
+if ((${#need_apt[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "bootstrap: apt-get install ${need_apt[*]}"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "bootstrap: optional system packages missing (${need_apt[*]}); tests that need them will be skipped" >&2
+  fi
+fi
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+want=$(stamp_of requirements/lock.txt pyproject.toml)
+if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing .venv (pinned, CPU torch; first time takes a few minutes)"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/lock.txt
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  echo "$want" > .venv/.stamp
+fi
+
+want=$(stamp_of requirements/olah.txt)
+if [ "$(cat .venv-olah/.stamp 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing .venv-olah (HF hub mirror for tests)"
+  [ -x .venv-olah/bin/python ] || "$PYTHON" -m venv .venv-olah
+  .venv-olah/bin/python -m pip install -q --disable-pip-version-check -r requirements/olah.txt
+  echo "$want" > .venv-olah/.stamp
+fi
