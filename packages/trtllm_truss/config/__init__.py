@@ -1,0 +1,63 @@
+"""The `model_metadata.trt_llm` configuration: schema, sources (file, env, DJL aliases), provenance.
+
+See docs/configuration.md for every key, its default and the override scheme.
+"""
+
+from trtllm_truss.config.accelerator import GPU_COMPUTE_CAPABILITY, Accelerator, parse_accelerator
+from trtllm_truss.config.errors import ConfigError
+from trtllm_truss.config.loader import ResolvedConfig, load_config
+from trtllm_truss.config.locations import RepositoryLocation, is_hub_repo_id, resolve_repository
+from trtllm_truss.config.schema import (
+    Architecture,
+    AwqFormat,
+    AwqOptions,
+    Backend,
+    BaichuanModelVersion,
+    BatchSchedulerPolicy,
+    BuildConfig,
+    ChatglmModelVersion,
+    Device,
+    Dtype,
+    PluginConfiguration,
+    PytorchEngineConfig,
+    Quantization,
+    RuntimeConfig,
+    ServeConfig,
+    SmoothQuantOptions,
+    SyntheticEngineConfig,
+    TrtLlmConfig,
+)
+from trtllm_truss.config.sources import DJL_ALIASES, Source, env_name
+
+__all__ = [
+    "GPU_COMPUTE_CAPABILITY",
+    "DJL_ALIASES",
+    "Accelerator",
+    "Architecture",
+    "AwqFormat",
+    "AwqOptions",
+    "Backend",
+    "BaichuanModelVersion",
+    "BatchSchedulerPolicy",
+    "BuildConfig",
+    "ChatglmModelVersion",
+    "ConfigError",
+    "Device",
+    "Dtype",
+    "PluginConfiguration",
+    "PytorchEngineConfig",
+    "Quantization",
+    "RepositoryLocation",
+    "ResolvedConfig",
+    "RuntimeConfig",
+    "ServeConfig",
+    "SmoothQuantOptions",
+    "Source",
+    "SyntheticEngineConfig",
+    "TrtLlmConfig",
+    "env_name",
+    "is_hub_repo_id",
+    "load_config",
+    "parse_accelerator",
+    "resolve_repository",
+]

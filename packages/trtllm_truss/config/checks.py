@@ -1,0 +1,73 @@
+"""Checks of the section against the hardware named in `resources.accelerator` (no probing)."""
+
+from __future__ import annotations
+
+from trtllm_truss.config.accelerator import (
+    BF16_MIN_COMPUTE_CAPABILITY,
+    FP8_MIN_COMPUTE_CAPABILITY,
+    Accelerator,
+    gpus_with_compute_capability,
+)
+from trtllm_truss.config.errors import SECTION_PATH
+from trtllm_truss.config.schema import AwqFormat, Backend, Dtype, Quantization, TrtLlmConfig
+
+
+def hardware_problems(config: TrtLlmConfig, accelerator: Accelerator | None) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for parallelism, FP8 and bfloat16 versus the requested GPUs."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    mode_path = f"{SECTION_PATH}.{config.mode}"
+    tp, pp, world = config.tensor_parallel_count, config.pipeline_parallel_count, config.world_size
+    if accelerator is None:
+        if world > 1:
+            problems.append(
+                f"{mode_path}.tensor_parallel_count: tensor_parallel_count {tp} x pipeline_parallel_count {pp}"
+                f" needs {world} GPUs but resources.accelerator is not set;"
+                f" set e.g. resources.accelerator: H100:{world}"
+            )
+        if config.runtime.backend is Backend.TENSORRTLLM:
+            problems.append(
+                f"{SECTION_PATH}.runtime.backend: tensorrtllm needs a GPU but resources.accelerator is not set;"
+                " set it, or use backend auto or pytorch"
+            )
+    else:
+        if world > accelerator.count:
+            problems.append(
+                f"{mode_path}.tensor_parallel_count: tensor_parallel_count {tp} x pipeline_parallel_count {pp}"
+                f" = {world} GPUs, but resources.accelerator is {accelerator}; set resources.accelerator:"
+                f" {accelerator.gpu}:{world} or lower the counts"
+            )
+        elif world < accelerator.count:
+            warnings.append(
+                f"{mode_path}.tensor_parallel_count: the engine uses {world} of the {accelerator.count} GPUs"
+                f" of resources.accelerator {accelerator}"
+            )
+    build = config.build
+    if (
+        build is not None
+        and config.runtime.backend is Backend.PYTORCH
+        and build.quantization_type is not Quantization.NO_QUANT
+    ):
+        warnings.append(
+            f"{SECTION_PATH}.build.quantization_type: {build.quantization_type.value} is not applied by the"
+            " pytorch stand-in engine (runtime.backend pytorch)"
+        )
+    sm = accelerator.compute_capability if accelerator is not None else None
+    if build is None or sm is None:
+        return problems, warnings
+    capability = f"{accelerator.gpu} is SM {sm // 10}.{sm % 10}"
+    if build.quantization_type.is_fp8 and sm < FP8_MIN_COMPUTE_CAPABILITY:
+        problems.append(
+            f"{SECTION_PATH}.build.quantization_type: {build.quantization_type.value} needs SM >= 8.9"
+            f" ({', '.join(gpus_with_compute_capability(FP8_MIN_COMPUTE_CAPABILITY))}) but {capability};"
+            " use weights_int8, smooth_quant or awq, or a newer GPU"
+        )
+    if (
+        build.quantization_type is Quantization.AWQ
+        and build.awq.format is AwqFormat.W4A8_AWQ
+        and sm < FP8_MIN_COMPUTE_CAPABILITY
+    ):
+        problems.append(f"{SECTION_PATH}.build.awq.format: w4a8_awq needs SM >= 8.9 but {capability}; use int4_awq")
+    if build.dtype is Dtype.BFLOAT16 and sm < BF16_MIN_COMPUTE_CAPABILITY:
+        problems.append(f"{SECTION_PATH}.build.dtype: bfloat16 needs SM >= 8.0 but {capability}; use float16")
+    return problems, warnings
