@@ -1,20 +1,67 @@
 """The serving plan: configuration + probed facts, every default resolved, frozen.
 
 Stages after this one (artifacts, repository, supervisor, service) read only the plan.
-`make_plan` and the cache key are filled in by the artifacts work (issue 5); the dataclass below is
-the contract the repository renderer and the service code against.
+`make_plan` is pure given its inputs: machine facts are probed beforehand (`trtllm_truss.probe`) and
+passed in, and nothing is downloaded here. The plan says where every artifact will be and what must be
+fetched to put it there; `trtllm_truss.artifacts.prepare_artifacts` does the fetching and returns the
+plan with the engine's own limits filled in.
+
+Paths in the plan:
+- serve + tensorrtllm: `engine_dir` / `tokenizer_dir` are the download directories (or the local dirs).
+- build + tensorrtllm: `engine_dir` is None until the build stage publishes the engine into the cache
+  under `engine_cache_key(...)`; `tokenizer_dir` is the checkpoint's tokenizer files.
+- pytorch (the stand-in): `model_dir` is the checkpoint it runs (the build checkpoint, or
+  `runtime.pytorch.model`, which serve mode requires), and the tokenizer comes with it in build mode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from trtllm_truss.probe import RuntimeFacts
 
 if TYPE_CHECKING:
-    from trtllm_truss.config import RuntimeConfig
+    from trtllm_truss.artifacts.engine_config import EngineInfo
+    from trtllm_truss.config import ResolvedConfig, RuntimeConfig
 
 Backend = Literal["tensorrtllm", "pytorch"]
+ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint"]
+ArtifactKind = Literal["engine", "tokenizer", "checkpoint"]
+
+# Bump when the key's inputs or the cached directory layout change meaning: old entries stop matching.
+ENGINE_CACHE_KEY_VERSION = 1
+ARTIFACTS_DIR_ENV = "TRTLLM_TRUSS_ARTIFACTS_DIR"
+DEFAULT_ARTIFACTS_DIR = Path("~/.cache/trtllm-truss")
+# Build fields that do not change the engine bytes: where it is published, and where the checkpoint
+# lives (its identity enters the key as the resolved revision instead, so a moved local folder or a
+# branch name never decides reuse).
+_KEY_EXCLUDED_BUILD_FIELDS = ("publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision")
+# Limits the pytorch stand-in uses in serve mode when the checkpoint config has no context length.
+_FALLBACK_CONTEXT_LEN = 2048
+
+
+class PlanError(ValueError):
+    """The configuration cannot run on this machine; one line naming the key to change."""
+
+
+@dataclass(frozen=True)
+class ArtifactRequest:
+    """One artifact to make available before serving (or building)."""
+
+    role: ArtifactRole
+    source: str  # as configured: hub id, s3:// URL or path
+    location: Literal["hub", "s3", "local"]
+    kind: ArtifactKind
+    dest: Path  # where the files will be; for local sources the directory itself
+    revision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -24,13 +71,289 @@ class ServingPlan:
     max_batch_size: int
     max_input_len: int
     max_output_len: int
-    runtime: "RuntimeConfig"
+    runtime: RuntimeConfig
     engine_dir: Path | None = None  # TensorRT-LLM engine (backend "tensorrtllm")
     model_dir: Path | None = None  # Hugging Face checkpoint run by the stand-in (backend "pytorch")
     max_beam_width: int = 1
     tensor_parallel_count: int = 1
     pipeline_parallel_count: int = 1
+    # --- added by the plan stage (all defaulted, so hand-made plans in tests stay short) ---
+    mode: Literal["build", "serve"] = "build"
+    backend_reason: str = ""  # why `backend` was chosen (shown by validate/serve)
+    fetches: tuple[ArtifactRequest, ...] = ()  # what prepare_artifacts fetches before serving
+    checkpoint: ArtifactRequest | None = None  # build + tensorrtllm: fetched by the builder on a cache miss
+    build: Any = None  # build + tensorrtllm: the normalised BuildConfig the builder and cache key use
+    facts: RuntimeFacts = field(default_factory=RuntimeFacts)
+    # False while max_* are provisional: serve mode learns them from the engine (or the stand-in's
+    # checkpoint) in prepare_artifacts. Renderers should refuse a plan whose limits are not final.
+    limits_final: bool = True
+    artifacts_dir: Path | None = None
+    truss_dir: Path | None = None
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_count * self.pipeline_parallel_count
+
+    def with_engine(self, engine_dir: Path, info: EngineInfo) -> ServingPlan:
+        """The plan once a verified engine is in place: its directory and its own limits."""
+        return dataclasses.replace(
+            self,
+            engine_dir=Path(engine_dir),
+            max_batch_size=info.max_batch_size,
+            max_input_len=info.max_input_len,
+            max_output_len=info.output_len_limit,
+            max_beam_width=info.max_beam_width,
+            limits_final=True,
+        )
+
+
+# --- backend choice ------------------------------------------------------------------------------
+
+
+def choose_backend(requested: str, facts: RuntimeFacts, world_size: int) -> tuple[Backend, str]:
+    """Resolve `runtime.backend`: `auto` -> tensorrtllm only when TensorRT-LLM and enough GPUs are really there."""
+    requested = getattr(requested, "value", requested)
+    if requested == "pytorch":
+        return "pytorch", "runtime.backend is pytorch"
+    if requested == "tensorrtllm":
+        if not facts.trtllm_usable:
+            raise PlanError(
+                f"runtime.backend is tensorrtllm but {facts.trtllm_unavailable_reason}; "
+                "set runtime.backend: auto (or pytorch) to run the PyTorch stand-in on this machine"
+            )
+        if facts.gpu_count < world_size:
+            raise PlanError(
+                f"runtime.backend is tensorrtllm with world size {world_size} (tensor x pipeline parallel) but "
+                f"{facts.gpu_count} GPU(s) are visible; lower tensor_parallel_count/pipeline_parallel_count "
+                f"or run on {world_size} GPUs"
+            )
+        return "tensorrtllm", f"runtime.backend is tensorrtllm (TensorRT-LLM {facts.trtllm_version})"
+    if requested != "auto":
+        raise PlanError(f"runtime.backend is {requested!r}; allowed values: auto, tensorrtllm, pytorch")
+    if not facts.trtllm_usable:
+        return "pytorch", f"backend auto -> pytorch: {facts.trtllm_unavailable_reason}"
+    if facts.gpu_count < world_size:
+        return "pytorch", (
+            f"backend auto -> pytorch: world size {world_size} needs {world_size} GPUs, {facts.gpu_count} visible"
+        )
+    return "tensorrtllm", f"backend auto -> tensorrtllm: TensorRT-LLM {facts.trtllm_version} on {facts.gpu_model}"
+
+
+# --- artifact locations --------------------------------------------------------------------------
+
+
+def artifacts_dir_from(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(ARTIFACTS_DIR_ENV) or DEFAULT_ARTIFACTS_DIR).expanduser()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", text).strip("-.") or "default"
+
+
+def _request(
+    resolved: ResolvedConfig,
+    role: ArtifactRole,
+    source: str,
+    revision: str | None,
+    kind: ArtifactKind,
+    artifacts_dir: Path,
+    key_path: str,
+) -> ArtifactRequest:
+    """Where `source` will be on disk. Only checks path existence (via the config's resolver)."""
+    try:
+        location = resolved.resolve_repository(source)
+    except ValueError as exc:
+        raise PlanError(f"model_metadata.trt_llm.{key_path}: {exc}") from None
+    if location.kind == "local":
+        assert location.local_path is not None
+        if revision:
+            raise PlanError(
+                f"model_metadata.trt_llm.{key_path}: {source!r} is a local folder, which has no revisions; "
+                "remove the revision setting"
+            )
+        return ArtifactRequest(role, source, "local", kind, location.local_path, None)
+    name = location.repo_id if location.kind == "hub" else f"s3--{location.bucket}--{location.prefix}"
+    dest = artifacts_dir / "downloads" / kind / _slug(str(name)) / _slug(revision or "default")
+    return ArtifactRequest(role, source, location.kind, kind, dest, revision)
+
+
+# --- make_plan -----------------------------------------------------------------------------------
+
+
+def make_plan(
+    resolved: ResolvedConfig,
+    facts: RuntimeFacts,
+    *,
+    artifacts_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServingPlan:
+    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds)."""
+    trt = resolved.trt_llm
+    runtime = trt.runtime
+    root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
+    backend, reason = choose_backend(runtime.backend, facts, trt.world_size)
+    common: dict[str, Any] = {
+        "backend": backend,
+        "backend_reason": reason,
+        "runtime": runtime,
+        "mode": trt.mode,
+        "facts": facts,
+        "artifacts_dir": root,
+        "truss_dir": resolved.truss_dir,
+        # The stand-in is one process whatever TP/PP the engine it stands in for would use.
+        "tensor_parallel_count": trt.tensor_parallel_count if backend == "tensorrtllm" else 1,
+        "pipeline_parallel_count": trt.pipeline_parallel_count if backend == "tensorrtllm" else 1,
+    }
+    model_override = runtime.pytorch.model
+
+    if trt.build is not None:
+        build = trt.build
+        limits = {
+            "max_batch_size": build.max_batch_size,
+            "max_input_len": build.max_input_len,
+            "max_output_len": build.max_output_len,
+            "max_beam_width": build.max_beam_width,
+        }
+        checkpoint = _request(
+            resolved,
+            "checkpoint",
+            build.huggingface_ckpt_repository,
+            build.huggingface_ckpt_revision,
+            "checkpoint",
+            root,
+            "build.huggingface_ckpt_repository",
+        )
+        if backend == "pytorch":
+            model = checkpoint
+            if model_override is not None:
+                model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
+            model = dataclasses.replace(model, role="model")
+            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), **limits, **common)
+        # tensorrtllm: the tokenizer comes from the checkpoint; the weights only on a cache miss.
+        tokenizer = dataclasses.replace(
+            checkpoint, role="tokenizer", kind="tokenizer", dest=_tokenizer_dest(checkpoint, root)
+        )
+        return ServingPlan(
+            tokenizer_dir=tokenizer.dest,
+            fetches=(tokenizer,),
+            checkpoint=checkpoint,
+            build=build,
+            **limits,
+            **common,
+        )
+
+    serve = trt.serve
+    assert serve is not None  # the config guarantees exactly one of build / serve
+    tokenizer = _request(
+        resolved,
+        "tokenizer",
+        serve.tokenizer_repository,
+        serve.tokenizer_revision,
+        "tokenizer",
+        root,
+        "serve.tokenizer_repository",
+    )
+    # Provisional limits: the engine's config.json (or the stand-in checkpoint) decides them in prepare_artifacts.
+    provisional = {
+        "max_batch_size": 1,
+        "max_input_len": 1,
+        "max_output_len": 1,
+        "max_beam_width": 1,
+        "limits_final": False,
+    }
+    if backend == "pytorch":
+        if model_override is None:
+            raise PlanError(
+                "model_metadata.trt_llm.runtime.pytorch.model: required when serving a prebuilt engine with the "
+                "pytorch stand-in (an engine holds no Hugging Face weights); set it to a checkpoint path or hub id"
+            )
+        model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
+        return ServingPlan(
+            tokenizer_dir=tokenizer.dest, model_dir=model.dest, fetches=(model, tokenizer), **provisional, **common
+        )
+    engine = _request(
+        resolved, "engine", serve.engine_repository, serve.engine_revision, "engine", root, "serve.engine_repository"
+    )
+    return ServingPlan(
+        tokenizer_dir=tokenizer.dest, engine_dir=engine.dest, fetches=(engine, tokenizer), **provisional, **common
+    )
+
+
+def _tokenizer_dest(checkpoint: ArtifactRequest, root: Path) -> Path:
+    if checkpoint.location == "local":
+        return checkpoint.dest  # a local checkpoint holds its tokenizer: use it in place
+    return root / "downloads" / "tokenizer" / checkpoint.dest.parent.name / checkpoint.dest.name
+
+
+def stand_in_limits(model_config: Mapping[str, Any], runtime: RuntimeConfig) -> dict[str, int]:
+    """Limits for the pytorch stand-in in serve mode, where no build section states them:
+    the checkpoint's context window, a quarter of it for generation."""
+    context = model_config.get("max_position_embeddings")
+    if not isinstance(context, int) or context < 2:
+        context = _FALLBACK_CONTEXT_LEN
+    output = max(1, context // 4)
+    return {
+        "max_batch_size": runtime.max_num_sequences or 32,
+        "max_input_len": context - output,
+        "max_output_len": output,
+        "max_beam_width": 1,
+    }
+
+
+# --- engine cache key ----------------------------------------------------------------------------
+
+
+def _build_section_dict(build: Any) -> dict[str, Any]:
+    if hasattr(build, "model_dump"):
+        data = build.model_dump(mode="json")  # every field, defaults included: the normalised section
+    elif isinstance(build, Mapping):
+        data = json.loads(json.dumps(dict(build), default=str))
+    else:
+        raise TypeError(f"build must be a BuildConfig or a mapping, got {type(build).__name__}")
+    for name in _KEY_EXCLUDED_BUILD_FIELDS:
+        data.pop(name, None)
+    return data
+
+
+def engine_cache_key_inputs(
+    build: Any,
+    *,
+    checkpoint_revision: str,
+    facts: RuntimeFacts,
+    checkpoint_repo_id: str | None = None,
+) -> dict[str, Any]:
+    """Everything that changes the engine bytes, as plain JSON data (shown by `trtllm-truss build`).
+
+    `checkpoint_revision` must be immutable: a hub commit sha or a content fingerprint
+    (`trtllm_truss.artifacts.resolve_revision`), never a branch name. Runtime-only knobs
+    (`runtime.*`) are not inputs; neither is any token.
+    """
+    if not checkpoint_revision or not isinstance(checkpoint_revision, str):
+        raise ValueError("checkpoint_revision must be the resolved commit sha or content fingerprint")
+    section = _build_section_dict(build)
+    return {
+        "cache_key_version": ENGINE_CACHE_KEY_VERSION,
+        "build": section,
+        "checkpoint": {"repo_id": checkpoint_repo_id, "revision": checkpoint_revision},
+        "tensorrt_llm_version": facts.trtllm_version,
+        "tensorrt_version": facts.tensorrt_version,
+        "gpu": {"model": facts.gpu_model, "sm": facts.gpu_sm},
+        "tensor_parallel": section.get("tensor_parallel_count", 1),
+        "pipeline_parallel": section.get("pipeline_parallel_count", 1),
+    }
+
+
+def engine_cache_key(
+    build: Any,
+    *,
+    checkpoint_revision: str,
+    facts: RuntimeFacts,
+    checkpoint_repo_id: str | None = None,
+) -> str:
+    """sha256 (hex) over the canonical JSON of `engine_cache_key_inputs`."""
+    inputs = engine_cache_key_inputs(
+        build, checkpoint_revision=checkpoint_revision, facts=facts, checkpoint_repo_id=checkpoint_repo_id
+    )
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,0 +1,85 @@
+"""`prepare_artifacts`: execute a plan's fetches, verify the engine, return the plan with final limits."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from trtllm_truss.artifacts.engine_config import verify_engine_dir
+from trtllm_truss.artifacts.fetch import DEFAULT_MAX_WORKERS, FetchResult, fetch_repository
+from trtllm_truss.artifacts.hub import resolve_hf_token
+from trtllm_truss.artifacts.sources import FetchError
+from trtllm_truss.plan import PlanError, ServingPlan, stand_in_limits
+
+logger = logging.getLogger(__name__)
+
+BuildEngine = Callable[[ServingPlan], Path]
+
+
+def prepare_artifacts(
+    plan: ServingPlan,
+    *,
+    secrets: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    build_engine: BuildEngine | None = None,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+) -> tuple[ServingPlan, list[FetchResult]]:
+    """Fetch what the plan lists, verify the engine against this machine, and fill in the final limits.
+
+    `build_engine` (build mode with tensorrtllm) returns the engine directory from the engine cache,
+    building on a miss; without it the returned plan keeps `engine_dir=None` for the caller to fill.
+    The HF token comes from `secrets["hf_access_token"]`, TRUSS_SECRET_hf_access_token or HF_TOKEN.
+    """
+    token = resolve_hf_token(secrets, environ)
+    results: list[FetchResult] = []
+    for request in plan.fetches:
+        result = fetch_repository(
+            request.source,
+            request.dest,
+            revision=request.revision,
+            kind=request.kind,
+            token=token,
+            environ=environ,
+            base_dir=plan.truss_dir,
+            max_workers=max_workers,
+        )
+        logger.info(
+            "%s %s: %s (%d files, %.1f MB, revision %s)",
+            request.role,
+            request.source,
+            result.path,
+            len(result.files),
+            result.total_bytes / 1e6,
+            result.resolved_revision[:16],
+        )
+        results.append(result)
+
+    engine_dir = plan.engine_dir
+    if plan.backend == "tensorrtllm" and engine_dir is None and build_engine is not None:
+        engine_dir = build_engine(plan)
+    if plan.backend == "tensorrtllm" and engine_dir is not None:
+        facts = plan.facts
+        info = verify_engine_dir(
+            engine_dir,
+            expected_tp=plan.tensor_parallel_count,
+            expected_pp=plan.pipeline_parallel_count,
+            gpu_count=facts.gpu_count,
+            runtime_trtllm_version=facts.trtllm_version,
+            runtime_gpu=facts.gpus[0] if facts.gpus else None,
+        )
+        return plan.with_engine(engine_dir, info), results
+
+    if plan.backend == "pytorch" and not plan.limits_final:
+        assert plan.model_dir is not None
+        config_path = plan.model_dir / "config.json"
+        try:
+            model_config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise FetchError(f"{config_path}: cannot read the stand-in checkpoint's config ({exc})") from None
+        return dataclasses.replace(plan, limits_final=True, **stand_in_limits(model_config, plan.runtime)), results
+    if not plan.limits_final:
+        raise PlanError("the plan's limits are still provisional: no engine was fetched or built")
+    return plan, results
