@@ -151,7 +151,10 @@ def test_engine_builder_builds_once_and_prepare_artifacts_verifies(tmp_path: Pat
     builder = EngineBuilder(environ=env, examples_dir=examples, trtllm_build=str(trtllm_build), sink=lines.append)
 
     first = builder.acquire(plan)
-    assert first.source == "built" and first.file_count == 3 and len(first.key) == 64
+    assert first.source == "built" and first.file_count == 4 and len(first.key) == 64
+    record = json.loads((first.engine_dir / "trtllm_truss_build.json").read_text())
+    assert record["gpu"] == {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    assert record["cache_key"] == first.key and record["trtllm_version"] == "0.21.0"
     assert first.engine_dir == tmp_path / "artifacts" / "engines" / "entries" / first.key / "engine"
     assert first.key_inputs["tensorrt_llm_version"] == "0.21.0" and first.key_inputs["tensor_parallel"] == 2
     assert any(line.startswith("[engine-build] trtllm-build:") for line in lines)
@@ -281,7 +284,7 @@ def test_cli_builds_then_reuses(tmp_path: Path, fake_toolchain, monkeypatch, cap
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert main(["build", str(truss), "--examples-dir", str(examples)]) == 0
     first = capsys.readouterr().out
-    assert "engine built" in first and "cache key : " in first and "in 2 files" in first
+    assert "engine built" in first and "cache key : " in first and "in 3 files" in first
     assert main(["build", str(truss), "--examples-dir", str(examples)]) == 0
     second = capsys.readouterr().out
     assert "engine found in the cache" in second

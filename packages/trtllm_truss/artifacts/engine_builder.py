@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping
 
 from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, LineSink, engine_create_fn, plan_build
 from trtllm_truss.artifacts.cache import EngineCache, HubEngineStore, decide_remote_use
+from trtllm_truss.artifacts.engine_config import write_build_record
 from trtllm_truss.plan import ServingPlan, engine_cache_key_inputs
 
 logger = logging.getLogger(__name__)
@@ -185,7 +186,11 @@ class EngineBuilder:
             sink=self.sink,
             secrets=(token,) if token else (),
         )
-        result = cache.get(key, create, remote=remote)
+        def create_with_build_record(dest: Path) -> None:
+            create(dest)
+            write_build_record(dest, plan.facts.gpus[0] if plan.facts.gpus else None, trtllm_version=version, cache_key=key)
+
+        result = cache.get(key, create_with_build_record, remote=remote)
         self.last_acquisition = EngineAcquisition(
             key=key,
             key_inputs=inputs,

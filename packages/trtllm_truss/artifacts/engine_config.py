@@ -218,6 +218,14 @@ def expected_rank_files(info: EngineInfo) -> tuple[str, ...]:
     )
 
 
+def write_build_record(engine_dir: Path, gpu: GpuInfo | None, *, trtllm_version: str, cache_key: str) -> None:
+    """Record the build GPU next to the engine: config.json does not, and a plan only runs on its SM."""
+    record = {"trtllm_version": trtllm_version, "cache_key": cache_key, "gpu": None}
+    if gpu is not None:
+        record["gpu"] = {"name": gpu.name, "compute_capability": gpu.compute_capability}
+    (Path(engine_dir) / BUILD_INFO_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
 def _read_build_gpu(engine_dir: Path) -> GpuInfo | None:
     path = engine_dir / BUILD_INFO_FILE
     if not path.is_file():
@@ -225,6 +233,8 @@ def _read_build_gpu(engine_dir: Path) -> GpuInfo | None:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         gpu = raw["gpu"]
+        if gpu is None:  # built where the driver could not name the GPU
+            return None
         return GpuInfo(name=str(gpu["name"]), compute_capability=gpu.get("compute_capability"))
     except (ValueError, KeyError, TypeError) as exc:
         raise EngineVerificationError(f"{path}: unreadable build record ({exc!s}); delete it or rebuild") from None
