@@ -89,7 +89,8 @@ def _record_file_leaves(raw: RawSection, node: Any, path: KeyPath, source: Sourc
 
 def section_from_file(truss_config: Mapping[str, Any], raw: RawSection, file_label: str = "config.yaml") -> None:
     """Copy `model_metadata.trt_llm` (or the legacy keys) from a parsed config.yaml into `raw`."""
-    if "trt_llm" in truss_config:
+    # truss's normalised config.yaml (what its server reads) always has `trt_llm: null`.
+    if truss_config.get("trt_llm") is not None:
         raw.problems.append(
             "trt_llm: the top-level key belongs to truss's own engine builder; put this section under"
             " model_metadata.trt_llm"

@@ -1,0 +1,39 @@
+"""The truss entry point: a thin shell around `trtllm_truss.service.LLMService`.
+
+truss's model server calls `load()` once in a background thread (readiness answers 503 until it
+returns), then routes `/v1/models/model:predict`, `/v1/chat/completions` and `/v1/completions` to
+the methods below. All logic lives in `packages/trtllm_truss`.
+"""
+
+# No `from __future__ import annotations`: truss inspects the `fastapi.Request` annotation objects.
+from pathlib import Path
+from typing import Any
+
+import fastapi
+
+from trtllm_truss.service import LLMService
+
+# model/model.py -> the truss directory (holds config.yaml and data/)
+TRUSS_DIR = Path(__file__).resolve().parent.parent
+
+
+class Model:
+    def __init__(self, **kwargs: Any) -> None:
+        # `environment` is truss's deployment environment (name etc.), not process variables: the
+        # service reads os.environ for configuration overrides.
+        self._service = LLMService(TRUSS_DIR, secrets=kwargs.get("secrets"))
+
+    def load(self) -> None:
+        self._service.load()
+
+    async def is_healthy(self) -> bool:
+        return await self._service.is_healthy()
+
+    async def predict(self, request: dict, http_request: fastapi.Request) -> Any:
+        return await self._service.predict(request, http_request)
+
+    async def chat_completions(self, request: dict, http_request: fastapi.Request) -> Any:
+        return await self._service.chat_completions(request, http_request)
+
+    async def completions(self, request: dict, http_request: fastapi.Request) -> Any:
+        return await self._service.completions(request, http_request)

@@ -1,0 +1,52 @@
+"""Turning request problems into HTTP 4xx answers whose message names the field."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import HTTPException
+from pydantic import ValidationError
+
+# 422 for a body that does not match the schema (FastAPI's own convention), 400 for a well-formed
+# request that this deployment cannot serve (over the engine's limits, unsupported option).
+SCHEMA_ERROR_STATUS = 422
+LIMIT_ERROR_STATUS = 400
+_MAX_VALUE_REPR = 60
+
+
+def field_error(field: str, message: str, status_code: int = LIMIT_ERROR_STATUS) -> HTTPException:
+    return HTTPException(status_code=status_code, detail=f"invalid request: {field}: {message}")
+
+
+# pydantic puts the tried member of a union into the location ("str", "list[TextPart]", "TextPart");
+# field names here are lower snake case, so such tags are told apart and left out of the path.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|[A-Z]\w*(\[.*\])?)$")
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, str) and _UNION_TAG.match(part):
+            continue
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "body"
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_VALUE_REPR else text[: _MAX_VALUE_REPR - 3] + "..."
+
+
+def from_validation_error(exc: ValidationError) -> HTTPException:
+    """One line per problem: `field.path: what is wrong (got value)`."""
+    problems: list[str] = []
+    for error in exc.errors(include_url=False):
+        # Errors raised by model validators carry no location; their message names the fields.
+        where = _dotted(tuple(error["loc"]))
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] in ("missing", "extra_forbidden") or not error["loc"]:
+            problems.append(f"{where}: {message}")
+        else:
+            problems.append(f"{where}: {message} (got {_short_repr(error.get('input'))})")
+    problems = list(dict.fromkeys(problems))  # a union reports the same problem once per member
+    return HTTPException(status_code=SCHEMA_ERROR_STATUS, detail="invalid request: " + "; ".join(problems))

@@ -1,0 +1,73 @@
+"""The native `/v1/models/model:predict` request and response.
+
+Compatible with the earlier TRT-LLM trusses (`prompt`, `max_tokens`, `beam_width`,
+`stop_words_list`, `bad_words_list`, `repetition_penalty`, streamed text chunks) and extended with
+chat `messages`, the remaining sampling knobs and a non-streamed JSON answer with usage.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trtllm_truss.api.sampling import SamplingFields, StrictModel, WordList
+
+DEFAULT_MAX_TOKENS = 50
+FinishReason = Literal["stop", "length"]
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class PredictRequest(SamplingFields):
+    prompt: str | None = Field(None, description="text to complete (or give `messages`)")
+    messages: list[ChatMessage] | None = Field(
+        None, min_length=1, description="chat turns, formatted with the tokenizer's chat template"
+    )
+    max_tokens: int | None = Field(None, ge=1, description=f"tokens to generate (default {DEFAULT_MAX_TOKENS})")
+    beam_width: int | None = Field(None, ge=1, description="beam search width; > 1 needs stream=false")
+    stop_words_list: WordList = Field(default_factory=list, description="generation ends at any of these")
+    bad_words_list: WordList = Field(default_factory=list, description="these never appear in the output")
+    stream: bool = Field(True, description="stream text chunks (true) or answer once with JSON (false)")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> PredictRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt, messages: give exactly one of them")
+        if self.beam_width is not None and self.beam_width > 1 and self.stream:
+            raise ValueError("beam_width: beam search (beam_width > 1) needs stream=false")
+        return self
+
+
+class Usage(StrictModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class PredictResponse(StrictModel):
+    text: str
+    finish_reason: FinishReason
+    usage: Usage

@@ -1,0 +1,106 @@
+"""Sampling fields shared by the native and the OpenAI schemas, and their translation to the ensemble.
+
+Ranges follow OpenAI where OpenAI defines the field and TensorRT-LLM's `SamplingConfig` elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from trtllm_truss.api.errors import field_error
+from trtllm_truss.api.limits import RequestLimits
+from trtllm_truss.client import GenerationParams
+
+# Sentinel end id that no token has: the engine then generates until max_tokens (ignore_eos).
+IGNORE_EOS_END_ID = -1
+MAX_WORDS = 32
+
+Word = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+WordList = Annotated[list[Word], Field(max_length=MAX_WORDS)]
+
+
+class StrictModel(BaseModel):
+    """No coercion ("5" is not 5), no unknown fields, no NaN/inf."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class SamplingFields(StrictModel):
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description="0 selects greedy decoding; unset uses the engine default"
+    )
+    top_k: int | None = Field(None, ge=0, description="0 disables top-k filtering")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**64 - 1, description="random seed for reproducible sampling")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    length_penalty: float | None = Field(None, ge=-10.0, le=10.0, description="beam search only")
+    min_tokens: int | None = Field(None, ge=0, description="generate at least this many tokens")
+    end_id: int | None = Field(None, ge=0, description="token id that ends generation (default: the tokenizer's eos)")
+    ignore_eos: bool = Field(False, description="keep generating past the end token until max_tokens")
+
+
+def resolve_max_tokens(field: str, requested: int | None, default: int, limits: RequestLimits) -> int:
+    if requested is None:
+        return min(default, limits.max_output_len)
+    if requested > limits.max_output_len:
+        raise field_error(field, f"{requested} is above this deployment's max_output_len ({limits.max_output_len})")
+    return requested
+
+
+def check_prompt_length(field: str, prompt_tokens: int, limits: RequestLimits) -> None:
+    if prompt_tokens > limits.max_input_len:
+        raise field_error(
+            field,
+            f"the prompt is {prompt_tokens} tokens, above this deployment's max_input_len ({limits.max_input_len})",
+        )
+    if prompt_tokens == 0:
+        raise field_error(field, "the prompt is empty")
+
+
+def to_generation_params(
+    sampling: SamplingFields,
+    *,
+    text_input: str,
+    max_tokens: int,
+    limits: RequestLimits,
+    stop_words: Sequence[str] = (),
+    bad_words: Sequence[str] = (),
+    beam_width: int | None = None,
+) -> GenerationParams:
+    """The ensemble request for validated fields; raises HTTP 400 naming the field on a limit breach."""
+    if sampling.min_tokens is not None and sampling.min_tokens > max_tokens:
+        raise field_error("min_tokens", f"{sampling.min_tokens} is above max_tokens ({max_tokens})")
+    if beam_width is not None and beam_width > limits.max_beam_width:
+        raise field_error(
+            "beam_width", f"{beam_width} is above this deployment's max_beam_width ({limits.max_beam_width})"
+        )
+    if sampling.end_id is not None:
+        if sampling.ignore_eos:
+            raise field_error("end_id", "cannot be combined with ignore_eos")
+        if limits.vocab_size is not None and sampling.end_id >= limits.vocab_size:
+            raise field_error("end_id", f"{sampling.end_id} is not a token id (vocabulary size {limits.vocab_size})")
+    greedy = sampling.temperature == 0.0
+    return GenerationParams(
+        text_input=text_input,
+        max_tokens=max_tokens,
+        # Beams are returned whole, not as deltas that concatenate, so they are not streamed.
+        stream=not (beam_width or 1) > 1,
+        end_id=IGNORE_EOS_END_ID if sampling.ignore_eos else sampling.end_id,
+        top_k=1 if greedy else sampling.top_k,
+        top_p=None if greedy else sampling.top_p,
+        temperature=None if greedy else sampling.temperature,
+        random_seed=sampling.seed,
+        repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        length_penalty=sampling.length_penalty,
+        min_length=sampling.min_tokens,
+        beam_width=beam_width,
+        stop_words=tuple(stop_words),
+        bad_words=tuple(bad_words),
+    )

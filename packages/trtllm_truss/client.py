@@ -1,0 +1,301 @@
+"""gRPC streaming client for the Triton `ensemble` (NVIDIA `inflight_batcher_llm` tensor interface).
+
+One `tritonclient.grpc.aio.InferenceServerClient` (one HTTP/2 channel) is shared by every request;
+each generation is one bidirectional `ModelStreamInfer` call on that channel, so cancelling the call
+(closing the iterator, or the HTTP client going away) makes Triton cancel the request.
+
+Requests are built as protobuf messages with typed `contents` rather than through `InferInput`:
+the aio client's `stream_infer` cannot set `triton_enable_empty_final_response` (a reserved
+parameter), without which a decoupled ensemble never tells the client that a request has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, fields
+
+import grpc
+from tritonclient.grpc import service_pb2
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+logger = logging.getLogger(__name__)
+
+ENSEMBLE = "ensemble"
+TEXT_OUTPUT = "text_output"
+# Our ensemble's addition to NVIDIA's outputs: tokens in this response per beam. Ensembles without
+# it (NVIDIA's own) still work; usage is then counted by re-tokenizing the text.
+TOKEN_COUNT_OUTPUT = "sequence_length"
+FINAL_RESPONSE_PARAMETER = "triton_final_response"
+STREAM_CLOSE_TIMEOUT_S = 1.0
+# tritonclient's own defaults for message sizes, plus a short reconnect backoff: after the supervisor
+# restarts a dead tritonserver the channel must find it again within a second or so, not after
+# gRPC's default exponential backoff (up to two minutes).
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class UpstreamError(RuntimeError):
+    """Triton could not serve a request: server unreachable or gone, or an error from a model."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One generation request in the ensemble's own terms (NVIDIA tensor names).
+
+    `None` means "not sent": the ensemble's optional input then takes the engine's default.
+    """
+
+    text_input: str
+    max_tokens: int
+    stream: bool = True
+    end_id: int | None = None
+    pad_id: int | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    random_seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    length_penalty: float | None = None
+    min_length: int | None = None
+    beam_width: int | None = None
+    exclude_input_in_output: bool | None = None
+    return_log_probs: bool | None = None
+    stop_words: Sequence[str] = field(default_factory=tuple)
+    bad_words: Sequence[str] = field(default_factory=tuple)
+
+
+# Triton datatype and protobuf `contents` field of every scalar input.
+_SCALAR_INPUTS: dict[str, tuple[str, str]] = {
+    "max_tokens": ("INT32", "int_contents"),
+    "end_id": ("INT32", "int_contents"),
+    "pad_id": ("INT32", "int_contents"),
+    "top_k": ("INT32", "int_contents"),
+    "min_length": ("INT32", "int_contents"),
+    "beam_width": ("INT32", "int_contents"),
+    "top_p": ("FP32", "fp32_contents"),
+    "temperature": ("FP32", "fp32_contents"),
+    "repetition_penalty": ("FP32", "fp32_contents"),
+    "presence_penalty": ("FP32", "fp32_contents"),
+    "frequency_penalty": ("FP32", "fp32_contents"),
+    "length_penalty": ("FP32", "fp32_contents"),
+    "random_seed": ("UINT64", "uint64_contents"),
+    "stream": ("BOOL", "bool_contents"),
+    "exclude_input_in_output": ("BOOL", "bool_contents"),
+    "return_log_probs": ("BOOL", "bool_contents"),
+}
+# Ensembles after tensorrtllm_backend v0.19 call the seed `seed`.
+_INPUT_ALIASES = {"random_seed": ("seed",)}
+_WORD_LIST_INPUTS = {"stop_words": "stop_words", "bad_words": "bad_words"}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed piece of output.
+
+    `token_count` is the number of tokens behind `text` when the ensemble reports it, else None.
+    `final` marks the request's last response. The finish reason is not here: telling "length"
+    from "stop" needs the request's max_tokens, which the service knows (`service.Generation`).
+    """
+
+    text: str
+    token_count: int | None = None
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class EnsembleInterface:
+    """What the served ensemble declares: batching and the names of its inputs and outputs."""
+
+    batched: bool
+    inputs: frozenset[str]
+    outputs: frozenset[str] = frozenset({TEXT_OUTPUT})
+
+
+def build_request(
+    params: GenerationParams, interface: EnsembleInterface, request_id: str, model_name: str = ENSEMBLE
+) -> service_pb2.ModelInferRequest:
+    """The protobuf request for `params`; inputs the ensemble does not declare are refused."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    # Only what the proxy reads: log-prob tensors are neither computed into responses nor sent.
+    for output in (TEXT_OUTPUT, TOKEN_COUNT_OUTPUT):
+        if output in interface.outputs:
+            request.outputs.add(name=output)
+    lead = [1] if interface.batched else []
+
+    def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
+        tensor = request.inputs.add(name=name, datatype=datatype, shape=lead + shape)
+        return tensor.contents
+
+    add("text_input", "BYTES", [1]).bytes_contents.append(params.text_input.encode("utf-8"))
+    for param in fields(params):
+        name = param.name
+        value = getattr(params, name)
+        if name == "text_input" or value is None:
+            continue
+        if name in _WORD_LIST_INPUTS:
+            if not value:
+                continue
+            tensor_name = _WORD_LIST_INPUTS[name]
+            _require_input(interface, tensor_name, name)
+            add(tensor_name, "BYTES", [len(value)]).bytes_contents.extend(w.encode("utf-8") for w in value)
+            continue
+        datatype, contents_field = _SCALAR_INPUTS[name]
+        tensor_name = _resolve_input_name(interface, name)
+        getattr(add(tensor_name, datatype, [1]), contents_field).append(value)
+    return request
+
+
+def _resolve_input_name(interface: EnsembleInterface, name: str) -> str:
+    for candidate in (name, *_INPUT_ALIASES.get(name, ())):
+        if candidate in interface.inputs:
+            return candidate
+    _require_input(interface, name, name)
+    return name
+
+
+def _require_input(interface: EnsembleInterface, tensor_name: str, param_name: str) -> None:
+    if tensor_name not in interface.inputs:
+        raise UpstreamError(
+            f"the served ensemble has no input {tensor_name!r} (needed for {param_name!r}); "
+            f"it accepts: {', '.join(sorted(interface.inputs))}"
+        )
+
+
+def _deserialize_bytes(raw: bytes) -> list[bytes]:
+    """Triton's BYTES wire format: each element is a 4-byte little-endian length then the bytes."""
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        items.append(raw[offset : offset + length])
+        offset += length
+    return items
+
+
+def parse_response(response: service_pb2.ModelInferResponse) -> Delta:
+    """Text (and token count if reported) of one streamed response, and whether it is the last.
+
+    The final flag may ride on a response that also carries data, so the payload is always read.
+    """
+    final_param = response.parameters.get(FINAL_RESPONSE_PARAMETER)
+    final = bool(final_param is not None and final_param.bool_param)
+    text = ""
+    token_count: int | None = None
+    for index, output in enumerate(response.outputs):
+        raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) else b""
+        if output.name == TEXT_OUTPUT:
+            text = "".join(item.decode("utf-8", errors="replace") for item in _deserialize_bytes(raw))
+        elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
+            (token_count,) = struct.unpack_from("<i", raw)  # the first beam's
+    return Delta(text=text, token_count=token_count, final=final)
+
+
+class EnsembleClient:
+    """Streams generations from the ensemble over one shared gRPC channel."""
+
+    def __init__(self, grpc_url: str, *, model_name: str = ENSEMBLE, connect_timeout_s: float = 5.0) -> None:
+        self.grpc_url = grpc_url
+        self.model_name = model_name
+        self._connect_timeout_s = connect_timeout_s
+        self._client: InferenceServerClient | None = None
+        self._interface: EnsembleInterface | None = None
+        self._interface_lock: asyncio.Lock | None = None
+
+    def _triton(self) -> InferenceServerClient:
+        # Created lazily so that it binds to the event loop that serves the requests.
+        if self._client is None:
+            self._client = InferenceServerClient(self.grpc_url, channel_args=CHANNEL_ARGS)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def is_ready(self, timeout_s: float = 2.0) -> bool:
+        """Server live and the ensemble ready (False, never an exception, when unreachable)."""
+        try:
+            client = self._triton()
+            return bool(
+                await client.is_server_live(client_timeout=timeout_s)
+                and await client.is_model_ready(self.model_name, client_timeout=timeout_s)
+            )
+        except (InferenceServerException, grpc.RpcError, OSError):
+            return False
+
+    async def interface(self) -> EnsembleInterface:
+        """The ensemble's declared inputs and outputs, read once (a restart serves the same repository)."""
+        if self._interface is not None:
+            return self._interface
+        if self._interface_lock is None:
+            self._interface_lock = asyncio.Lock()
+        async with self._interface_lock:
+            if self._interface is None:
+                try:
+                    config = await self._triton().get_model_config(
+                        self.model_name, as_json=True, client_timeout=self._connect_timeout_s
+                    )
+                except InferenceServerException as exc:
+                    raise UpstreamError(f"Triton at {self.grpc_url} is unavailable: {exc.message()}") from exc
+                config = config.get("config", config)
+                self._interface = EnsembleInterface(
+                    batched=int(config.get("max_batch_size", 0)) > 0,
+                    inputs=frozenset(i["name"] for i in config.get("input", [])),
+                    outputs=frozenset(o["name"] for o in config.get("output", [])),
+                )
+        return self._interface
+
+    async def generate(self, params: GenerationParams) -> AsyncIterator[Delta]:
+        """Stream the deltas of one generation; leaving the loop early cancels the Triton request."""
+        interface = await self.interface()
+        request = build_request(params, interface, request_id=uuid.uuid4().hex, model_name=self.model_name)
+        # The stub of the shared client: one channel for all calls (tritonclient's own aio
+        # `stream_infer` cannot send the final-response flag, see the module docstring).
+        call = self._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
+        finished = False
+        try:
+            await call.write(request)
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    raise UpstreamError(f"Triton closed the stream of request {request.id} before it finished")
+                if message.error_message:
+                    raise UpstreamError(f"Triton failed request {request.id}: {message.error_message}")
+                delta = parse_response(message.infer_response)
+                if delta.text or delta.token_count:
+                    yield delta
+                if delta.final:
+                    finished = True
+                    break
+        except grpc.aio.AioRpcError as exc:
+            raise UpstreamError(_describe_rpc_error(self.grpc_url, exc)) from exc
+        finally:
+            if finished:  # close our side and let Triton end the stream normally
+                try:
+                    await call.done_writing()
+                    await asyncio.wait_for(call.code(), timeout=STREAM_CLOSE_TIMEOUT_S)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
+                    pass
+            # A no-op once the call has completed; otherwise this is what tells Triton to cancel.
+            call.cancel()
+
+
+def _describe_rpc_error(url: str, exc: grpc.aio.AioRpcError) -> str:
+    code = exc.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return f"Triton at {url} is unavailable ({code.name}): {exc.details()}"
+    return f"Triton error {code.name}: {exc.details()}"

@@ -1,0 +1,324 @@
+"""This repository served by truss's own model server (truss 0.18.35, no docker) on the embedded default.
+
+One server for the module (startup is the expensive part): native predict streamed and as JSON,
+malformed requests, the official `openai` client on both OpenAI routes, client disconnect freeing the
+engine slot, and - last, because it disturbs the server - tritonserver killed and recovered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from truss_harness import TrussServer, build_server_root, start_truss_server
+
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PREDICT = "/v1/models/model:predict"
+READY = "/v1/models/model"
+STARTUP_TIMEOUT_S = 240
+# Limits of the embedded default (config.yaml: model_metadata.trt_llm.build)
+MAX_INPUT_LEN = 512
+MAX_OUTPUT_LEN = 256
+# The stand-in engine's gauge of requests it holds (running or waiting), on Triton's /metrics.
+ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
+
+
+def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[TrussServer]:
+    work = tmp_path_factory.mktemp("truss_server")
+    fs_root = build_server_root(REPO_ROOT, work)
+    proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    try:
+        proc.wait_ready(STARTUP_TIMEOUT_S)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: TrussServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def oai(server: TrussServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=60.0)
+
+
+def tritonserver_of(server: TrussServer):
+    processes = server.descendants("tritonserver")
+    assert len(processes) == 1, f"expected one tritonserver under the truss server, found {processes}"
+    return processes[0]
+
+
+def metrics_url(server: TrussServer) -> str:
+    cmdline = " ".join(tritonserver_of(server).cmdline())
+    port = re.search(r"--metrics-port[= ](\d+)", cmdline)
+    assert port, cmdline
+    return f"http://127.0.0.1:{port.group(1)}/metrics"
+
+
+def active_requests(server: TrussServer) -> float:
+    text = httpx.get(metrics_url(server), timeout=5).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(ACTIVE_REQUESTS_METRIC)]
+    assert values, f"{ACTIVE_REQUESTS_METRIC} not exported by Triton"
+    return sum(values)
+
+
+# --------------------------------------------------------------------------------- native predict
+
+
+def test_predict_streams_text_chunks(http: httpx.Client):
+    chunks = []
+    with http.stream(
+        "POST", PREDICT, json={"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/plain")
+        for chunk in response.iter_text():
+            chunks.append(chunk)
+    assert len(chunks) > 1, "expected the answer in several chunks"
+    assert "".join(chunks).strip()
+
+
+def test_predict_json_matches_stream_and_reports_usage(http: httpx.Client):
+    body = {"prompt": "The history of the", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    streamed = http.post(PREDICT, json=body).text
+    answer = http.post(PREDICT, json={**body, "stream": False})
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    assert result["text"] == streamed  # greedy: same tokens either way
+    assert result["finish_reason"] == "length"
+    usage = result["usage"]
+    assert usage["completion_tokens"] == 16
+    assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + 16
+
+
+def test_predict_chat_messages_use_the_chat_template(http: httpx.Client):
+    answer = http.post(
+        PREDICT,
+        json={
+            "messages": [{"role": "user", "content": "Say something"}],
+            "max_tokens": 8,
+            "stream": False,
+            "ignore_eos": True,
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 8
+
+
+LONG_PROMPT = "word " * (MAX_INPUT_LEN + 10)
+
+MALFORMED = [
+    ({"prompt": "hi", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": MAX_OUTPUT_LEN + 1}, "max_tokens"),
+    ({"prompt": LONG_PROMPT, "max_tokens": 4}, "prompt"),
+    ({"prompt": "hi", "temperature": -1}, "temperature"),
+    ({"prompt": "hi", "temperature": "warm"}, "temperature"),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+    ({"prompt": "hi", "top_k": -1}, "top_k"),
+    ({"prompt": "hi", "seed": -1}, "seed"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "hi", "presence_penalty": 5}, "presence_penalty"),
+    ({"prompt": "hi", "frequency_penalty": -5}, "frequency_penalty"),
+    ({"prompt": "hi", "min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"prompt": "hi", "beam_width": 0}, "beam_width"),
+    ({"prompt": "hi", "beam_width": 4, "stream": False}, "beam_width"),
+    ({"prompt": "hi", "stop_words_list": "."}, "stop_words_list"),
+    ({"prompt": "hi", "bad_words_list": [1]}, "bad_words_list[0]"),
+    ({"prompt": "hi", "end_id": -7}, "end_id"),
+    ({"prompt": "hi", "end_id": 10**7}, "end_id"),
+    ({"prompt": "hi", "stream": "yes"}, "stream"),
+    ({"prompt": "hi", "max_new_tokens": 5}, "max_new_tokens"),
+    ({"prompt": ["a"]}, "prompt"),
+    ({"max_tokens": 5}, "prompt, messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+]
+
+
+@pytest.mark.parametrize("body, field", MALFORMED, ids=[f for _, f in MALFORMED])
+def test_malformed_predict_is_4xx_naming_the_field(http: httpx.Client, body, field):
+    answer = http.post(PREDICT, json=body)
+    assert 400 <= answer.status_code < 500, answer.text
+    assert f"{field}:" in answer.json()["error"], answer.text
+
+
+def test_malformed_predict_leaves_the_server_serving(http: httpx.Client):
+    assert http.post(PREDICT, content=b"{not json").status_code == 400
+    assert http.post(PREDICT, json={"prompt": "still there", "max_tokens": 2, "stream": False}).status_code == 200
+
+
+# --------------------------------------------------------------------------------- OpenAI routes
+
+
+def test_openai_chat_completion(oai: openai.OpenAI):
+    completion = oai.chat.completions.create(
+        model="embedded", messages=[{"role": "user", "content": "Hello"}], max_tokens=12, temperature=0
+    )
+    choice = completion.choices[0]
+    assert completion.object == "chat.completion" and completion.model == "embedded"
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert completion.usage.completion_tokens <= 12 and completion.usage.prompt_tokens > 0
+
+
+def test_openai_chat_stream_with_usage(oai: openai.OpenAI):
+    chunks = list(
+        oai.chat.completions.create(
+            model="embedded",
+            messages=[{"role": "user", "content": "Tell me a story"}],
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text and finish == ["length"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+
+
+def greedy_completion(max_tokens: int) -> dict:
+    return {
+        "model": "embedded",
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+
+
+def test_openai_completions_stream_and_not(oai: openai.OpenAI):
+    body = greedy_completion(10)
+    whole = oai.completions.create(**body)
+    streamed = "".join(c.choices[0].text for c in oai.completions.create(**body, stream=True) if c.choices)
+    assert whole.choices[0].text == streamed
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 10
+
+
+def test_openai_stop_sequence_is_removed(oai: openai.OpenAI):
+    body = greedy_completion(30)
+    full = oai.completions.create(**body).choices[0].text
+    # a 3-character stop string from the middle of the greedy continuation, not all whitespace
+    start = next(i for i in range(len(full) // 2, len(full) - 3) if full[i : i + 3].strip())
+    stop = full[start : start + 3]
+    stopped = oai.completions.create(**body, stop=[stop]).choices[0]
+    assert stopped.text == full[: full.index(stop)] and stopped.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [({"n": 2}, "n"), ({"logit_bias": {"1": 2}}, "logit_bias"), ({"max_tokens": MAX_OUTPUT_LEN + 1}, "max_tokens")],
+)
+def test_openai_rejections_name_the_field(oai: openai.OpenAI, extra, field):
+    with pytest.raises(openai.APIStatusError) as caught:
+        oai.chat.completions.create(model="embedded", messages=[{"role": "user", "content": "x"}], **extra)
+    assert 400 <= caught.value.status_code < 500 and f"{field}:" in str(caught.value)
+
+
+async def test_concurrent_requests_all_complete(server: TrussServer):
+    """16 requests at once (half streamed): none lost, none serialised behind predict_concurrency."""
+
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {"prompt": f"Story number {i}", "max_tokens": 12, "ignore_eos": True, "stream": i % 2 == 0}
+        if body["stream"]:
+            async with client.stream("POST", PREDICT, json=body) as response:
+                assert response.status_code == 200
+                return len([chunk async for chunk in response.aiter_text() if chunk])
+        answer = await client.post(PREDICT, json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=120.0) as client:
+        results = await asyncio.gather(*(one(client, i) for i in range(16)))
+    assert all(r == 12 for r in results[1::2]), results  # exact usage on every JSON answer
+    assert all(r > 0 for r in results[0::2]), results
+
+
+# --------------------------------------------------------------------------------- disconnect, kill
+
+
+def test_client_disconnect_cancels_the_request_and_frees_the_slot(server: TrussServer):
+    assert active_requests(server) == 0
+    with httpx.Client(base_url=server.url, timeout=60.0) as client:
+        body = {"prompt": "A very long story", "max_tokens": MAX_OUTPUT_LEN, "ignore_eos": True}
+        with client.stream("POST", PREDICT, json=body) as response:
+            assert response.status_code == 200
+            next(response.iter_bytes())  # generation is under way
+            assert active_requests(server) == 1
+        # leaving the block closed the connection mid-stream
+    poll(lambda: active_requests(server) == 0, timeout_s=10, what="engine slot freed after disconnect")
+
+
+def test_killed_tritonserver_fails_streams_visibly_then_recovers(server: TrussServer, http: httpx.Client):
+    triton = tritonserver_of(server)
+    body = {"prompt": "Tell it slowly", "max_tokens": MAX_OUTPUT_LEN, "ignore_eos": True}
+    started = time.monotonic()
+    with pytest.raises(httpx.RemoteProtocolError):  # the chunked body never completes
+        with http.stream("POST", PREDICT, json=body) as response:
+            assert response.status_code == 200
+            for i, _ in enumerate(response.iter_bytes()):
+                if i == 0:
+                    os.kill(triton.pid, signal.SIGKILL)
+    assert time.monotonic() - started < 30, "in-flight stream did not fail fast"
+
+    # Meanwhile the deployment reports itself unhealthy, and new requests get a clear 503.
+    poll(lambda: http.get(READY).status_code == 503, timeout_s=10, what="readiness 503 while tritonserver is down")
+    refused = http.post(PREDICT, json={"prompt": "anyone?", "max_tokens": 2, "stream": False})
+    assert refused.status_code == 503 and "unavailable" in refused.json()["error"], refused.text
+
+    # The supervisor restarts tritonserver; requests succeed again.
+    def recovered() -> bool:
+        return http.get(READY).status_code == 200
+
+    poll(recovered, timeout_s=120, interval_s=0.5, what="recovery after tritonserver was killed")
+    assert tritonserver_of(server).pid != triton.pid
+    answer = http.post(PREDICT, json={"prompt": "Back again", "max_tokens": 4, "stream": False, "ignore_eos": True})
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+def test_killed_tritonserver_ends_an_openai_stream_with_an_error_event(server: TrussServer, oai: openai.OpenAI):
+    poll(lambda: httpx.get(server.url + READY, timeout=5).status_code == 200, timeout_s=120, what="server ready")
+    triton = tritonserver_of(server)
+    stream = oai.chat.completions.create(
+        model="embedded",
+        messages=[{"role": "user", "content": "Go on"}],
+        max_tokens=MAX_OUTPUT_LEN,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    with pytest.raises(openai.APIError, match="unavailable"):
+        for i, _ in enumerate(stream):
+            if i == 1:
+                os.kill(triton.pid, signal.SIGKILL)
+    poll(
+        lambda: httpx.get(server.url + READY, timeout=5).status_code == 200,
+        timeout_s=120,
+        interval_s=0.5,
+        what="recovery",
+    )
