@@ -1,0 +1,133 @@
+"""`trtllm-truss serve [TRUSS_DIR]`: bring up tritonserver with the truss's model and keep it running.
+
+Prints the gRPC / HTTP / metrics endpoints of Triton (NVIDIA's clients work against them unchanged) and
+runs until Ctrl-C or SIGTERM, then stops tritonserver cleanly. The supervisor restarts a tritonserver
+that dies meanwhile; if it cannot, serve exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+HELP = "render the Triton model repository, start tritonserver and serve until interrupted"
+
+# Exit codes: 0 stopped by the user, 1 failed to start, 2 tritonserver died and could not be restarted,
+# 130 interrupted before it was ready (the shell's code for SIGINT).
+EXIT_STARTUP_FAILED = 1
+EXIT_SERVER_LOST = 2
+EXIT_INTERRUPTED_STARTUP = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("truss_dir", nargs="?", default=".", type=Path, help="truss directory (default: .)")
+    parser.add_argument("--http-port", type=int, help="Triton HTTP port (default: a free port)")
+    parser.add_argument("--grpc-port", type=int, help="Triton gRPC port (default: a free port)")
+    parser.add_argument("--metrics-port", type=int, help="Triton metrics port (default: a free port)")
+    parser.add_argument(
+        "--repository-dir", type=Path, help="render the model repository here and keep it (default: a temporary dir)"
+    )
+    parser.add_argument("--startup-timeout", type=float, help="seconds (default: runtime.startup_timeout_s)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tritonserver's own log")
+
+
+def requested_ports(http: int | None, grpc: int | None, metrics: int | None):
+    """Ports given on the command line; the others free ones. None when none was given."""
+    from trtllm_truss.supervisor import TritonPorts, choose_free_ports
+
+    if http is None and grpc is None and metrics is None:
+        return None
+    taken = {p for p in (http, grpc, metrics) if p is not None}
+    while True:  # a free port may coincide with a requested one: choose again
+        free = choose_free_ports()
+        if not taken & {free.http, free.grpc, free.metrics}:
+            break
+    return TritonPorts(http=http or free.http, grpc=grpc or free.grpc, metrics=metrics or free.metrics)
+
+
+def _configure_logging(console, verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler], force=True)
+    # Triton's own log is long; without -v only its warnings and errors show.
+    logging.getLogger("trtllm_truss.tritonserver").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _startup_errors() -> tuple[type[BaseException], ...]:
+    from trtllm_truss.artifacts import FetchError
+    from trtllm_truss.config import ConfigError
+    from trtllm_truss.plan import PlanError
+    from trtllm_truss.repository import RepositoryError
+    from trtllm_truss.supervisor import TritonInstallError, TritonStartupError
+
+    return (ConfigError, PlanError, FetchError, RepositoryError, TritonInstallError, TritonStartupError, ValueError)
+
+
+def _describe(exc: BaseException) -> str:
+    from trtllm_truss.config import ConfigError
+    from trtllm_truss.config.errors import redact
+
+    if isinstance(exc, ConfigError):
+        return "\n".join(redact(problem) for problem in exc.problems)
+    return str(exc)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from trtllm_truss.stack import start_stack
+
+    # Piped output (CI logs, tests) gets long lines instead of 80 columns of wrapped log records.
+    console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+    _configure_logging(console, args.verbose)
+
+    stop_requested = threading.Event()
+    # SIGTERM (docker stop, systemd) stops as cleanly as Ctrl-C.
+    previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
+    stack = None
+    try:
+        try:
+            ports = requested_ports(args.http_port, args.grpc_port, args.metrics_port)
+            with console.status("starting", spinner="dots") as status:
+                stack = start_stack(
+                    args.truss_dir,
+                    repository_dir=args.repository_dir,
+                    ports=ports,
+                    startup_timeout_s=args.startup_timeout,
+                    progress=lambda message: status.update(message),
+                )
+        except _startup_errors() as exc:
+            console.print(f"[bold red]trtllm-truss serve: {type(exc).__name__}[/]")
+            console.print(_describe(exc), markup=False, soft_wrap=True)
+            return EXIT_STARTUP_FAILED
+
+        server, plan = stack.server, stack.plan
+        out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        out.print(f"[bold green]ready[/]: backend {plan.backend}, world size {plan.world_size}, "
+                  f"repository {stack.repository_dir}")
+        out.print(f"  gRPC     {server.grpc_url}")
+        out.print(f"  HTTP     {server.http_url}")
+        out.print(f"  metrics  {server.metrics_url}")
+        out.print(f"  try: curl -s {server.http_url}/v2/models/ensemble/generate "
+                  "-d '{\"text_input\": \"Hello\", \"max_tokens\": 32}'", markup=False)
+        out.print("Ctrl-C stops the server.")
+
+        while not stop_requested.wait(0.5):
+            if server.failed is not None:
+                console.print(
+                    f"[bold red]tritonserver exited with code {server.failed.returncode} and could not be "
+                    f"restarted[/] (restarts so far: {server.restarts})"
+                )
+                return EXIT_SERVER_LOST
+        return 0
+    except KeyboardInterrupt:
+        return 0 if stack is not None else EXIT_INTERRUPTED_STARTUP
+    finally:
+        if stack is not None:
+            console.print("stopping tritonserver")
+            stack.stop()
+        signal.signal(signal.SIGTERM, previous_sigterm)
