@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from trtllm_truss.plan import PlanError, ServingPlan
+from trtllm_truss.plan import ServingPlan
 from trtllm_truss.probe import RuntimeFacts
 from trtllm_truss.supervisor import TritonPorts, TritonServer
 from trtllm_truss.tritonserver_install import locate_tritonserver
@@ -35,6 +35,8 @@ class RunningStack:
     repository_dir: Path
     # Removed on stop() when start_stack created it.
     _scratch_dir: Path | None = field(default=None, repr=False)
+    # Holds the engine cache's lease on the entry being served, so eviction leaves it alone.
+    _engine_builder: object | None = field(default=None, repr=False)
 
     def stop(self) -> None:
         self.server.stop()
@@ -89,13 +91,12 @@ def start_stack(
     # Before any download or build: a missing tritonserver should cost seconds, not a fetched engine.
     binary = locate_tritonserver(plan.runtime.tritonserver_path)
 
+    if build_engine is None and plan.backend == "tensorrtllm" and plan.mode == "build":
+        from trtllm_truss.artifacts.engine_builder import EngineBuilder
+
+        build_engine = EngineBuilder(secrets=secrets, environ=environ)
     progress("fetching model artifacts" if plan.backend == "pytorch" else "fetching or building the engine")
     plan, _ = prepare_artifacts(plan, secrets=secrets, environ=environ, build_engine=build_engine)
-    if plan.backend == "tensorrtllm" and plan.engine_dir is None:
-        raise PlanError(
-            "model_metadata.trt_llm.build: no engine builder was given to start_stack, so the engine for this "
-            "build section cannot be produced; run `trtllm-truss build` first or serve a prebuilt engine"
-        )
 
     scratch = None
     if repository_dir is None:
@@ -122,4 +123,6 @@ def start_stack(
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return RunningStack(plan=plan, server=server, repository_dir=Path(repository_dir), _scratch_dir=scratch)
+    return RunningStack(
+        plan=plan, server=server, repository_dir=Path(repository_dir), _scratch_dir=scratch, _engine_builder=build_engine
+    )
