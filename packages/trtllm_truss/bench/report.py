@@ -1,0 +1,140 @@
+"""The benchmark report: one typed object, written as JSON, shown as a rich table.
+
+JSON layout (schema_version 1):
+  {"schema_version": 1, "created_at", "machine": {...}, "workload": {...}, "settings": {...},
+   "runs": [{"target", "url", "level": {"kind": "closed", "concurrency": 64} | {"kind": "open",
+             "request_rate": 10.0, ...}, "token_counting", "client_cpu_s", "metrics": {...}}],
+   "comparisons": [{"level", "direct", "full", "ratio", "added_ttft_p50_ms"}],
+   "ratio": float | null,               # full/direct output tokens/s at the highest load compared
+   "added_ttft_p50_ms": float | null,   # full minus direct TTFT p50 at that same load
+   "warnings": [str]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtllm_truss.bench.load import ClosedLoop, LoadLevel, OpenLoop
+from trtllm_truss.bench.stats import LevelMetrics
+from trtllm_truss.bench.targets.base import TargetName
+
+SCHEMA_VERSION = 1
+
+
+class MachineInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_count: int | None
+    platform: str
+    python: str
+
+    @classmethod
+    def current(cls) -> "MachineInfo":
+        return cls(cpu_count=os.cpu_count(), platform=platform.platform(), python=platform.python_version())
+
+
+class RunResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: TargetName
+    url: str
+    level: ClosedLoop | OpenLoop = Field(discriminator="kind")
+    token_counting: str = Field(description="exact (token ids or counts from the server) | retokenized | requested")
+    metrics: LevelMetrics
+    client_cpu_s: float | None = Field(
+        None, description="CPU seconds the benchmark client itself used in this level (it shares the machine)"
+    )
+
+
+class Comparison(BaseModel):
+    """The full path against the engine streamed directly, at one load level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: ClosedLoop | OpenLoop = Field(discriminator="kind")
+    direct: TargetName
+    full: TargetName
+    ratio: float | None = Field(description="full output tokens/s divided by direct output tokens/s")
+    added_ttft_p50_ms: float | None = Field(description="full TTFT p50 minus direct TTFT p50")
+
+
+class BenchReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    machine: MachineInfo = Field(default_factory=MachineInfo.current)
+    workload: dict[str, Any] = Field(description="the workload specification (lengths, dataset, seed)")
+    settings: dict[str, Any] = Field(default_factory=dict, description="targets, ignore-EOS mode, timeouts")
+    runs: list[RunResult] = Field(default_factory=list)
+    comparisons: list[Comparison] = Field(default_factory=list)
+    ratio: float | None = None
+    added_ttft_p50_ms: float | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+    def run_for(self, target: TargetName, level: LoadLevel) -> RunResult | None:
+        return next((r for r in self.runs if r.target == target and r.level == level), None)
+
+    def add_comparison(self, level: LoadLevel, direct: TargetName, full: TargetName) -> Comparison:
+        """Compare two runs already in the report at `level`; the top-level ratio follows the highest
+        load compared so far (the goal is stated at 64 streams, the top of the default sweep)."""
+        direct_run = self.run_for(direct, level)
+        full_run = self.run_for(full, level)
+        if direct_run is None or full_run is None:
+            raise ValueError(f"comparison at {level.label}: runs of both '{direct}' and '{full}' are needed")
+        d, f = direct_run.metrics, full_run.metrics
+        ratio = f.output_tokens_per_s / d.output_tokens_per_s if d.output_tokens_per_s > 0 else None
+        added = None
+        if f.ttft_ms.p50 is not None and d.ttft_ms.p50 is not None:
+            added = f.ttft_ms.p50 - d.ttft_ms.p50
+        comparison = Comparison(level=level, direct=direct, full=full, ratio=ratio, added_ttft_p50_ms=added)
+        self.comparisons.append(comparison)
+        top = max(self.comparisons, key=lambda c: c.level.x_value)
+        self.ratio, self.added_ttft_p50_ms = top.ratio, top.added_ttft_p50_ms
+        return comparison
+
+    def write_json(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read_json(cls, path: Path) -> "BenchReport":
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def render_table(report: BenchReport):
+    """A rich Table of every run (and the comparison rows, if any)."""
+    from rich.table import Table
+
+    table = Table(title="trtllm-truss bench", header_style="bold")
+    for column in ("target", "load", "ok/sent", "out tok/s", "req/s", "TTFT p50/p90/p99 ms",
+                   "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms"):
+        table.add_column(column, justify="left" if column in ("target", "load") else "right")
+    for run in report.runs:
+        m = run.metrics
+        table.add_row(
+            run.target,
+            run.level.label,
+            f"{m.succeeded}/{m.requests}",
+            f"{m.output_tokens_per_s:,.0f}",
+            f"{m.requests_per_s:.2f}",
+            " / ".join(_ms(v) for v in (m.ttft_ms.p50, m.ttft_ms.p90, m.ttft_ms.p99)),
+            " / ".join(f"{v:.3f}" if v is not None else "-" for v in (m.itl_ms.p50, m.itl_ms.p90, m.itl_ms.p99)),
+            " / ".join(_ms(v) for v in (m.e2e_ms.p50, m.e2e_ms.p90, m.e2e_ms.p99)),
+        )
+    for c in report.comparisons:
+        ratio = "-" if c.ratio is None else f"ratio {c.ratio:.3f}"
+        added = "-" if c.added_ttft_p50_ms is None else f"{c.added_ttft_p50_ms:+.2f} ms"
+        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", added, "", "", style="bold cyan")
+    return table

@@ -1,0 +1,118 @@
+"""A whole benchmark: every target at every load level on the same requests, into one report.
+
+With a comparison (`--compare`) the direct engine stream and the full path run one after the other
+at each level (never at the same time: on a small machine they would compete for the CPU and each
+would measure the other). With several rounds the targets alternate within a level and each target's
+figures pool its rounds (throughput = all its tokens / the sum of its rounds' wall times), which keeps
+slow drift of a shared machine out of the ratio.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from trtllm_truss.bench.load import ClosedLoop, LoadLevel
+from trtllm_truss.bench.report import BenchReport, RunResult
+from trtllm_truss.bench.runner import TokenCounting, count_output_tokens, run_level
+from trtllm_truss.bench.stats import RequestRecord, summarize
+from trtllm_truss.bench.targets.base import BenchTarget, TargetName
+from trtllm_truss.bench.workload import BenchRequest, TokenizerLike
+
+
+@dataclass
+class BenchPlan:
+    targets: Sequence[BenchTarget]
+    levels: Sequence[LoadLevel]
+    requests: Sequence[BenchRequest]
+    workload: dict[str, Any]
+    compare: tuple[TargetName, TargetName] | None = None  # (direct, full)
+    warmup_requests: int = 4
+    timeout_s: float = 600.0
+    seed: int = 0
+    token_counting: TokenCounting = "auto"
+    fixed_length: bool = True  # requests ask the engine to ignore its end token (see targets.base.IgnoreEos)
+    # Rounds per level, alternating the targets: on a noisy machine drift then hits both targets alike.
+    rounds: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class ProgressSink:
+    """What the session reports while it runs; the CLI's implementation draws a rich progress bar."""
+
+    def level_started(self, target: TargetName, level: LoadLevel, total: int) -> None: ...
+
+    def request_done(self) -> None: ...
+
+    def level_finished(self, result: RunResult) -> None: ...
+
+
+async def run_bench(
+    plan: BenchPlan, tokenizer: TokenizerLike | None, progress: ProgressSink | None = None
+) -> BenchReport:
+    progress = progress or ProgressSink()
+    report = BenchReport(workload=plan.workload, settings=plan.settings)
+    async with AsyncExitStack() as stack:
+        for target in plan.targets:
+            stack.push_async_callback(target.close)  # also after a failed open (close is idempotent)
+            await target.open()
+        for target in plan.targets:
+            await _warm_up(target, plan)
+        for level in plan.levels:
+            pooled = {t.name: _Pooled() for t in plan.targets}
+            for _ in range(plan.rounds):
+                for target in plan.targets:
+                    progress.level_started(target.name, level, len(plan.requests))
+                    cpu_before = time.process_time()
+                    records = await run_level(
+                        target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
+                        on_done=progress.request_done,
+                    )
+                    cpu_s = time.process_time() - cpu_before
+                    method, warnings = count_output_tokens(
+                        records, plan.token_counting, tokenizer, fixed_length=plan.fixed_length
+                    )
+                    report.warnings.extend(f"{target.name} @ {level.label}: {w}" for w in warnings)
+                    round_wall_s = summarize(records).duration_s
+                    pooled[target.name].add(records, round_wall_s, cpu_s, method)
+                    progress.level_finished(_result(target, level, records, round_wall_s, method, cpu_s))
+            for target in plan.targets:
+                p = pooled[target.name]
+                report.runs.append(_result(target, level, p.records, p.wall_s, "+".join(sorted(p.methods)), p.cpu_s))
+            if plan.compare is not None:
+                report.add_comparison(level, *plan.compare)
+    return report
+
+
+@dataclass
+class _Pooled:
+    """One target's rounds at one level."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    methods: set[str] = field(default_factory=set)
+
+    def add(self, records: list[RequestRecord], wall_s: float, cpu_s: float, method: str) -> None:
+        self.records.extend(records)
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+        self.methods.add(method)
+
+
+def _result(target, level, records, wall_s: float, method: str, cpu_s: float) -> RunResult:
+    return RunResult(
+        target=target.name, url=target.url, level=level, token_counting=method,
+        metrics=summarize(records, duration_s=wall_s), client_cpu_s=cpu_s,
+    )
+
+
+async def _warm_up(target: BenchTarget, plan: BenchPlan) -> None:
+    """A few short requests first, so connection setup and first-call costs stay out of the figures.
+    A warm-up failure is not fatal here; the same failure will show in the measured level."""
+    if plan.warmup_requests <= 0 or not plan.requests:
+        return
+    count = min(plan.warmup_requests, len(plan.requests))
+    await run_level(target, plan.requests[:count], ClosedLoop(concurrency=count), timeout_s=plan.timeout_s)

@@ -1,0 +1,21 @@
+"""Benchmark targets: the engine model, the ensemble (both Triton gRPC) and truss's HTTP endpoint."""
+
+from trtllm_truss.bench.targets.base import BenchTarget, IgnoreEos, StreamChunk, TargetError, TargetName
+
+__all__ = ["BenchTarget", "IgnoreEos", "StreamChunk", "TargetError", "TargetName", "make_target"]
+
+
+def make_target(name: TargetName, url: str, ignore_eos: IgnoreEos = "min_length", timeout_s: float = 600.0):
+    if name == "engine":
+        from trtllm_truss.bench.targets.engine import EngineTarget
+
+        return EngineTarget(url, ignore_eos)
+    if name == "ensemble":
+        from trtllm_truss.bench.targets.ensemble import EnsembleTarget
+
+        return EnsembleTarget(url, ignore_eos)
+    if name == "http":
+        from trtllm_truss.bench.targets.http import HttpTarget
+
+        return HttpTarget(url, ignore_eos, timeout_s)
+    raise ValueError(f"target: expected one of engine, ensemble, http; got {name!r}")

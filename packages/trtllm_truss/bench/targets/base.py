@@ -1,0 +1,42 @@
+"""What the runner needs from a target: open once, stream one request, close."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Literal, Protocol
+
+from trtllm_truss.bench.workload import BenchRequest
+
+TargetName = Literal["engine", "ensemble", "http"]
+
+# How the generation is kept going to the requested length, so that targets emit equal token counts.
+#  min_length: the request asks for min_length = output length (the engine may not stop earlier);
+#  end_id:     end_id = -1, an id no token has (what NVIDIA's benchmark_core_model.py sends);
+#  none:       the model may stop at its end token (lengths then differ per target).
+IgnoreEos = Literal["min_length", "end_id", "none"]
+
+
+class TargetError(RuntimeError):
+    """A target that cannot be used (unreachable, a model missing, an interface mismatch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One streamed response. `token_count` is exact where the target reports it (token ids or
+    usage); text targets without it leave it None and their text is re-tokenized after the run."""
+
+    token_count: int | None
+    text: str | None = None
+
+
+class BenchTarget(Protocol):
+    name: TargetName
+    url: str
+
+    async def open(self) -> None:
+        """Connect and check the interface (raises TargetError naming what is missing)."""
+
+    async def close(self) -> None: ...
+
+    def stream(self, request: BenchRequest) -> AsyncIterator[StreamChunk]:
+        """Send one request and yield its responses as they arrive; raises on a failed request."""

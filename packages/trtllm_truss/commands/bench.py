@@ -1,0 +1,339 @@
+"""`trtllm-truss bench [TRUSS_DIR]`: load-test the engine model, the ensemble or truss's HTTP endpoint.
+
+By default it brings the stack up itself (tritonserver for the gRPC targets; truss's own model server,
+which starts tritonserver inside it, for the http target) and stops it at the end; with URLs it
+measures servers that are already running. `--compare` measures the engine model streamed directly and
+the full path one after the other at each load, on the same requests, and reports their ratio of
+output tokens/s (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HELP = "benchmark the engine model, the ensemble or the truss HTTP endpoint (TTFT, ITL, tokens/s)"
+
+DEFAULT_CONCURRENCY = "1,8,32,64"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("truss_dir", nargs="?", default=".", type=Path, help="truss directory (default: .)")
+    what = parser.add_argument_group("what to measure")
+    what.add_argument("--target", choices=("engine", "ensemble", "http"), default="ensemble",
+                      help="engine: the tensorrt_llm model, token ids over gRPC; ensemble: text over gRPC; "
+                           "http: truss's POST /v1/models/model:predict (default: ensemble)")
+    what.add_argument("--compare", action="store_true",
+                      help="measure the engine model directly AND the full path (--full-target) at each load, "
+                           "on the same requests; the JSON gets their output tokens/s ratio as \"ratio\"")
+    what.add_argument("--full-target", choices=("ensemble", "http"), default="http",
+                      help="the full path of --compare (default: http, i.e. truss server -> ensemble -> engine)")
+    what.add_argument("--url", help="URL of the measured target (with --compare: of the full path); "
+                                    "host:port for gRPC targets, http://host:port for http")
+    what.add_argument("--grpc-url", help="Triton gRPC address (host:port) for the engine/ensemble targets")
+    what.add_argument("--tokenizer", type=Path,
+                      help="tokenizer directory for prompts and token counting (default: the truss's own)")
+
+    load = parser.add_argument_group("load")
+    load.add_argument("--concurrency", default=None,
+                      help=f"closed loop: comma-separated stream counts (default: {DEFAULT_CONCURRENCY})")
+    load.add_argument("--request-rate", default=None,
+                      help="open loop: comma-separated Poisson arrival rates in requests/s (instead of --concurrency)")
+    load.add_argument("--max-concurrency", type=int, default=None,
+                      help="open loop: cap on requests in flight (default: none)")
+    load.add_argument("--num-requests", type=int, default=None,
+                      help="requests per load level (default: 4 x the highest concurrency, at least 32)")
+    load.add_argument("--rounds", type=int, default=1,
+                      help="rounds per level, alternating the targets; figures pool the rounds (default: 1)")
+    load.add_argument("--warmup", type=int, default=4, help="unmeasured requests per target first (default: 4)")
+    load.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default: 600)")
+
+    work = parser.add_argument_group("workload (lengths in tokens)")
+    work.add_argument("--input-mean", type=int, default=128)
+    work.add_argument("--input-stddev", type=float, default=0.0)
+    work.add_argument("--output-mean", type=int, default=128)
+    work.add_argument("--output-stddev", type=float, default=0.0)
+    work.add_argument("--dataset", type=Path, help="JSONL: {\"prompt\" or \"text\": ..., \"output_len\": N (optional)}")
+    work.add_argument("--seed", type=int, default=0)
+    work.add_argument("--ignore-eos", choices=("min_length", "end_id", "none"), default="min_length",
+                      help="keep generating to the requested length so all targets emit equal token counts: "
+                           "min_length = output length (default), or end_id = -1, or none")
+    work.add_argument("--token-counting", choices=("auto", "retokenize", "requested"), default="auto",
+                      help="auto: exact where the target reports tokens; for text, the requested length of "
+                           "fixed-length requests (--ignore-eos), else the re-tokenized text")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, dest="json_path", help="write the report as JSON")
+    out.add_argument("--plot", type=Path, help="write a PNG plot (default: next to --json, same name .png)")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--startup-timeout", type=float, default=900.0,
+                     help="seconds to wait for a stack this command starts (default: 900)")
+
+
+class _RichProgress:
+    """Progress bar: one task per (target, load level)."""
+
+    def __init__(self, progress: Any):
+        self._progress = progress
+        self._task: Any = None
+
+    def level_started(self, target, level, total) -> None:
+        self._task = self._progress.add_task(f"{target:>8} @ {level.label}", total=total)
+
+    def request_done(self) -> None:
+        self._progress.advance(self._task)
+
+    def level_finished(self, result) -> None:
+        m = result.metrics
+        description = f"{result.target:>8} @ {result.level.label}: {m.output_tokens_per_s:,.0f} tok/s"
+        if m.failed:
+            description += f" ({m.failed} failed)"
+        self._progress.update(self._task, description=description)
+
+
+def _levels(args: argparse.Namespace) -> list:
+    from trtllm_truss.bench.load import ClosedLoop, OpenLoop, parse_float_list, parse_int_list
+
+    if args.rounds < 1:
+        raise ValueError(f"--rounds: expected a positive integer, got {args.rounds}")
+    if args.request_rate is not None and args.concurrency is not None:
+        raise ValueError("--concurrency and --request-rate: give one of them (closed or open loop)")
+    if args.request_rate is not None:
+        return [OpenLoop(request_rate=r, max_concurrency=args.max_concurrency)
+                for r in parse_float_list(args.request_rate, "--request-rate")]
+    return [ClosedLoop(concurrency=c) for c in parse_int_list(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency")]
+
+
+def _targets_needed(args: argparse.Namespace) -> list[str]:
+    if args.compare:
+        return ["engine", args.full_target]
+    return [args.target]
+
+
+def _load_tokenizer(path: Path):
+    from trtllm_truss.bench.tokenizer import BenchTokenizer
+
+    return BenchTokenizer.from_dir(path)
+
+
+def _plan_tokenizer_dir(truss_dir: Path) -> Path:
+    """The tokenizer directory the truss's plan names (exists once the stack has fetched it)."""
+    from trtllm_truss.config import load_config
+    from trtllm_truss.plan import make_plan
+    from trtllm_truss.probe import probe_facts
+
+    plan = make_plan(load_config(truss_dir), probe_facts())
+    return plan.tokenizer_dir
+
+
+def _triton_grpc_url_under(pid: int) -> str | None:
+    """The gRPC address of the tritonserver that truss's server started (its model.py owns it): read
+    from that child's command line, which our supervisor writes as `--grpc-port=N`."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            for arg in child.cmdline():
+                if arg.startswith("--grpc-port="):
+                    return f"127.0.0.1:{arg.split('=', 1)[1]}"
+        except psutil.Error:
+            continue
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    err = Console(stderr=True, highlight=False)
+    try:
+        levels = _levels(args)
+    except ValueError as exc:
+        err.print(str(exc), style="red", markup=False)
+        return 2
+    try:
+        return _run(args, levels, err)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        return 130
+
+
+@dataclass
+class _Endpoints:
+    """Where the measured targets are, and the tokenizer of the deployment behind them."""
+
+    grpc_url: str | None
+    http_url: str | None
+    tokenizer_dir: Path | None
+
+
+class _SetupError(Exception):
+    """A problem found before any request is sent; the message is shown as is."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _bring_up(args: argparse.Namespace, names: list[str], cleanup: contextlib.ExitStack, err: Any) -> _Endpoints:
+    """Use the given URLs, or start what is missing (stopped by `cleanup`)."""
+    grpc_needed = any(n in ("engine", "ensemble") for n in names)
+    http_needed = "http" in names
+    found = _Endpoints(
+        grpc_url=args.grpc_url or (args.url if not http_needed else None),
+        http_url=args.url if http_needed else None,
+        tokenizer_dir=args.tokenizer,
+    )
+    if http_needed and found.http_url is None:
+        found.http_url, truss_pid = _start_truss_server(args, cleanup, err)
+        if grpc_needed and found.grpc_url is None:
+            found.grpc_url = _triton_grpc_url_under(truss_pid)
+            if found.grpc_url is None:
+                raise _SetupError("no tritonserver found under truss's server; pass --grpc-url", 2)
+    elif http_needed and grpc_needed and found.grpc_url is None:
+        # Starting a second stack here would compare against a different tritonserver.
+        raise _SetupError("--compare with --url: also give --grpc-url, the Triton behind that truss server", 2)
+    elif grpc_needed and found.grpc_url is None:
+        stack = _start_stack(args, cleanup, err)
+        found.grpc_url = stack.server.grpc_url
+        found.tokenizer_dir = found.tokenizer_dir or stack.plan.tokenizer_dir
+    if found.tokenizer_dir is None:
+        found.tokenizer_dir = _plan_tokenizer_dir(args.truss_dir)
+    if not Path(found.tokenizer_dir).is_dir():
+        raise _SetupError(f"--tokenizer: {found.tokenizer_dir} is not a directory", 2)
+    return found
+
+
+def _workload(args: argparse.Namespace, levels: list, tokenizer: Any):
+    from trtllm_truss.bench.workload import LengthDistribution, WorkloadError, WorkloadSpec, generate_workload
+
+    max_load = max(getattr(level, "concurrency", 0) or 0 for level in levels)
+    try:
+        spec = WorkloadSpec(
+            num_requests=args.num_requests or max(32, 4 * max_load),
+            input_length=LengthDistribution(mean=args.input_mean, stddev=args.input_stddev),
+            output_length=LengthDistribution(mean=args.output_mean, stddev=args.output_stddev),
+            dataset=args.dataset,
+            seed=args.seed,
+        )
+        return spec, generate_workload(spec, tokenizer)
+    except (WorkloadError, ValueError) as exc:
+        raise _SetupError(str(exc), 2) from None
+
+
+def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtllm_truss.bench.session import BenchPlan, run_bench
+    from trtllm_truss.bench.targets import TargetError, make_target
+
+    names = _targets_needed(args)
+    with contextlib.ExitStack() as cleanup:
+        try:
+            endpoints = _bring_up(args, names, cleanup, err)
+            tokenizer = _load_tokenizer(Path(endpoints.tokenizer_dir))
+            spec, requests = _workload(args, levels, tokenizer)
+        except _SetupError as exc:
+            err.print(str(exc), style="red", markup=False)
+            return exc.exit_code
+        except Exception as exc:  # every stage raises its own typed error with an actionable message
+            err.print(f"starting the stack failed: {type(exc).__name__}: {exc}", style="red", markup=False)
+            return 1
+
+        plan = BenchPlan(
+            targets=[
+                make_target(n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout)
+                for n in names
+            ],
+            levels=levels,
+            requests=requests,
+            workload=spec.model_dump(mode="json") | {"tokenizer": str(endpoints.tokenizer_dir)},
+            compare=("engine", args.full_target) if args.compare else None,
+            warmup_requests=args.warmup,
+            rounds=args.rounds,
+            timeout_s=args.timeout,
+            seed=args.seed,
+            token_counting=args.token_counting,
+            fixed_length=args.ignore_eos != "none",
+            settings={
+                "targets": names, "ignore_eos": args.ignore_eos, "token_counting": args.token_counting,
+                "timeout_s": args.timeout, "warmup_requests": args.warmup, "rounds": args.rounds,
+                "truss_dir": str(args.truss_dir),
+            },
+        )
+        progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err, disable=args.no_progress, transient=False,
+        )
+        try:
+            with progress:
+                report = asyncio.run(run_bench(plan, tokenizer, _RichProgress(progress)))
+        except TargetError as exc:
+            err.print(str(exc), style="red", markup=False)
+            return 1
+    _write_outputs(report, args, err)
+    return 1 if any(r.metrics.failed for r in report.runs) else 0
+
+
+def _write_outputs(report: Any, args: argparse.Namespace, err: Any) -> None:
+    from rich.console import Console
+
+    from trtllm_truss.bench.plot import write_plot
+    from trtllm_truss.bench.report import render_table
+
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    out.print(render_table(report))
+    if report.ratio is not None:
+        added = "-" if report.added_ttft_p50_ms is None else f"{report.added_ttft_p50_ms:+.2f} ms"
+        out.print(f"ratio (full / direct output tokens/s at the highest load): {report.ratio:.3f};"
+                  f" added TTFT p50: {added}")
+    if args.json_path is not None:
+        report.write_json(args.json_path)
+        out.print(f"JSON: {args.json_path}")
+    plot_path = args.plot or (args.json_path.with_suffix(".png") if args.json_path is not None else None)
+    if plot_path is not None:
+        write_plot(report, plot_path)
+        out.print(f"plot: {plot_path}")
+    for warning in report.warnings:
+        err.print(f"warning: {warning}", style="yellow", markup=False)
+
+
+def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any):
+    """tritonserver with the truss's rendered repository, as `serve` runs it."""
+    from trtllm_truss.stack import start_stack
+
+    with err.status("starting the stack...") as status:
+        stack = start_stack(
+            args.truss_dir,
+            startup_timeout_s=args.startup_timeout,
+            progress=lambda stage: status.update(f"starting the stack: {stage}..."),
+        )
+    cleanup.callback(stack.stop)
+    return stack
+
+
+def _start_truss_server(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any) -> tuple[str, int]:
+    """truss's own model server on the truss directory (which starts tritonserver in model.load())."""
+    try:
+        from trtllm_truss.truss_server import build_server_root, start_truss_server
+    except ImportError:
+        raise RuntimeError(
+            "this installation cannot start truss's model server itself; start one and pass --url http://host:port"
+            " (with --compare also --grpc-url host:port of its tritonserver)"
+        ) from None
+    work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trtllm-bench-")))
+    with err.status("starting truss's model server (and tritonserver inside it)..."):
+        fs_root = build_server_root(args.truss_dir.resolve(), work_dir)
+        server = start_truss_server(fs_root, work_dir / "truss-server.log")
+        cleanup.callback(server.stop)
+        server.wait_ready(args.startup_timeout)
+    return server.url, server.process.pid

@@ -1,0 +1,42 @@
+"""`trtllm-truss bench --compare` end to end: the real tritonserver with this truss's repository and
+the synthetic stand-in engine, the engine model streamed directly against the ensemble."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtllm_truss.cli import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(120)]
+
+
+def test_bench_compare_engine_and_ensemble(tmp_path, monkeypatch, capsys):
+    repo_root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    # The synthetic engine: tokens at no model cost, so the run is about the stack (and short).
+    monkeypatch.setenv("TRTLLM_RUNTIME__PYTORCH__SYNTHETIC__STEP_TIME_MS", "0")
+    report_path = tmp_path / "bench.json"
+    code = main([
+        "bench", str(repo_root), "--compare", "--full-target", "ensemble",
+        "--concurrency", "1,4", "--num-requests", "8", "--warmup", "2",
+        "--input-mean", "16", "--input-stddev", "4", "--output-mean", "24", "--output-stddev", "4",
+        "--json", str(report_path), "--no-progress",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(report_path.read_text())
+    assert [(r["target"], r["level"]["concurrency"]) for r in report["runs"]] == [
+        ("engine", 1), ("ensemble", 1), ("engine", 4), ("ensemble", 4)
+    ]
+    for run in report["runs"]:
+        m = run["metrics"]
+        assert m["succeeded"] == 8 and m["failed"] == 0, m["first_errors"]
+        assert m["output_tokens_per_s"] > 0 and m["ttft_ms"]["p50"] > 0
+    engine4, ensemble4 = report["runs"][2]["metrics"], report["runs"][3]["metrics"]
+    # ignore-EOS requests: both paths produce the requested lengths, so their totals agree
+    assert engine4["output_tokens_total"] == ensemble4["output_tokens_total"]
+    assert report["ratio"] == pytest.approx(ensemble4["output_tokens_per_s"] / engine4["output_tokens_per_s"])
+    assert report["added_ttft_p50_ms"] is not None
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert "ratio" in out
