@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from truss_harness import TrussServer, build_server_root, start_truss_server
+from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow]
 
