@@ -1,0 +1,79 @@
+"""The CPU/GPU engine stand-in for TensorRT-LLM: continuous batching over a Hugging Face causal LM.
+
+Independent of Triton; the python-backend model `triton_models/tensorrt_llm_pytorch/model.py` wraps it
+behind NVIDIA's `tensorrt_llm` tensor interface.
+"""
+
+from __future__ import annotations
+
+from trtllm_truss.engine_standin.scheduler import (
+    EngineBase,
+    OutputCallback,
+    StandinEngine,
+)
+from trtllm_truss.engine_standin.settings import (
+    SettingsError,
+    StandinSettings,
+    resolve_device,
+)
+from trtllm_truss.engine_standin.synthetic import SyntheticEngine, ordinary_token_ids
+from trtllm_truss.engine_standin.types import (
+    EngineLimits,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    RequestRejected,
+    SamplingParams,
+)
+from trtllm_truss.engine_standin.words import parse_word_list
+
+__all__ = [
+    "EngineBase",
+    "EngineLimits",
+    "FinishReason",
+    "GenerationOutput",
+    "GenerationRequest",
+    "OutputCallback",
+    "RequestRejected",
+    "SamplingParams",
+    "SettingsError",
+    "StandinEngine",
+    "StandinSettings",
+    "SyntheticEngine",
+    "build_engine",
+    "ordinary_token_ids",
+    "parse_word_list",
+    "resolve_device",
+]
+
+
+def build_engine(settings: StandinSettings) -> EngineBase:
+    """The engine the settings ask for, started."""
+    import torch
+
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    if settings.synthetic:
+        vocab_size = _vocab_size(settings)
+        cycle = ordinary_token_ids(settings.tokenizer_dir, vocab_size)
+        engine: EngineBase = SyntheticEngine(
+            settings.limits, vocab_size, cycle, step_time_ms=settings.synthetic_step_time_ms or 0.0
+        )
+    else:
+        from trtllm_truss.engine_standin.model_runner import CausalLMRunner
+
+        assert settings.model_dir is not None
+        runner = CausalLMRunner(settings.model_dir, device=resolve_device(settings.device), dtype=settings.dtype)
+        engine = StandinEngine(runner, settings.limits)
+    return engine.start()
+
+
+def _vocab_size(settings: StandinSettings) -> int:
+    """From the checkpoint's config.json when there is one (no weights are loaded)."""
+    import json
+
+    if settings.model_dir is not None and (settings.model_dir / "config.json").is_file():
+        config = json.loads((settings.model_dir / "config.json").read_text())
+        if isinstance(config.get("vocab_size"), int):
+            return config["vocab_size"]
+    return 32_000

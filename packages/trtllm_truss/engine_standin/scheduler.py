@@ -1,0 +1,301 @@
+"""Continuous batching: one scheduler thread admits requests between decode steps.
+
+A request submitted while others decode is prefilled alone (no padding), then its row joins the
+running batch's KV cache before the next step; finished and cancelled rows leave it at once, freeing
+their slot. At most `max_batch_size` sequences run; the rest wait in FIFO order. A failing request,
+a failing callback or a failing step ends the requests concerned with an error, never the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_truss.engine_standin.kv_cache import BatchKVCache
+from trtllm_truss.engine_standin.model_runner import CausalLMRunner
+from trtllm_truss.engine_standin.sampling import (
+    SequenceSamplingState,
+    select_next_tokens,
+)
+from trtllm_truss.engine_standin.types import (
+    EngineLimits,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    RequestRejected,
+)
+from trtllm_truss.engine_standin.words import ends_with_any
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[GenerationOutput], None]
+
+
+@dataclass
+class _Sequence:
+    """A request the scheduler owns: waiting in the queue, or a row of the running batch."""
+
+    request: GenerationRequest
+    on_output: OutputCallback
+    state: SequenceSamplingState | None = None
+    pad: int = 0  # masked columns on the left of this row in the batch cache
+    finished: bool = False
+    cycle_offset: int = 0  # synthetic engine: where this request starts in the token cycle
+
+
+class EngineBase:
+    """Queue, admission, cancellation and output plumbing shared by the model and synthetic engines."""
+
+    def __init__(self, limits: EngineLimits, vocab_size: int, *, name: str = "engine-standin") -> None:
+        self.limits = limits
+        self.vocab_size = vocab_size
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._cancelled: set[str] = set()
+        self._known: set[str] = set()  # ids waiting or running, to refuse duplicates
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    # ----------------------------------------------------------------- public API
+    def start(self) -> EngineBase:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, request: GenerationRequest, on_output: OutputCallback) -> None:
+        """Queue a request; raises `RequestRejected` (naming the option) if it cannot be served."""
+        self.validate(request)
+        with self._wake:
+            if self._stopping:
+                raise RequestRejected("the engine is shutting down")
+            if request.request_id in self._known:
+                raise RequestRejected(f"request id {request.request_id!r} is already in flight")
+            self._known.add(request.request_id)
+            self._waiting.append(_Sequence(request, on_output))
+            self._wake.notify_all()
+
+    def cancel(self, request_id: str) -> None:
+        """Ends the request at the next step boundary (output with finish_reason CANCELLED) and frees its slot."""
+        with self._wake:
+            if request_id in self._known:
+                self._cancelled.add(request_id)
+                self._wake.notify_all()
+
+    @property
+    def active_requests(self) -> int:
+        """Requests accepted and not yet finished (running or waiting)."""
+        with self._wake:
+            return len(self._known)
+
+    @property
+    def running_requests(self) -> int:
+        return len(self._running)
+
+    def validate(self, request: GenerationRequest) -> None:
+        limits = self.limits
+        n = len(request.input_ids)
+        if request.beam_width != 1:
+            raise RequestRejected(f"beam_width={request.beam_width} is not supported by the PyTorch stand-in engine (only 1)")
+        if n == 0:
+            raise RequestRejected("input_ids: the prompt is empty")
+        if n > limits.max_input_len:
+            raise RequestRejected(f"input_lengths: {n} tokens exceed max_input_len={limits.max_input_len}")
+        if request.max_new_tokens < 1:
+            raise RequestRejected(f"request_output_len: must be at least 1, got {request.max_new_tokens}")
+        if request.max_new_tokens > limits.max_output_len:
+            raise RequestRejected(
+                f"request_output_len: {request.max_new_tokens} exceeds max_output_len={limits.max_output_len}"
+            )
+        bad_ids = [t for t in request.input_ids if not 0 <= t < self.vocab_size]
+        if bad_ids:
+            raise RequestRejected(f"input_ids: token id {bad_ids[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        sampling = request.sampling
+        if sampling.top_k < 0:
+            raise RequestRejected(f"runtime_top_k: must be >= 0, got {sampling.top_k}")
+        if not 0.0 <= sampling.top_p <= 1.0:
+            raise RequestRejected(f"runtime_top_p: must be within [0, 1], got {sampling.top_p}")
+        if sampling.temperature < 0.0:
+            raise RequestRejected(f"temperature: must be >= 0, got {sampling.temperature}")
+        if sampling.repetition_penalty <= 0.0:
+            raise RequestRejected(f"repetition_penalty: must be > 0, got {sampling.repetition_penalty}")
+        if sampling.min_length < 0:
+            raise RequestRejected(f"min_length: must be >= 0, got {sampling.min_length}")
+
+    # ------------------------------------------------------------ for subclasses
+    def _start(self, seq: _Sequence) -> bool:
+        """Prefill `seq` and emit its first token; True if it keeps running."""
+        raise NotImplementedError
+
+    def _step(self) -> None:
+        """One decode step for every running sequence."""
+        raise NotImplementedError
+
+    def _remove_rows(self, keep: list[int]) -> None:
+        """Keep only these rows of the running batch (indices into `self._running`)."""
+        self._running = [self._running[i] for i in keep]
+
+    def _reset_batch(self) -> None:
+        """Drop all batch state after a failed step."""
+
+    # ---------------------------------------------------------------- plumbing
+    def _emit(self, seq: _Sequence, output: GenerationOutput) -> None:
+        if output.finished:
+            seq.finished = True
+            with self._wake:
+                self._known.discard(seq.request.request_id)
+                self._cancelled.discard(seq.request.request_id)
+        try:
+            seq.on_output(output)
+        except Exception:  # a broken consumer ends its own request, not the engine
+            log.exception("output callback failed for request %s; cancelling it", seq.request.request_id)
+            if not seq.finished:
+                self.cancel(seq.request.request_id)
+
+    def _finish(self, seq: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+        generated = seq.state.generated if seq.state else 0
+        self._emit(
+            seq,
+            GenerationOutput(seq.request.request_id, [], None, True, reason, error, generated),
+        )
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._wake:
+                while not self._stopping and not self._waiting and not self._running and not self._cancelled:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                cancelled = self._cancelled
+                self._cancelled = set()
+                admitted: list[_Sequence] = []
+                while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
+                    admitted.append(self._waiting.popleft())
+                # Cancelled requests still waiting never start.
+                for seq in [s for s in self._waiting if s.request.request_id in cancelled]:
+                    self._waiting.remove(seq)
+                    admitted.append(seq)
+            try:
+                self._apply_cancellations(cancelled)
+                for seq in admitted:
+                    if seq.request.request_id in cancelled:
+                        self._finish(seq, FinishReason.CANCELLED)
+                        continue
+                    try:
+                        if self._start(seq):
+                            self._running.append(seq)
+                    except Exception as exc:
+                        log.exception("request %s failed to start", seq.request.request_id)
+                        self._finish(seq, FinishReason.ERROR, f"engine stand-in failed to start the request: {exc}")
+                if self._running:
+                    self._step()
+            except Exception as exc:  # a failed step ends the running requests, the loop goes on
+                log.exception("engine step failed; ending %d running requests", len(self._running))
+                running, self._running = self._running, []
+                self._reset_batch()
+                for seq in running:
+                    if not seq.finished:
+                        self._finish(seq, FinishReason.ERROR, f"engine stand-in step failed: {exc}")
+        for seq in list(self._running) + list(self._waiting):
+            if not seq.finished:
+                self._finish(seq, FinishReason.ERROR, "the engine was shut down")
+
+    def _apply_cancellations(self, cancelled: set[str]) -> None:
+        if not cancelled:
+            return
+        keep = []
+        for i, seq in enumerate(self._running):
+            if seq.request.request_id in cancelled:
+                self._finish(seq, FinishReason.CANCELLED)
+            else:
+                keep.append(i)
+        if len(keep) != len(self._running):
+            self._remove_rows(keep)
+
+    def _after_token(self, seq: _Sequence, token: int, log_prob: float | None) -> GenerationOutput:
+        """Record a sampled token and decide whether the request is finished (TensorRT-LLM's rules)."""
+        request, state = seq.request, seq.state
+        assert state is not None
+        if request.end_id is not None and token == request.end_id:
+            # The end token ends the request and is not returned.
+            return GenerationOutput(request.request_id, [], None, True, FinishReason.END_ID, None, state.generated)
+        state.append(token)
+        reason = None
+        if request.stop_words and ends_with_any(state.tokens, request.stop_words):
+            reason = FinishReason.STOP_WORDS
+        elif state.generated >= request.max_new_tokens:
+            reason = FinishReason.LENGTH
+        log_probs = [log_prob] if log_prob is not None else None
+        return GenerationOutput(request.request_id, [token], log_probs, reason is not None, reason, None, state.generated)
+
+
+class StandinEngine(EngineBase):
+    """Runs a Hugging Face causal LM with continuous batching (see module docstring)."""
+
+    def __init__(self, runner: CausalLMRunner, limits: EngineLimits, *, name: str = "engine-standin") -> None:
+        super().__init__(limits, runner.vocab_size, name=name)
+        self.runner = runner
+        self._cache = BatchKVCache()
+
+    def _start(self, seq: _Sequence) -> bool:
+        request = seq.request
+        seq.state = SequenceSamplingState(request, list(request.input_ids), self.vocab_size)
+        logits, cache = self.runner.prefill(request.input_ids)
+        tokens, log_probs = select_next_tokens(logits[None, :], [seq.state], request.return_log_probs)
+        output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None)
+        self._emit(seq, output)
+        if output.finished:
+            return False
+        # Join the running batch: whichever side is shorter is padded on the left.
+        mine, theirs = self._cache.length, cache.length
+        self._cache.append_rows(cache)
+        if theirs > mine:
+            for other in self._running:
+                other.pad += theirs - mine
+            seq.pad = 0
+        else:
+            seq.pad = mine - theirs
+        return True
+
+    def _step(self) -> None:
+        running = self._running
+        states = [seq.state for seq in running]
+        last = [s.tokens[-1] for s in states]
+        positions = [len(s.tokens) - 1 for s in states]
+        logits = self.runner.decode(self._cache, last, positions, [seq.pad for seq in running])
+        want_log_probs = any(seq.request.return_log_probs for seq in running)
+        tokens, log_probs = select_next_tokens(logits, states, want_log_probs)
+        keep = []
+        for i, seq in enumerate(running):
+            output = self._after_token(seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None)
+            self._emit(seq, output)
+            if not output.finished:
+                keep.append(i)
+        if len(keep) != len(running):
+            self._remove_rows(keep)
+
+    def _remove_rows(self, keep: list[int]) -> None:
+        super()._remove_rows(keep)
+        if not keep:
+            self._cache = BatchKVCache()
+            return
+        # Columns that are padding in every remaining row are dropped with the finished rows.
+        drop = min(seq.pad for seq in self._running)
+        self._cache.keep_rows(keep, drop_leading=drop)
+        for seq in self._running:
+            seq.pad -= drop
+
+    def _reset_batch(self) -> None:
+        self._cache = BatchKVCache()

@@ -1,0 +1,121 @@
+"""Engine stand-in settings, read from the string parameters of the Triton model config.
+
+The names are documented (with the tensor list) in `triton_models/tensorrt_llm_pytorch/model.py`
+(`STANDIN_MODEL_INTERFACE`) so the repository renderer writes exactly these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtllm_truss.engine_standin.types import EngineLimits
+
+
+class SettingsError(ValueError):
+    pass
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+@dataclass(frozen=True)
+class StandinSettings:
+    limits: EngineLimits
+    model_dir: Path | None  # HF checkpoint (the synthetic engine reads only its config, if present)
+    tokenizer_dir: Path | None = None  # the synthetic engine picks ordinary word pieces from it
+    device: str = "cpu"  # cpu | cuda | auto
+    dtype: str | None = None  # float32 | float16 | bfloat16; None: float32 on CPU, float16 on GPU
+    num_threads: int | None = None
+    synthetic_step_time_ms: float | None = None  # set: the synthetic engine, with this step time
+    exclude_input_in_output: bool = True  # default when the request does not say
+
+    @property
+    def synthetic(self) -> bool:
+        return self.synthetic_step_time_ms is not None
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> StandinSettings:
+        """`parameters`: name -> string value (Triton's `{"string_value": ...}` already unwrapped)."""
+        problems: list[str] = []
+
+        def text(name: str) -> str | None:
+            value = parameters.get(name)
+            value = value.strip() if isinstance(value, str) else value
+            return value or None
+
+        def integer(name: str, default: int, minimum: int = 1) -> int:
+            raw = text(name)
+            if raw is None:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                problems.append(f"parameters.{name}: {raw!r} is not an integer")
+                return default
+            if value < minimum:
+                problems.append(f"parameters.{name}: {value} is below the minimum {minimum}")
+            return value
+
+        def boolean(name: str, default: bool) -> bool:
+            raw = text(name)
+            if raw is None:
+                return default
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            problems.append(f"parameters.{name}: {raw!r} is not a boolean (true/false)")
+            return default
+
+        max_batch_size = integer("max_batch_size", 8)
+        if text("max_num_sequences") is not None:  # TensorRT-LLM's cap on sequences in flight
+            max_batch_size = min(max_batch_size, integer("max_num_sequences", max_batch_size))
+        limits = EngineLimits(
+            max_batch_size=max_batch_size,
+            max_input_len=integer("max_input_len", 1024),
+            max_output_len=integer("max_output_len", 1024),
+        )
+        step_raw = text("synthetic_step_time_ms")
+        synthetic = boolean("synthetic", step_raw is not None)
+        step: float | None = None
+        if synthetic and step_raw is None:
+            step = 0.0
+        elif synthetic and step_raw is not None:
+            try:
+                step = float(step_raw)
+                if step < 0:
+                    problems.append(f"parameters.synthetic_step_time_ms: {step} must be >= 0")
+            except ValueError:
+                problems.append(f"parameters.synthetic_step_time_ms: {step_raw!r} is not a number")
+        device = (text("device") or "cpu").lower()
+        if device not in {"cpu", "cuda", "auto"}:
+            problems.append(f"parameters.device: {device!r} is not one of cpu, cuda, auto")
+        model_dir = text("model_dir")
+        tokenizer_dir = text("tokenizer_dir") or model_dir
+        if model_dir is None and step is None:
+            problems.append("parameters.model_dir: required (the Hugging Face checkpoint to run)")
+        threads_raw = text("num_threads")
+        settings = cls(
+            limits=limits,
+            model_dir=Path(model_dir) if model_dir else None,
+            tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+            device=device,
+            dtype=text("dtype"),
+            num_threads=integer("num_threads", 1) if threads_raw else None,
+            synthetic_step_time_ms=step,
+            exclude_input_in_output=boolean("exclude_input_in_output", True),
+        )
+        if problems:
+            raise SettingsError("; ".join(problems))
+        return settings
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

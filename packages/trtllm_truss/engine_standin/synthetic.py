@@ -1,0 +1,105 @@
+"""The synthetic engine: tokens at (almost) no cost, to measure the serving stack behind it.
+
+It keeps the scheduling of the real stand-in (batch limit, queue, cancellation, request_output_len,
+stop words, end of request) but replaces the model with a cycle through ordinary vocabulary ids, so
+detokenization downstream still does real work. `step_time_ms` paces decode steps (0 = as fast as
+the loop runs); each step gives every running request one token.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from trtllm_truss.engine_standin.sampling import SequenceSamplingState
+from trtllm_truss.engine_standin.scheduler import EngineBase, _Sequence
+from trtllm_truss.engine_standin.types import (
+    EngineLimits,
+    FinishReason,
+    GenerationOutput,
+    SamplingParams,
+)
+
+
+def ordinary_token_ids(tokenizer_dir: Path | str | None, vocab_size: int, limit: int = 512) -> list[int]:
+    """Ids of plain word pieces (letters, optionally a leading space) from the tokenizer, if one is there."""
+    path = Path(tokenizer_dir) / "tokenizer.json" if tokenizer_dir else None
+    if path is not None and path.is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+        ids = []
+        for token_id in range(min(vocab_size, tokenizer.get_vocab_size())):
+            text = tokenizer.decode([token_id])
+            if text.strip().isalpha() and text.strip().isascii() and len(text.strip()) >= 2:
+                ids.append(token_id)
+            if len(ids) >= limit:
+                break
+        if ids:
+            return ids
+    # No tokenizer: skip the low ids where special tokens usually live.
+    return list(range(min(256, vocab_size - 1), min(256 + limit, vocab_size)))
+
+
+class SyntheticEngine(EngineBase):
+    def __init__(
+        self,
+        limits: EngineLimits,
+        vocab_size: int,
+        token_cycle: list[int],
+        *,
+        step_time_ms: float = 0.0,
+        name: str = "engine-synthetic",
+    ) -> None:
+        super().__init__(limits, vocab_size, name=name)
+        if not token_cycle:
+            raise ValueError("token_cycle: at least one token id is needed")
+        self.token_cycle = token_cycle
+        self.step_time_s = max(0.0, step_time_ms) / 1000.0
+        self._next_step_at = 0.0
+
+    def _start(self, seq: _Sequence) -> bool:
+        request = seq.request
+        # The sampling state keeps the full sequence only when stop words need it.
+        greedy = SamplingParams()
+        seq.state = SequenceSamplingState(request.__class__(**{**request.__dict__, "sampling": greedy}), list(request.input_ids[-8:]), self.vocab_size)
+        seq.cycle_offset = sum(request.input_ids) % len(self.token_cycle)
+        return self._advance(seq)
+
+    def _advance(self, seq: _Sequence) -> bool:
+        state = seq.state
+        assert state is not None
+        token = self.token_cycle[(seq.cycle_offset + state.generated) % len(self.token_cycle)]
+        request = seq.request
+        state.generated += 1
+        if request.stop_words:
+            state.tokens.append(token)
+            from trtllm_truss.engine_standin.words import ends_with_any
+
+            if ends_with_any(state.tokens, request.stop_words):
+                self._emit(seq, GenerationOutput(request.request_id, [token], None, True, FinishReason.STOP_WORDS, None, state.generated))
+                return False
+        finished = state.generated >= request.max_new_tokens
+        self._emit(
+            seq,
+            GenerationOutput(
+                request.request_id,
+                [token],
+                [0.0] if request.return_log_probs else None,
+                finished,
+                FinishReason.LENGTH if finished else None,
+                None,
+                state.generated,
+            ),
+        )
+        return not finished
+
+    def _step(self) -> None:
+        if self.step_time_s:
+            now = time.monotonic()
+            if self._next_step_at > now:
+                time.sleep(self._next_step_at - now)
+            self._next_step_at = max(now, self._next_step_at) + self.step_time_s
+        keep = [i for i, seq in enumerate(self._running) if self._advance(seq)]
+        if len(keep) != len(self._running):
+            self._remove_rows(keep)

@@ -1,0 +1,78 @@
+"""Requests, outputs and limits of the engine stand-in (independent of Triton).
+
+The fields follow TensorRT-LLM's request semantics (the `tensorrt_llm` Triton model's inputs), so the
+python-backend model only converts tensors into these objects and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    LENGTH = "length"  # request_output_len tokens generated
+    END_ID = "end_id"  # the end token was generated (it is not part of the output, as in TensorRT-LLM)
+    STOP_WORDS = "stop_words"  # a stop sequence was generated (its tokens are kept in the output)
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class RequestRejected(ValueError):
+    """The request cannot be served as asked (bad option or over a limit); the engine keeps running."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_batch_size: int  # sequences decoded together; more requests wait in the queue
+    max_input_len: int
+    max_output_len: int
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """TensorRT-LLM defaults: top_k == 0 and top_p == 0 means greedy; top_k == 1 is greedy too."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_length: int = 0  # the end token is masked until this many tokens are generated
+    random_seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1 or (self.top_k == 0 and self.top_p <= 0.0)
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    input_ids: list[int]
+    max_new_tokens: int  # request_output_len
+    end_id: int | None = None  # None: never stops on a token
+    pad_id: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_words: list[list[int]] = field(default_factory=list)  # token-id sequences
+    bad_words: list[list[int]] = field(default_factory=list)  # token-id sequences never generated
+    beam_width: int = 1
+    return_log_probs: bool = False
+
+
+@dataclass
+class GenerationOutput:
+    """One step's result for one request: only the tokens new since the previous output."""
+
+    request_id: str
+    token_ids: list[int]
+    log_probs: list[float] | None = None  # log-probability of each new token (when asked for)
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    generated_count: int = 0  # tokens generated so far for this request, these included
