@@ -2,7 +2,10 @@
 
 One `tritonclient.grpc.aio.InferenceServerClient` (one HTTP/2 channel) is shared by every request;
 each generation is one bidirectional `ModelStreamInfer` call on that channel, so cancelling the call
-(closing the iterator, or the HTTP client going away) makes Triton cancel the request.
+(closing the iterator, or the HTTP client going away) makes Triton cancel the request. Triton
+propagates an ensemble's cancellation only to steps not yet scheduled, never to the decoupled engine
+step already generating, so an early close also sends NVIDIA's `stop` request (the `stop` input, same
+request id) to the engine model: that is what frees the engine slot.
 
 Requests are built as protobuf messages with typed `contents` rather than through `InferInput`:
 the aio client's `stream_infer` cannot set `triton_enable_empty_final_response` (a reserved
@@ -26,6 +29,8 @@ from tritonclient.utils import InferenceServerException
 logger = logging.getLogger(__name__)
 
 ENSEMBLE = "ensemble"
+ENGINE_MODEL = "tensorrt_llm"
+STOP_REQUEST_TIMEOUT_S = 5.0
 TEXT_OUTPUT = "text_output"
 # Our ensemble's addition to NVIDIA's outputs: tokens in this response per beam. Ensembles without
 # it (NVIDIA's own) still work; usage is then counted by re-tokenizing the text.
@@ -158,6 +163,17 @@ def build_request(
     return request
 
 
+def build_stop_request(request_id: str, *, batched: bool, model_name: str = ENGINE_MODEL) -> service_pb2.ModelInferRequest:
+    """NVIDIA's cancellation request: `stop=true` for the in-flight request with the same id."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    lead = [1] if batched else []
+    for name, values in (("input_ids", [0]), ("input_lengths", [1]), ("request_output_len", [1])):
+        request.inputs.add(name=name, datatype="INT32", shape=lead + [1]).contents.int_contents.extend(values)
+    request.inputs.add(name="stop", datatype="BOOL", shape=lead + [1]).contents.bool_contents.append(True)
+    return request
+
+
 def _resolve_input_name(interface: EnsembleInterface, name: str) -> str:
     for candidate in (name, *_INPUT_ALIASES.get(name, ())):
         if candidate in interface.inputs:
@@ -214,6 +230,7 @@ class EnsembleClient:
         self._client: InferenceServerClient | None = None
         self._interface: EnsembleInterface | None = None
         self._interface_lock: asyncio.Lock | None = None
+        self._stop_tasks: set[asyncio.Task] = set()  # strong references until each stop is sent
 
     def _triton(self) -> InferenceServerClient:
         # Created lazily so that it binds to the event loop that serves the requests.
@@ -291,6 +308,21 @@ class EnsembleClient:
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
                     pass
             # A no-op once the call has completed; otherwise this is what tells Triton to cancel.
+            call.cancel()
+            if not finished:
+                task = asyncio.get_running_loop().create_task(self._stop_engine_request(request.id, interface))
+                self._stop_tasks.add(task)
+                task.add_done_callback(self._stop_tasks.discard)
+
+    async def _stop_engine_request(self, request_id: str, interface: EnsembleInterface) -> None:
+        """Free the engine slot of an abandoned request (best effort: the request may have just ended)."""
+        call = self._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
+        try:
+            await call.write(build_stop_request(request_id, batched=interface.batched))
+            await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            logger.debug("stop request for %s not delivered: %r", request_id, exc)
+        finally:
             call.cancel()
 
 

@@ -32,6 +32,7 @@ MAX_INPUT_LEN = 512
 MAX_OUTPUT_LEN = 256
 # The stand-in engine's gauge of requests it holds (running or waiting), on Triton's /metrics.
 ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
+CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
 
 
 def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
@@ -44,16 +45,27 @@ def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "cond
     raise AssertionError(f"{what} not reached within {timeout_s} s")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
-    work = tmp_path_factory.mktemp("truss_server")
+def _truss_server(work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
     fs_root = build_server_root(REPO_ROOT, work)
-    proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env})
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[TrussServer]:
+    yield from _truss_server(tmp_path_factory.mktemp("truss_server"), {})
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """The synthetic engine at 20 ms a step: a full-length generation lasts seconds, so a request seen
+    running after the client left can only be freed by cancellation."""
+    env = {"TRTLLM_RUNTIME__PYTORCH__SYNTHETIC": '{"step_time_ms": 20}'}
+    yield from _truss_server(tmp_path_factory.mktemp("truss_server_slow"), env)
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +92,15 @@ def metrics_url(server: TrussServer) -> str:
     return f"http://127.0.0.1:{port.group(1)}/metrics"
 
 
-def active_requests(server: TrussServer) -> float:
+def standin_metric(server: TrussServer, name: str) -> float:
     text = httpx.get(metrics_url(server), timeout=5).text
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(ACTIVE_REQUESTS_METRIC)]
-    assert values, f"{ACTIVE_REQUESTS_METRIC} not exported by Triton"
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    assert values, f"{name} not exported by Triton"
     return sum(values)
+
+
+def active_requests(server: TrussServer) -> float:
+    return standin_metric(server, ACTIVE_REQUESTS_METRIC)
 
 
 # --------------------------------------------------------------------------------- native predict
@@ -263,16 +279,21 @@ async def test_concurrent_requests_all_complete(server: TrussServer):
 # --------------------------------------------------------------------------------- disconnect, kill
 
 
-def test_client_disconnect_cancels_the_request_and_frees_the_slot(server: TrussServer):
+def test_client_disconnect_cancels_the_request_and_frees_the_slot(slow_server: TrussServer):
+    server = slow_server
     assert active_requests(server) == 0
+    cancelled_before = standin_metric(server, CANCELLED_REQUESTS_METRIC)
     with httpx.Client(base_url=server.url, timeout=60.0) as client:
         body = {"prompt": "A very long story", "max_tokens": MAX_OUTPUT_LEN, "ignore_eos": True}
         with client.stream("POST", PREDICT, json=body) as response:
             assert response.status_code == 200
-            next(response.iter_bytes())  # generation is under way
-            assert active_requests(server) == 1
+            chunks = response.iter_bytes()  # kept referenced: a dropped iterator closes the response
+            next(chunks)  # generation is under way
+            poll(lambda: active_requests(server) == 1, timeout_s=5, what="the request running in the engine")
         # leaving the block closed the connection mid-stream
     poll(lambda: active_requests(server) == 0, timeout_s=10, what="engine slot freed after disconnect")
+    # Freed because it was cancelled, not because the generation ran to its end meanwhile.
+    assert standin_metric(server, CANCELLED_REQUESTS_METRIC) == cancelled_before + 1
 
 
 def test_killed_tritonserver_fails_streams_visibly_then_recovers(server: TrussServer, http: httpx.Client):

@@ -70,6 +70,9 @@ log = logging.getLogger("tensorrt_llm_pytorch")
 # How often the sender thread asks Triton whether in-flight requests were cancelled by their clients.
 CANCEL_CHECK_PERIOD_S = 0.05
 ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
+# Requests that ended because their client cancelled them (stream closed, or NVIDIA's `stop` input):
+# tells a freed slot apart from a generation that simply finished.
+CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
 
 def _input(request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -127,6 +130,12 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.GAUGE,
         )
         self._active_gauge = self._active_family.Metric(labels={"model": args["model_name"]})
+        self._cancelled_family = pb_utils.MetricFamily(
+            name=CANCELLED_REQUESTS_METRIC,
+            description="requests the PyTorch stand-in engine ended because their client cancelled them",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self._cancelled_counter = self._cancelled_family.Metric(labels={"model": args["model_name"]})
 
         self._lock = threading.Condition()
         self._in_flight: dict[str, _InFlight] = {}
@@ -274,6 +283,11 @@ class TritonPythonModel:
                     self.engine.cancel(flight.engine_id)
                 if finish is not None:
                     self._forget(flight)
+                    if finish.finish_reason is FinishReason.CANCELLED:
+                        try:
+                            self._cancelled_counter.increment(1)
+                        except Exception:
+                            log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
             if now >= next_cancel_check:
                 next_cancel_check = now + CANCEL_CHECK_PERIOD_S
                 try:  # a metrics failure must not stop the responses
