@@ -1,0 +1,173 @@
+"""Stateless incremental detokenization (see docs/design.md, last section).
+
+A streamed response carries its new token ids plus a short window of the ids that preceded them
+(`prefix_ids`). `TokenDecoder.decode_new(prefix_ids, new_ids)` returns exactly the characters
+whose last byte lies in the new tokens:
+
+* Work on bytes, not on per-chunk strings: each token id maps to the bytes it contributes
+  (byte-level BPE, sentencepiece with `▁` and `<0xNN>` byte fallback), so a sentencepiece token's
+  leading space survives and a multi-byte UTF-8 character split over tokens is never replaced by
+  U+FFFD.
+* A trailing *incomplete but still valid* UTF-8 sequence is held back (Python's incremental UTF-8
+  decoder with `final=False` does exactly that); the response that completes it emits it.
+  Invalid bytes become U+FFFD, as `tokenizers` renders them.
+* Nothing else is ever held back, so no end-of-stream flush is needed: the last response's output
+  completes the text. A sequence that *ends* inside a multi-byte character (e.g. max_tokens hit
+  mid-emoji) has no complete character there; the stray bytes are dropped in streamed and
+  non-streamed responses alike.
+
+Because the held-back tail is at most 3 bytes and a window is up to 8 tokens, the cut between
+"already emitted" and "new" is the same whether computed from the window or from the whole history,
+so the concatenation of streamed chunks equals `decode(all_ids)` — with no state kept between
+calls, which is what lets several postprocessing instances serve one stream.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trtllm_truss.tokenizer import LoadedTokenizer
+
+# How many preceding tokens the engine sends with each response (`prefix_ids`).
+PREFIX_WINDOW_TOKENS = 8
+
+_BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+class UnsupportedTokenizerError(ValueError):
+    """The tokenizer's decoder is of a kind this detokenizer cannot reproduce byte-exactly."""
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    # GPT-2's reversible byte <-> printable-unicode mapping used by ByteLevel pre-tokenizers/decoders.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    byte_values = printable[:]
+    code_points = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in byte_values:
+            byte_values.append(byte)
+            code_points.append(256 + extra)
+            extra += 1
+    return {chr(cp): b for b, cp in zip(byte_values, code_points)}
+
+
+@dataclass(frozen=True)
+class _DecoderSpec:
+    """What the tokenizer's decoder chain does, reduced to per-token byte rules."""
+
+    byte_level: bool = False
+    byte_fallback: bool = False
+    replacements: tuple[tuple[str, str], ...] = ()
+    strip_leading_space: bool = False  # Strip(start=1) / Metaspace prepend_scheme first|always
+
+
+def _flatten_decoders(decoder: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if decoder is None:
+        return []
+    if decoder.get("type") == "Sequence":
+        return [d for inner in decoder.get("decoders", []) for d in _flatten_decoders(inner)]
+    return [decoder]
+
+
+def _decoder_spec(tokenizer_json: dict[str, Any]) -> _DecoderSpec:
+    byte_level = byte_fallback = strip = False
+    replacements: list[tuple[str, str]] = []
+    for step in _flatten_decoders(tokenizer_json.get("decoder")):
+        kind = step.get("type")
+        if kind == "ByteLevel":
+            byte_level = True
+        elif kind == "ByteFallback":
+            byte_fallback = True
+        elif kind == "Fuse":
+            pass  # joins token strings; we join bytes anyway
+        elif kind == "Replace":
+            pattern = step.get("pattern", {})
+            if "String" not in pattern:
+                raise UnsupportedTokenizerError(f"decoder.Replace: only string patterns are supported, got {pattern}")
+            replacements.append((pattern["String"], step.get("content", "")))
+        elif kind == "Strip":
+            if step.get("stop", 0) != 0 or step.get("content") != " " or step.get("start", 0) > 1:
+                raise UnsupportedTokenizerError(f"decoder.Strip: only content=' ', start<=1, stop=0 is supported, got {step}")
+            strip = strip or step.get("start", 0) == 1
+        elif kind == "Metaspace":
+            replacements.append((step.get("replacement", "▁"), " "))
+            scheme = step.get("prepend_scheme")
+            if scheme is None:  # older tokenizer.json files
+                scheme = "always" if step.get("add_prefix_space", True) else "never"
+            strip = strip or scheme != "never"
+        else:
+            raise UnsupportedTokenizerError(
+                f"decoder.type {kind!r} is not supported for streaming detokenization "
+                "(supported: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip)"
+            )
+    return _DecoderSpec(byte_level, byte_fallback, tuple(replacements), strip)
+
+
+def _token_bytes_table(loaded: LoadedTokenizer, spec: _DecoderSpec, *, skip_special_tokens: bool) -> list[bytes]:
+    tokenizer = loaded.tokenizer
+    alphabet = _byte_level_alphabet() if spec.byte_level else {}
+    added = tokenizer.get_added_tokens_decoder()
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    size = max([size, *(i + 1 for i in added)])
+    table: list[bytes] = []
+    for token_id in range(size):
+        if skip_special_tokens and token_id in loaded.special_ids:
+            table.append(b"")
+            continue
+        piece = tokenizer.id_to_token(token_id)
+        if piece is None:
+            table.append(b"")
+        elif token_id in added:
+            table.append(added[token_id].content.encode("utf-8"))  # added tokens decode to their content
+        elif spec.byte_level:
+            table.append(bytes(alphabet[ch] for ch in piece) if all(ch in alphabet for ch in piece) else piece.encode())
+        else:
+            match = _BYTE_FALLBACK_TOKEN.match(piece) if spec.byte_fallback else None
+            if match:
+                table.append(bytes([int(match.group(1), 16)]))
+            else:
+                for old, new in spec.replacements:
+                    piece = piece.replace(old, new)
+                table.append(piece.encode("utf-8"))
+    return table
+
+
+class TokenDecoder:
+    """Turns token ids into text, statelessly and identically for streamed and whole sequences."""
+
+    def __init__(self, loaded: LoadedTokenizer, *, skip_special_tokens: bool = True) -> None:
+        spec = _decoder_spec(json.loads(loaded.tokenizer.to_str()))
+        self._table = _token_bytes_table(loaded, spec, skip_special_tokens=skip_special_tokens)
+        self._strip_leading_space = spec.strip_leading_space
+
+    def _bytes(self, ids: Sequence[int]) -> bytes:
+        table = self._table
+        size = len(table)
+        return b"".join(table[i] if 0 <= i < size else b"" for i in ids)
+
+    def decode_new(self, prefix_ids: Sequence[int], new_ids: Sequence[int]) -> str:
+        """The characters whose last byte lies in `new_ids`, given the tokens just before them."""
+        prefix = self._bytes(prefix_ids)
+        new = self._bytes(new_ids)
+        # Sentencepiece decoders drop the prefix space of the first (non-special) piece only.
+        if self._strip_leading_space:
+            if prefix.startswith(b" "):
+                prefix = prefix[1:]
+            elif not prefix and new.startswith(b" "):
+                new = new[1:]
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder.decode(prefix, final=False)
+        pending, _ = decoder.getstate()  # the prefix's incomplete tail, not emitted by earlier responses
+        fresh = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return fresh.decode(pending + new, final=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_new((), ids)

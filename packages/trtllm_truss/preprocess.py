@@ -1,0 +1,122 @@
+"""Request preprocessing, free of Triton: prompts -> ids, word lists -> TensorRT-LLM's [2, -1] format.
+
+Used by triton_models/preprocessing/model.py, which only moves tensors in and out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm_truss.tokenizer import LoadedTokenizer
+
+
+class PreprocessingError(ValueError):
+    """A request cannot be preprocessed; the message names the ensemble input."""
+
+
+def as_text(value: object) -> str:
+    if isinstance(value, (bytes, bytearray, np.bytes_)):
+        return bytes(value).decode("utf-8")
+    return str(value)
+
+
+def word_list_tensor(tokenizer: LoadedTokenizer, words: Sequence[str]) -> np.ndarray:
+    """[1, 2, N] INT32: row 0 all ids concatenated, row 1 cumulative end offsets (padded with -1).
+
+    Each word is tokenized on its own without special tokens, as NVIDIA's preprocessing does.
+    No words: shape [1, 2, 0].
+    """
+    words = [w for w in words if w]
+    if not words:
+        return np.zeros((1, 2, 0), dtype=np.int32)
+    ids: list[int] = []
+    offsets: list[int] = []
+    for word_ids in tokenizer.encode_batch(list(words), add_special_tokens=False):
+        ids.extend(word_ids)
+        offsets.append(len(ids))
+    width = max(len(ids), len(offsets))
+    out = np.zeros((1, 2, width), dtype=np.int32)
+    out[0, 0, : len(ids)] = ids
+    out[0, 1, :] = -1
+    out[0, 1, : len(offsets)] = offsets
+    return out
+
+
+@dataclass(frozen=True)
+class PreprocessedRequest:
+    input_ids: np.ndarray  # [1, L] INT32
+    input_length: np.ndarray  # [1, 1] INT32
+    request_output_len: np.ndarray  # [1, 1] INT32
+    bad_words_ids: np.ndarray  # [1, 2, N] INT32
+    stop_words_ids: np.ndarray  # [1, 2, N] INT32
+    end_id: np.ndarray  # [1, 1] INT32
+    pad_id: np.ndarray  # [1, 1] INT32
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    query: str
+    request_output_len: int
+    bad_words: tuple[str, ...] = ()
+    stop_words: tuple[str, ...] = ()
+    end_id: int | None = None
+    pad_id: int | None = None
+
+
+def _scalar(value: int) -> np.ndarray:
+    return np.array([[value]], dtype=np.int32)
+
+
+def preprocess_batch(
+    tokenizer: LoadedTokenizer,
+    requests: Sequence[RawRequest],
+    *,
+    add_special_tokens: bool,
+    max_input_len: int | None,
+    max_output_len: int | None,
+) -> list[PreprocessedRequest | PreprocessingError]:
+    """Tokenize a dynamic batch with one tokenizer call; a bad request fails alone."""
+    encoded = tokenizer.encode_batch([r.query for r in requests], add_special_tokens=add_special_tokens)
+    results: list[PreprocessedRequest | PreprocessingError] = []
+    for request, ids in zip(requests, encoded):
+        try:
+            results.append(_one(tokenizer, request, ids, max_input_len=max_input_len, max_output_len=max_output_len))
+        except PreprocessingError as exc:
+            results.append(exc)
+    return results
+
+
+def _one(
+    tokenizer: LoadedTokenizer,
+    request: RawRequest,
+    ids: list[int],
+    *,
+    max_input_len: int | None,
+    max_output_len: int | None,
+) -> PreprocessedRequest:
+    if not ids:
+        raise PreprocessingError("text_input: the prompt encodes to no tokens")
+    if max_input_len is not None and len(ids) > max_input_len:
+        raise PreprocessingError(f"text_input: {len(ids)} tokens, over max_input_len {max_input_len}")
+    if request.request_output_len < 1:
+        raise PreprocessingError(f"max_tokens: must be >= 1, got {request.request_output_len}")
+    if max_output_len is not None and request.request_output_len > max_output_len:
+        raise PreprocessingError(f"max_tokens: {request.request_output_len} is over max_output_len {max_output_len}")
+    end_id = request.end_id if request.end_id is not None else tokenizer.eos_id
+    pad_id = request.pad_id if request.pad_id is not None else tokenizer.pad_id
+    if end_id is None:
+        raise PreprocessingError("end_id: not given and the tokenizer has no eos_token")
+    if pad_id is None:
+        pad_id = end_id
+    return PreprocessedRequest(
+        input_ids=np.array([ids], dtype=np.int32),
+        input_length=_scalar(len(ids)),
+        request_output_len=_scalar(request.request_output_len),
+        bad_words_ids=word_list_tensor(tokenizer, request.bad_words),
+        stop_words_ids=word_list_tensor(tokenizer, request.stop_words),
+        end_id=_scalar(end_id),
+        pad_id=_scalar(pad_id),
+    )

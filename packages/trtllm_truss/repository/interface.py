@@ -1,0 +1,176 @@
+"""The tensor interface of NVIDIA's `inflight_batcher_llm` repository, as data.
+
+Names, dtypes, dims and optional flags follow triton-inference-server/tensorrtllm_backend v0.19.0,
+`all_models/inflight_batcher_llm/{ensemble,preprocessing,tensorrt_llm,postprocessing}/config.pbtxt`,
+so NVIDIA's clients (end_to_end_grpc_client.py, inflight_batcher_llm_client.py) work unchanged.
+Our one addition: the engine's `prefix_ids` output and postprocessing's optional `PREFIX_IDS` input,
+which make streaming detokenization stateless (docs/design.md, last section).
+"""
+
+from __future__ import annotations
+
+from trtllm_truss.repository.model_config import DataType, Tensor
+
+BOOL, INT32, UINT64, FP16, FP32, STRING, UINT8 = (
+    DataType.BOOL,
+    DataType.INT32,
+    DataType.UINT64,
+    DataType.FP16,
+    DataType.FP32,
+    DataType.STRING,
+    DataType.UINT8,
+)
+
+
+def _opt(name: str, dtype: DataType, dims: tuple[int, ...] = (1,)) -> Tensor:
+    return Tensor(name, dtype, dims, optional=True)
+
+
+# ---------------------------------------------------------------- ensemble (user-facing)
+ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", STRING, (1,)),
+    Tensor("max_tokens", INT32, (1,)),
+    _opt("bad_words", STRING, (-1,)),
+    _opt("stop_words", STRING, (-1,)),
+    _opt("end_id", INT32),
+    _opt("pad_id", INT32),
+    _opt("top_k", INT32),
+    _opt("top_p", FP32),
+    _opt("temperature", FP32),
+    _opt("length_penalty", FP32),
+    _opt("repetition_penalty", FP32),
+    _opt("min_length", INT32),
+    _opt("presence_penalty", FP32),
+    _opt("frequency_penalty", FP32),
+    _opt("random_seed", UINT64),
+    _opt("return_log_probs", BOOL),
+    _opt("beam_width", INT32),
+    _opt("stream", BOOL),
+    _opt("exclude_input_in_output", BOOL),
+)
+ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", STRING, (-1,)),
+    Tensor("cum_log_probs", FP32, (-1,)),
+    Tensor("output_log_probs", FP32, (-1, -1)),
+    # Ours, beside NVIDIA's: tokens in this response per beam (engine's sequence_length), for usage.
+    Tensor("sequence_length", INT32, (-1,)),
+)
+
+# ---------------------------------------------------------------- preprocessing
+PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
+    Tensor("QUERY", STRING, (1,)),
+    Tensor("REQUEST_OUTPUT_LEN", INT32, (1,)),
+    _opt("BAD_WORDS_DICT", STRING, (-1,)),
+    _opt("STOP_WORDS_DICT", STRING, (-1,)),
+    _opt("END_ID", INT32),
+    _opt("PAD_ID", INT32),
+)
+PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("INPUT_ID", INT32, (-1,)),
+    Tensor("REQUEST_INPUT_LEN", INT32, (1,)),
+    Tensor("BAD_WORDS_IDS", INT32, (2, -1)),
+    Tensor("STOP_WORDS_IDS", INT32, (2, -1)),
+    Tensor("REQUEST_OUTPUT_LEN", INT32, (1,)),
+    Tensor("OUT_END_ID", INT32, (1,)),
+    Tensor("OUT_PAD_ID", INT32, (1,)),
+)
+
+# ---------------------------------------------------------------- tensorrt_llm
+# (name, dtype, dims, optional, ragged). The C++ backend reads [1]-shaped inputs as scalars, so
+# NVIDIA's config reshapes them to []; the python stand-in reads them as they come.
+_ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
+    ("input_ids", INT32, (-1,), True, True),  # optional in v0.19 (encoder-only requests); always sent here
+    ("input_lengths", INT32, (1,), False, False),
+    ("request_output_len", INT32, (1,), False, False),
+    ("end_id", INT32, (1,), True, False),
+    ("pad_id", INT32, (1,), True, False),
+    ("stop_words_list", INT32, (2, -1), True, True),
+    ("bad_words_list", INT32, (2, -1), True, True),
+    ("beam_width", INT32, (1,), True, False),
+    ("temperature", FP32, (1,), True, False),
+    ("runtime_top_k", INT32, (1,), True, False),
+    ("runtime_top_p", FP32, (1,), True, False),
+    ("len_penalty", FP32, (1,), True, False),
+    ("repetition_penalty", FP32, (1,), True, False),
+    ("min_length", INT32, (1,), True, False),
+    ("presence_penalty", FP32, (1,), True, False),
+    ("frequency_penalty", FP32, (1,), True, False),
+    ("random_seed", UINT64, (1,), True, False),
+    ("return_log_probs", BOOL, (1,), True, False),
+    ("exclude_input_in_output", BOOL, (1,), True, False),
+    ("stop", BOOL, (1,), True, False),
+    ("streaming", BOOL, (1,), True, False),
+)
+# Inputs only NVIDIA's engine implements; listed for the GPU path so NVIDIA's core-model clients
+# that send them keep working. The stand-in does not declare them (Triton then rejects them with
+# a clear "unexpected input" error instead of silently ignoring them).
+_ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
+    ("num_return_sequences", INT32, (1,), True, False),
+    ("embedding_bias", FP32, (-1,), True, True),
+    ("runtime_top_p_min", FP32, (1,), True, False),
+    ("runtime_top_p_decay", FP32, (1,), True, False),
+    ("runtime_top_p_reset_ids", INT32, (1,), True, False),
+    ("early_stopping", BOOL, (1,), True, False),
+    ("beam_search_diversity_rate", FP32, (1,), True, False),
+    ("return_context_logits", BOOL, (1,), True, False),
+    ("return_generation_logits", BOOL, (1,), True, False),
+    ("return_perf_metrics", BOOL, (1,), True, False),
+    ("prompt_embedding_table", FP16, (-1, -1), True, True),
+    ("prompt_vocab_size", INT32, (1,), True, False),
+    ("lora_task_id", UINT64, (1,), True, False),
+    ("lora_weights", FP16, (-1, -1), True, True),
+    ("lora_config", INT32, (-1, 3), True, True),
+)
+
+ENGINE_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("output_ids", INT32, (-1, -1)),
+    Tensor("sequence_length", INT32, (-1,)),
+    Tensor("cum_log_probs", FP32, (-1,)),
+    Tensor("output_log_probs", FP32, (-1, -1)),
+)
+ENGINE_ONLY_GPU_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("context_logits", FP32, (-1, -1)),
+    Tensor("generation_logits", FP32, (-1, -1, -1)),
+    Tensor("batch_index", INT32, (1,)),
+    Tensor("sequence_index", INT32, (1,)),
+)
+# Up to PREFIX_WINDOW_TOKENS ids that precede this response's output_ids (ours, not NVIDIA's).
+PREFIX_IDS_OUTPUT = Tensor("prefix_ids", INT32, (-1,))
+
+
+def engine_inputs(*, cpp_backend: bool) -> tuple[Tensor, ...]:
+    specs = _ENGINE_INPUT_SPECS + (_ENGINE_ONLY_GPU_INPUT_SPECS if cpp_backend else ())
+    tensors = []
+    for name, dtype, dims, optional, ragged in specs:
+        scalar = dims == (1,) and cpp_backend
+        tensors.append(
+            Tensor(name, dtype, dims, optional=optional, allow_ragged_batch=ragged, reshape=() if scalar else None)
+        )
+    return tuple(tensors)
+
+
+# ---------------------------------------------------------------- postprocessing
+POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
+    Tensor("TOKENS_BATCH", INT32, (-1, -1)),
+    Tensor("SEQUENCE_LENGTH", INT32, (-1,)),
+    Tensor("PREFIX_IDS", INT32, (-1,), optional=True),
+)
+POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("OUTPUT", STRING, (-1,)),)
+
+# ---------------------------------------------------------------- ensemble wiring
+# user-facing input -> tensorrt_llm input, for inputs passed straight through (renamed as NVIDIA does)
+ENSEMBLE_TO_ENGINE_PASSTHROUGH: tuple[tuple[str, str], ...] = (
+    ("runtime_top_k", "top_k"),
+    ("runtime_top_p", "top_p"),
+    ("temperature", "temperature"),
+    ("len_penalty", "length_penalty"),
+    ("repetition_penalty", "repetition_penalty"),
+    ("min_length", "min_length"),
+    ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"),
+    ("random_seed", "random_seed"),
+    ("return_log_probs", "return_log_probs"),
+    ("beam_width", "beam_width"),
+    ("streaming", "stream"),
+    ("exclude_input_in_output", "exclude_input_in_output"),
+)

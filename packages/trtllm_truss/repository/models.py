@@ -1,0 +1,271 @@
+"""Build the four `ModelConfig`s of the repository from a `ServingPlan`.
+
+ensemble = preprocessing -> tensorrt_llm -> postprocessing. `tensorrt_llm` is NVIDIA's C++ backend
+(`backend: "tensorrtllm"`) on the GPU path, or our python-backend stand-in (`backend: pytorch`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
+from trtllm_truss.repository import interface as nv
+from trtllm_truss.repository.model_config import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    ModelConfig,
+)
+
+if TYPE_CHECKING:
+    from trtllm_truss.plan import ServingPlan
+
+ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING = "ensemble", "preprocessing", "tensorrt_llm", "postprocessing"
+MODEL_NAMES = (ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING)
+# Relay between the ensemble and an engine that cannot send `prefix_ids` (NVIDIA's C++ backend).
+WINDOW_RELAY = "tensorrt_llm_window"
+
+# Version of NVIDIA's backend whose parameter names and accepted values the GPU config follows.
+TENSORRTLLM_BACKEND_VERSION = "v0.19.0"
+BATCHING_STRATEGY = "inflight_fused_batching"
+
+
+class RepositoryError(ValueError):
+    """The plan cannot be rendered; the message names the plan field."""
+
+
+def _flag(value: bool) -> str:
+    # NVIDIA's C++ backend accepts true/false/1/0 (model_state.cc); one spelling everywhere.
+    return "true" if value else "false"
+
+
+def _enum_value(value: Any) -> str:
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)
+
+
+def _parameters(*pairs: tuple[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Parameters with unset (None) values omitted — never written as an empty or ${...} value."""
+    out = []
+    for key, value in pairs:
+        if value is None:
+            continue
+        out.append((key, _flag(value) if isinstance(value, bool) else _enum_value(value)))
+    return tuple(out)
+
+
+def _queue(plan: ServingPlan, *, preferred: bool) -> DynamicBatching:
+    return DynamicBatching(
+        max_queue_delay_microseconds=plan.runtime.max_queue_delay_microseconds,
+        preferred_batch_size=(plan.max_batch_size,) if preferred else (),
+        max_queue_size=plan.runtime.max_queue_size,
+    )
+
+
+def preprocessing_config(plan: ServingPlan) -> ModelConfig:
+    return ModelConfig(
+        name=PREPROCESSING,
+        backend="python",
+        max_batch_size=plan.max_batch_size,
+        # No queue delay: take whatever is already queued as one batch and tokenize it in one call.
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
+        inputs=nv.PREPROCESSING_INPUTS,
+        outputs=nv.PREPROCESSING_OUTPUTS,
+        instance_groups=(InstanceGroup(plan.runtime.preprocessing_instance_count),),
+        parameters=_parameters(
+            ("tokenizer_dir", str(plan.tokenizer_dir)),
+            ("add_special_tokens", True),
+            ("max_input_len", plan.max_input_len),
+            ("max_output_len", plan.max_output_len),
+        ),
+    )
+
+
+def postprocessing_config(plan: ServingPlan) -> ModelConfig:
+    return ModelConfig(
+        name=POSTPROCESSING,
+        backend="python",
+        max_batch_size=plan.max_batch_size,
+        # Several instances decode responses of one stream concurrently; Triton must hand the
+        # results back in arrival order or streamed chunks would be reordered.
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, preserve_ordering=True),
+        inputs=nv.POSTPROCESSING_INPUTS,
+        outputs=nv.POSTPROCESSING_OUTPUTS,
+        instance_groups=(InstanceGroup(plan.runtime.postprocessing_instance_count),),
+        parameters=_parameters(("tokenizer_dir", str(plan.tokenizer_dir)), ("skip_special_tokens", True)),
+    )
+
+
+def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
+    """NVIDIA's C++ backend; parameter names/values as read by its model_instance_state.cc."""
+    if plan.engine_dir is None:
+        raise RepositoryError("plan.engine_dir: required for backend 'tensorrtllm' (the built engine directory)")
+    runtime = plan.runtime
+    return ModelConfig(
+        name=ENGINE,
+        backend="tensorrtllm",
+        max_batch_size=plan.max_batch_size,
+        decoupled=True,  # streaming needs it; non-streamed requests get one response
+        dynamic_batching=_queue(plan, preferred=True),
+        inputs=nv.engine_inputs(cpp_backend=True),
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_ONLY_GPU_OUTPUTS,
+        instance_groups=(InstanceGroup(1),),  # the backend drives all GPUs of the rank itself
+        parameters=_parameters(
+            ("gpt_model_type", BATCHING_STRATEGY),
+            ("gpt_model_path", str(plan.engine_dir)),
+            ("max_beam_width", plan.max_beam_width),
+            ("batch_scheduler_policy", runtime.batch_scheduler_policy),
+            ("kv_cache_free_gpu_mem_fraction", runtime.kv_cache_free_gpu_mem_fraction),
+            ("max_tokens_in_paged_kv_cache", runtime.max_tokens_in_paged_kv_cache),
+            ("enable_kv_cache_reuse", runtime.enable_kv_cache_reuse),
+            ("enable_chunked_context", runtime.enable_chunked_context),
+            ("exclude_input_in_output", runtime.exclude_input_in_output),
+        ),
+        extra={"nvidia_backend_version": TENSORRTLLM_BACKEND_VERSION},
+    )
+
+
+def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
+    """The python-backend stand-in (triton_models/tensorrt_llm_pytorch/model.py)."""
+    model_dir = plan.model_dir
+    runtime = plan.runtime
+    pytorch = runtime.pytorch
+    if model_dir is None:
+        raise RepositoryError("plan.model_dir: required for backend 'pytorch' (the Hugging Face checkpoint to run)")
+    synthetic = pytorch.synthetic
+    return ModelConfig(
+        name=ENGINE,
+        backend="python",
+        max_batch_size=plan.max_batch_size,
+        decoupled=True,
+        dynamic_batching=_queue(plan, preferred=False),
+        inputs=nv.engine_inputs(cpp_backend=False),
+        outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        # One instance: it batches continuously across all in-flight requests itself.
+        instance_groups=(InstanceGroup(1),),
+        parameters=_parameters(
+            ("model_dir", str(model_dir)),
+            ("tokenizer_dir", str(plan.tokenizer_dir)),
+            ("max_batch_size", plan.max_batch_size),
+            ("max_input_len", plan.max_input_len),
+            ("max_output_len", plan.max_output_len),
+            ("max_beam_width", plan.max_beam_width),
+            ("max_num_sequences", runtime.max_num_sequences),
+            ("exclude_input_in_output", runtime.exclude_input_in_output),
+            ("device", pytorch.device),
+            ("num_threads", pytorch.num_threads),
+            ("synthetic", synthetic is not None),
+            ("synthetic_step_time_ms", synthetic.step_time_ms if synthetic is not None else None),
+            ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
+        ),
+    )
+
+
+def window_relay_config(plan: ServingPlan) -> ModelConfig:
+    """triton_models/tensorrt_llm_window: forwards to `tensorrt_llm`, adds `prefix_ids` per response."""
+    return ModelConfig(
+        name=WINDOW_RELAY,
+        backend="python",
+        max_batch_size=plan.max_batch_size,
+        decoupled=True,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
+        inputs=nv.engine_inputs(cpp_backend=False),
+        outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        # One relay thread per request; the instance only moves tensors.
+        instance_groups=(InstanceGroup(1),),
+        parameters=_parameters(
+            ("engine_model", ENGINE),
+            ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
+            # The engine runs at most max_batch_size sequences; the rest may wait in the relay.
+            ("max_concurrent_streams", plan.max_batch_size),
+            ("exclude_input_in_output", plan.runtime.exclude_input_in_output),
+        ),
+    )
+
+
+def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_step_model: str = ENGINE) -> ModelConfig:
+    preprocess = EnsembleStep(
+        model_name=PREPROCESSING,
+        input_map=(
+            ("QUERY", "text_input"),
+            ("REQUEST_OUTPUT_LEN", "max_tokens"),
+            ("BAD_WORDS_DICT", "bad_words"),
+            ("STOP_WORDS_DICT", "stop_words"),
+            ("END_ID", "end_id"),
+            ("PAD_ID", "pad_id"),
+        ),
+        output_map=(
+            ("INPUT_ID", "_INPUT_ID"),
+            ("REQUEST_INPUT_LEN", "_REQUEST_INPUT_LEN"),
+            ("REQUEST_OUTPUT_LEN", "_REQUEST_OUTPUT_LEN"),
+            ("BAD_WORDS_IDS", "_BAD_WORDS_IDS"),
+            ("STOP_WORDS_IDS", "_STOP_WORDS_IDS"),
+            ("OUT_END_ID", "_PREPROCESSOR_END_ID"),
+            ("OUT_PAD_ID", "_PREPROCESSOR_PAD_ID"),
+        ),
+    )
+    engine_outputs: tuple[tuple[str, str], ...] = (
+        ("output_ids", "_TOKENS_BATCH"),
+        # Also an ensemble output: the proxy's usage and finish_reason count the engine's tokens.
+        ("sequence_length", "sequence_length"),
+        ("cum_log_probs", "cum_log_probs"),
+        ("output_log_probs", "output_log_probs"),
+    )
+    if engine_sends_prefix_ids:
+        engine_outputs += (("prefix_ids", "_PREFIX_IDS"),)
+    engine = EnsembleStep(
+        model_name=engine_step_model,
+        input_map=(
+            ("input_ids", "_INPUT_ID"),
+            ("input_lengths", "_REQUEST_INPUT_LEN"),
+            ("request_output_len", "_REQUEST_OUTPUT_LEN"),
+            ("end_id", "_PREPROCESSOR_END_ID"),
+            ("pad_id", "_PREPROCESSOR_PAD_ID"),
+            # Older trusses computed these ids and never passed them on: stop/bad words were ignored.
+            ("stop_words_list", "_STOP_WORDS_IDS"),
+            ("bad_words_list", "_BAD_WORDS_IDS"),
+            *nv.ENSEMBLE_TO_ENGINE_PASSTHROUGH,
+        ),
+        output_map=engine_outputs,
+    )
+    post_inputs: tuple[tuple[str, str], ...] = (("TOKENS_BATCH", "_TOKENS_BATCH"), ("SEQUENCE_LENGTH", "sequence_length"))
+    if engine_sends_prefix_ids:
+        post_inputs += (("PREFIX_IDS", "_PREFIX_IDS"),)
+    postprocess = EnsembleStep(model_name=POSTPROCESSING, input_map=post_inputs, output_map=(("OUTPUT", "text_output"),))
+    return ModelConfig(
+        name=ENSEMBLE,
+        platform="ensemble",
+        max_batch_size=plan.max_batch_size,
+        inputs=nv.ENSEMBLE_INPUTS,
+        outputs=nv.ENSEMBLE_OUTPUTS,
+        ensemble_steps=(preprocess, engine, postprocess),
+    )
+
+
+def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -> dict[str, ModelConfig]:
+    """All model configs by name. `window_relay` routes the ensemble through `tensorrt_llm_window`
+    (default: exactly when the engine cannot send `prefix_ids` itself, i.e. NVIDIA's backend)."""
+    if plan.max_batch_size < 1:
+        raise RepositoryError(f"plan.max_batch_size: must be >= 1, got {plan.max_batch_size}")
+    if plan.backend == "tensorrtllm":
+        engine = tensorrtllm_engine_config(plan)
+    elif plan.backend == "pytorch":
+        engine = pytorch_engine_config(plan)
+    else:
+        raise RepositoryError(f"plan.backend: expected 'tensorrtllm' or 'pytorch', got {plan.backend!r}")
+    engine_sends_prefix = any(t.name == nv.PREFIX_IDS_OUTPUT.name for t in engine.outputs)
+    if window_relay is None:
+        window_relay = not engine_sends_prefix
+    configs = {
+        ENSEMBLE: ensemble_config(
+            plan,
+            engine_sends_prefix_ids=engine_sends_prefix or window_relay,
+            engine_step_model=WINDOW_RELAY if window_relay else ENGINE,
+        ),
+        PREPROCESSING: preprocessing_config(plan),
+        ENGINE: engine,
+        POSTPROCESSING: postprocessing_config(plan),
+    }
+    if window_relay:
+        configs[WINDOW_RELAY] = window_relay_config(plan)
+    return configs

@@ -1,0 +1,97 @@
+"""Write the Triton model repository for a `ServingPlan` to disk.
+
+The repository is rendered into a scratch directory next to `out_dir` and moved into place, so a
+crash never leaves a half-written repository for tritonserver to load.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtllm_truss.repository.models import (
+    ENGINE,
+    POSTPROCESSING,
+    PREPROCESSING,
+    WINDOW_RELAY,
+    RepositoryError,
+    repository_configs,
+)
+from trtllm_truss.repository.pbtxt import to_pbtxt
+
+if TYPE_CHECKING:
+    from trtllm_truss.plan import ServingPlan
+
+TRITON_MODELS_DIR = Path(__file__).resolve().parent.parent / "triton_models"
+# Present in every repository we render; lets a re-render replace our own output but never a
+# directory the user pointed us at by mistake.
+MARKER_FILE = ".trtllm_truss_repository"
+
+
+def python_model_sources(plan: ServingPlan, engine_model_source: Path | None = None) -> dict[str, Path]:
+    """Model name -> the model.py copied to <model>/1/model.py."""
+    sources = {
+        PREPROCESSING: TRITON_MODELS_DIR / "preprocessing" / "model.py",
+        POSTPROCESSING: TRITON_MODELS_DIR / "postprocessing" / "model.py",
+    }
+    if plan.backend == "pytorch":
+        sources[ENGINE] = engine_model_source or TRITON_MODELS_DIR / "tensorrt_llm_pytorch" / "model.py"
+    elif engine_model_source is not None:
+        raise RepositoryError("engine_model_source: only a python engine (backend 'pytorch') can be replaced")
+    return sources
+
+
+def _write(repo: Path, plan: ServingPlan, engine_model_source: Path | None, window_relay: bool | None) -> None:
+    configs = repository_configs(plan, window_relay=window_relay)
+    sources = python_model_sources(plan, engine_model_source)
+    if WINDOW_RELAY in configs:
+        sources[WINDOW_RELAY] = TRITON_MODELS_DIR / WINDOW_RELAY / "model.py"
+    for name, source in sources.items():
+        if not source.is_file():
+            raise RepositoryError(f"{name}: python model source {source} is missing from the package")
+    for name, config in configs.items():
+        model_dir = repo / name
+        version_dir = model_dir / "1"  # Triton needs a version directory, even for the ensemble
+        version_dir.mkdir(parents=True)
+        (model_dir / "config.pbtxt").write_text(to_pbtxt(config), encoding="utf-8")
+        if name in sources:
+            shutil.copyfile(sources[name], version_dir / "model.py")
+    (repo / MARKER_FILE).write_text(f"backend={plan.backend}\n", encoding="utf-8")
+
+
+def render_repository(
+    plan: ServingPlan,
+    out_dir: Path,
+    *,
+    engine_model_source: Path | None = None,
+    window_relay: bool | None = None,
+) -> Path:
+    """Render the repository into `out_dir` (replacing an earlier rendering there) and return it.
+
+    `engine_model_source` replaces the stand-in's model.py for backend "pytorch" (another python
+    engine with the same tensor interface, e.g. a test double). `window_relay`: see
+    `repository_configs` (default: only for NVIDIA's engine).
+    """
+    out_dir = Path(out_dir).resolve()
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise RepositoryError(f"{out_dir}: exists and is not a directory")
+        if any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).is_file():
+            raise RepositoryError(f"{out_dir}: not empty and not a repository rendered by trtllm-truss; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        _write(scratch, plan, engine_model_source, window_relay)
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{scratch.name}")
+            out_dir.rename(old)
+            scratch.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            scratch.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,112 @@
+"""Triton python-backend model `tensorrt_llm_window` (decoupled): relays `tensorrt_llm` and adds `prefix_ids`.
+
+Why: stateless streaming detokenization needs, with each response, the ids that precede its tokens
+(docs/design.md). NVIDIA's C++ `tensorrtllm` backend cannot send them: in streaming mode `output_ids`
+carry only the new tokens, and no input asks for more (tensorrtllm_backend v0.19.0 and the
+`triton_backend/` of TensorRT-LLM main read no "return all generated tokens" input, although the
+executor has `Request::setReturnAllGeneratedTokens`). So on the GPU path the ensemble calls this relay,
+which forwards each request unchanged to `tensorrt_llm` (BLS, same request id so NVIDIA's `stop`
+requests still find it) and keeps, for the life of that one request only, the last few ids it has
+seen. Any instance can serve any request: nothing is shared between requests or instances.
+
+Inputs: whatever the ensemble sends for `tensorrt_llm` (passed through as they come).
+Outputs: `output_ids`, `sequence_length`, `cum_log_probs`, `output_log_probs` as the engine sent them,
+plus `prefix_ids` INT32 [-1]: up to `prefix_window_tokens` ids preceding this response's tokens.
+Parameters: `engine_model` (default tensorrt_llm), `prefix_window_tokens` (default 8),
+`exclude_input_in_output` (the engine's default for requests that do not send the input),
+`max_concurrent_streams` (default 64): engine streams relayed at once; more wait here, as they would
+in the engine's queue (the engine runs at most max_batch_size sequences anyway). Bounding them keeps
+the python backend's BLS machinery from being flooded by hundreds of simultaneous streams.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
+
+
+def _scalar(request, name: str, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    array = tensor.as_numpy().reshape(-1)
+    return array[0].item() if array.size else default
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        parameters = {k: v.get("string_value", "") for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
+        self.engine_model = parameters.get("engine_model") or "tensorrt_llm"
+        self.window = int(parameters.get("prefix_window_tokens") or 8)
+        self.default_exclude = (parameters.get("exclude_input_in_output") or "true").lower() == "true"
+        self._active: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._streams = threading.BoundedSemaphore(int(parameters.get("max_concurrent_streams") or 64))
+
+    def execute(self, requests):
+        # Decoupled: return at once; one relay thread per request streams the engine's responses.
+        for request in requests:
+            thread = threading.Thread(target=self._relay_guarded, args=(request,), daemon=True)
+            with self._lock:
+                self._active.add(thread)
+            thread.start()
+
+    def _relay_guarded(self, request) -> None:
+        sender = request.get_response_sender()
+        try:
+            with self._streams:
+                self._relay(request, sender)
+        except Exception as exc:  # noqa: BLE001 -- the request fails alone, visibly
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_window: {exc}")),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        finally:
+            with self._lock:
+                self._active.discard(threading.current_thread())
+
+    def _relay(self, request, sender) -> None:
+        input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        prompt = input_ids.as_numpy().reshape(-1).tolist() if input_ids is not None else []
+        length = int(_scalar(request, "input_lengths", len(prompt)))
+        prompt = prompt[:length]
+        streaming = bool(_scalar(request, "streaming", False))
+        exclude = bool(_scalar(request, "exclude_input_in_output", self.default_exclude))
+        engine_request = pb_utils.InferenceRequest(
+            model_name=self.engine_model,
+            inputs=request.inputs(),
+            requested_output_names=ENGINE_OUTPUTS,
+            request_id=request.request_id(),
+        )
+        history = list(prompt)  # this request's prompt + tokens so far; lives only in this call
+        for response in engine_request.exec(decoupled=True):
+            if response.has_error():
+                raise RuntimeError(response.error().message())
+            outputs = response.output_tensors()
+            if not outputs:
+                continue  # the engine's flag-only final response
+            by_name = {t.name(): t for t in outputs}
+            tokens = by_name["output_ids"].as_numpy()
+            first_beam = tokens.reshape(-1, tokens.shape[-1])[0] if tokens.size else np.zeros(0, dtype=np.int32)
+            count = int(by_name["sequence_length"].as_numpy().reshape(-1)[0]) if "sequence_length" in by_name else first_beam.size
+            new = first_beam[: max(0, min(count, first_beam.size))].tolist()
+            if streaming:
+                prefix = history[-self.window :] if self.window else []
+                history.extend(new)
+            else:
+                # One response: it starts with the prompt unless the prompt is excluded.
+                prefix = prompt[-self.window :] if exclude and self.window else []
+            prefix_tensor = pb_utils.Tensor("prefix_ids", np.asarray(prefix, dtype=np.int32).reshape(1, len(prefix)))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[*outputs, prefix_tensor]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self) -> None:
+        with self._lock:
+            active = list(self._active)
+        for thread in active:
+            thread.join(timeout=5.0)

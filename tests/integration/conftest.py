@@ -1,0 +1,128 @@
+"""Session-scoped real tritonservers serving repositories rendered by `trtllm_truss.repository`.
+
+* `echo_triton`: the rendered repository with the `tensorrt_llm` step replaced by a TEST DOUBLE of
+  TensorRT-LLM (tests/integration/triton_models/tensorrt_llm_echo_double) whose output text is known
+  exactly; three postprocessing instances, so streams are spread over instances.
+* `echo_relay_triton`: the same, laid out as for NVIDIA's engine: the ensemble calls the
+  `tensorrt_llm_window` relay, which adds `prefix_ids` itself.
+* `standin_triton`: the rendered repository as shipped for backend "pytorch": the stand-in engine
+  running the embedded model (skipped until the stand-in's model.py exists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from trtllm_truss.plan import ServingPlan
+from trtllm_truss.repository import render_repository
+from trtllm_truss.repository.render import TRITON_MODELS_DIR
+
+try:
+    from trtllm_truss.config import RuntimeConfig
+except ImportError:  # the config package's public names are still being written
+    from trtllm_truss.config.schema import RuntimeConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EMBEDDED_MODEL_DIR = REPO_ROOT / "data" / "embedded-llama"
+ECHO_ENGINE_DOUBLE = Path(__file__).resolve().parent / "triton_models" / "tensorrt_llm_echo_double" / "model.py"
+STANDIN_MODEL = TRITON_MODELS_DIR / "tensorrt_llm_pytorch" / "model.py"
+SERVER_STARTUP_TIMEOUT_S = 180.0
+
+
+def _plan(runtime: RuntimeConfig, *, max_batch_size: int) -> ServingPlan:
+    return ServingPlan(
+        backend="pytorch",
+        tokenizer_dir=EMBEDDED_MODEL_DIR,
+        model_dir=EMBEDDED_MODEL_DIR,
+        max_batch_size=max_batch_size,
+        max_input_len=512,
+        max_output_len=256,
+        runtime=runtime,
+    )
+
+
+def _serve(repository: Path) -> Iterator[object]:
+    from trtllm_truss.supervisor import TritonServer
+
+    server = TritonServer(repository, startup_timeout_s=SERVER_STARTUP_TIMEOUT_S)
+    server.start()
+    try:
+        server.wait_ready(SERVER_STARTUP_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> Path:
+    if not (EMBEDDED_MODEL_DIR / "tokenizer.json").is_file():
+        pytest.skip("data/embedded-llama is missing (scripts/make_embedded_model.py)")
+    return EMBEDDED_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def echo_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    runtime = RuntimeConfig(preprocessing_instance_count=2, postprocessing_instance_count=3)
+    repository = render_repository(
+        _plan(runtime, max_batch_size=64),
+        tmp_path_factory.mktemp("echo") / "model_repository",
+        engine_model_source=ECHO_ENGINE_DOUBLE,
+    )
+    yield from _serve(repository)
+
+
+@pytest.fixture(scope="session")
+def echo_relay_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The GPU path's layout (ensemble -> tensorrt_llm_window relay -> engine that sends no
+    prefix_ids of its own use) with the echo TEST DOUBLE as the engine."""
+    runtime = RuntimeConfig(preprocessing_instance_count=1, postprocessing_instance_count=3)
+    repository = render_repository(
+        _plan(runtime, max_batch_size=64),
+        tmp_path_factory.mktemp("echo_relay") / "model_repository",
+        engine_model_source=ECHO_ENGINE_DOUBLE,
+        window_relay=True,
+    )
+    yield from _serve(repository)
+
+
+@pytest.fixture(scope="session")
+def standin_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    if not STANDIN_MODEL.is_file():
+        pytest.skip(f"{STANDIN_MODEL} not written yet")
+    runtime = RuntimeConfig(
+        preprocessing_instance_count=1,
+        postprocessing_instance_count=2,
+        pytorch={"device": "cpu", "num_threads": 1},  # 2 shared cores: more threads only contend
+    )
+    repository = render_repository(_plan(runtime, max_batch_size=32), tmp_path_factory.mktemp("standin") / "model_repository")
+    yield from _serve(repository)
+
+
+def _synthetic_two_slot(tmp_path_factory: pytest.TempPathFactory, *, window_relay: bool) -> Iterator[object]:
+    if not STANDIN_MODEL.is_file():
+        pytest.skip(f"{STANDIN_MODEL} not written yet")
+    runtime = RuntimeConfig(
+        preprocessing_instance_count=1,
+        postprocessing_instance_count=1,
+        pytorch={"device": "cpu", "num_threads": 1, "synthetic": {"step_time_ms": 50.0}},
+    )
+    repository = render_repository(
+        _plan(runtime, max_batch_size=2),
+        tmp_path_factory.mktemp("synthetic") / "model_repository",
+        window_relay=window_relay,
+    )
+    yield from _serve(repository)
+
+
+@pytest.fixture(scope="session")
+def synthetic_two_slot_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The stand-in emitting synthetic tokens every 50 ms with only two sequence slots."""
+    yield from _synthetic_two_slot(tmp_path_factory, window_relay=False)
+
+
+@pytest.fixture(scope="session")
+def synthetic_two_slot_relay_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """As above, laid out as for NVIDIA's engine (ensemble -> tensorrt_llm_window -> tensorrt_llm)."""
+    yield from _synthetic_two_slot(tmp_path_factory, window_relay=True)

@@ -1,0 +1,151 @@
+"""The rendered repository on the real tritonserver, engine = TEST DOUBLE of TensorRT-LLM (echo).
+
+The echo engine generates the prompt's own tokens, so the exact expected text is known: streamed
+chunks (spread over three postprocessing instances) must concatenate to the non-streamed text,
+which must equal the prompt, for >= 200 prompts with emoji, CJK and whitespace edge cases.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.request
+
+import pytest
+from ensemble_stream import ensemble_inputs, run_on_stream
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
+
+EDGE_PROMPTS = [
+    "Hello world",
+    " leading space",
+    "  two leading spaces and trailing  ",
+    "tabs\tand\nnewlines\n\n\nend",
+    "你好，世界。这是一个测试。",
+    "日本語のテキストと한국어",
+    "emoji 😀🎉 and 👍🏽 and 👨‍👩‍👧‍👦 family",
+    "café naïve Ünïcödé façade",
+    "math ∑∫√∞ ≠ ≤ arrows → ⇒",
+    "rare 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𓀀 🜂",
+    "mixed: def f(x):\n    return x**2  # 😀 平方",
+    "a",
+    "\u00a0nbsp\u2003emsp",
+    "😀",
+    "🇯🇵🇫🇷 flags",
+]
+_FRAGMENTS = [
+    "the", " quick", " brown", " fox", "  ", "\t", "\n", "😀", "🎉", "👍🏽", "👨‍👩‍👧", "你好", "世界", "。",
+    "日本", "語", "한국어", "é", "ß", "∑", "→", "𓀀", " def", " return", "(x)", ":", "   ", "🇯🇵", "Ωmega",
+]
+
+
+def _prompts(count: int) -> list[str]:
+    rng = random.Random(20261122)
+    prompts = list(EDGE_PROMPTS)
+    while len(prompts) < count:
+        prompts.append("".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(1, 12))))
+    return prompts
+
+
+LAYOUTS = pytest.mark.parametrize("layout", ["echo_triton", "echo_relay_triton"])
+
+
+@LAYOUTS
+def test_streamed_text_equals_non_streamed_text_for_200_prompts(layout: str, request: pytest.FixtureRequest) -> None:
+    echo_triton = request.getfixturevalue(layout)
+    prompts = _prompts(210)
+    requests = {}
+    for i, prompt in enumerate(prompts):
+        requests[f"s{i}"] = ensemble_inputs(prompt, 200, stream=True)
+        requests[f"n{i}"] = ensemble_inputs(prompt, 200, stream=False)
+    results = run_on_stream(echo_triton.grpc_url, requests, timeout_s=240)
+    mismatches = []
+    for i, prompt in enumerate(prompts):
+        streamed, whole = results[f"s{i}"], results[f"n{i}"]
+        assert len(whole.chunks) == 1, prompt
+        if not (streamed.text == whole.text == prompt):
+            mismatches.append((prompt, streamed.chunks, whole.text))
+    assert not mismatches, mismatches[:5]
+    multi = [r for k, r in results.items() if k.startswith("s") and len(r.chunks) > 3]
+    assert len(multi) > 100  # the streams really were split into many responses
+
+
+@LAYOUTS
+def test_generation_cut_inside_a_character_stays_consistent(layout: str, request: pytest.FixtureRequest) -> None:
+    echo_triton = request.getfixturevalue(layout)
+    prompt = "ab 👨‍👩‍👧‍👦 𓀀 你好"
+    requests = {}
+    budgets = [*range(1, 40), 200]
+    for max_tokens in budgets:
+        requests[f"s{max_tokens}"] = ensemble_inputs(prompt, max_tokens, stream=True)
+        requests[f"n{max_tokens}"] = ensemble_inputs(prompt, max_tokens, stream=False)
+    results = run_on_stream(echo_triton.grpc_url, requests)
+    previous = ""
+    for max_tokens in budgets:
+        streamed, whole = results[f"s{max_tokens}"].text, results[f"n{max_tokens}"].text
+        assert streamed == whole
+        assert "\ufffd" not in whole
+        assert prompt.startswith(whole) and len(whole) >= len(previous)
+        previous = whole
+    assert previous == prompt
+
+
+@LAYOUTS
+def test_stop_words_reach_the_engine(layout: str, request: pytest.FixtureRequest) -> None:
+    echo_triton = request.getfixturevalue(layout)
+    prompt = "alpha beta STOP gamma delta"
+    results = run_on_stream(
+        echo_triton.grpc_url,
+        {
+            "stream": ensemble_inputs(prompt, 50, stream=True, stop_words=[" STOP"]),
+            "whole": ensemble_inputs(prompt, 50, stream=False, stop_words=[" STOP", " never"]),
+            "none": ensemble_inputs(prompt, 50, stream=False),
+        },
+    )
+    assert results["stream"].text == "alpha beta STOP"
+    assert results["whole"].text == "alpha beta STOP"
+    assert results["none"].text == prompt
+
+
+@LAYOUTS
+def test_exclude_input_in_output_false_returns_the_prompt_too(layout: str, request: pytest.FixtureRequest) -> None:
+    echo_triton = request.getfixturevalue(layout)
+    prompt = "echo 😀"
+    results = run_on_stream(
+        echo_triton.grpc_url, {"r": ensemble_inputs(prompt, 50, stream=False, exclude_input_in_output=False)}
+    )
+    assert results["r"].text == prompt + prompt
+
+
+def test_http_generate_stream(echo_triton) -> None:
+    prompt = "over HTTP: 你好 😀 world"
+    body = json.dumps({"text_input": prompt, "max_tokens": 64, "stream": True}).encode()
+    request = urllib.request.Request(
+        f"{echo_triton.http_url}/v2/models/ensemble/generate_stream",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    chunks = []
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for raw in response:
+            line = raw.decode("utf-8").strip()
+            if line.startswith("data:"):
+                event = json.loads(line[len("data:") :])
+                assert "error" not in event, event
+                if "text_output" in event:
+                    chunks.append(event["text_output"])
+    assert len(chunks) > 3
+    assert "".join(chunks) == prompt
+
+
+def test_metrics_show_every_model(echo_triton) -> None:
+    run_on_stream(echo_triton.grpc_url, {"warm": ensemble_inputs("metrics", 8, stream=False)})
+    with urllib.request.urlopen(echo_triton.metrics_url, timeout=30) as response:
+        metrics = response.read().decode()
+    for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing"):
+        assert f'nv_inference_request_success{{model="{model}"' in metrics, model
+
+
+def test_preprocessing_rejects_over_long_requests_with_the_field_named(echo_triton) -> None:
+    with pytest.raises(AssertionError, match="max_tokens"):
+        run_on_stream(echo_triton.grpc_url, {"r": ensemble_inputs("too many", 100_000, stream=False)}, timeout_s=30)
