@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]could not start the stack:[/red] {exc}", highlight=False)
             return 1
         console.print(f"[green]ready[/green] in {time.monotonic() - started:.1f} s", highlight=False)
+        if isinstance(body.get("prompt"), str) and body.get("stream", True):
+            # The prompt on stderr, the completion on stdout: on a terminal they read as one text,
+            # piped, stdout holds only what the model wrote.
+            console.print(body["prompt"], style="bold", end="", markup=False, highlight=False)
+            console.file.flush()
         asyncio.run(_answer(service, body))
         return 0
     except HTTPException as exc:
