@@ -12,27 +12,11 @@ import random
 import urllib.request
 
 import pytest
+from edge_case_texts import EDGE_TEXTS
 from ensemble_stream import ensemble_inputs, run_on_stream
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
 
-EDGE_PROMPTS = [
-    "Hello world",
-    " leading space",
-    "  two leading spaces and trailing  ",
-    "tabs\tand\nnewlines\n\n\nend",
-    "你好，世界。这是一个测试。",
-    "日本語のテキストと한국어",
-    "emoji 😀🎉 and 👍🏽 and 👨‍👩‍👧‍👦 family",
-    "café naïve Ünïcödé façade",
-    "math ∑∫√∞ ≠ ≤ arrows → ⇒",
-    "rare 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𓀀 🜂",
-    "mixed: def f(x):\n    return x**2  # 😀 平方",
-    "a",
-    "\u00a0nbsp\u2003emsp",
-    "😀",
-    "🇯🇵🇫🇷 flags",
-]
 _FRAGMENTS = [
     "the", " quick", " brown", " fox", "  ", "\t", "\n", "😀", "🎉", "👍🏽", "👨‍👩‍👧", "你好", "世界", "。",
     "日本", "語", "한국어", "é", "ß", "∑", "→", "𓀀", " def", " return", "(x)", ":", "   ", "🇯🇵", "Ωmega",
@@ -41,7 +25,7 @@ _FRAGMENTS = [
 
 def _prompts(count: int) -> list[str]:
     rng = random.Random(20261122)
-    prompts = list(EDGE_PROMPTS)
+    prompts = list(EDGE_TEXTS)
     while len(prompts) < count:
         prompts.append("".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(1, 12))))
     return prompts

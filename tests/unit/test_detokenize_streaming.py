@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+from edge_case_texts import EDGE_TEXTS
 from tokenizers import (
     Tokenizer,
     decoders,
@@ -30,25 +31,6 @@ from trtllm_truss.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tok
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_TOKENIZER_DIR = REPO_ROOT / "data" / "embedded-llama"
 
-# Edge cases the older trusses got wrong: leading spaces, multi-byte UTF-8 (emoji incl. ZWJ and
-# skin-tone sequences, CJK), whitespace runs, characters unseen in training (byte fallback).
-EDGE_TEXTS = [
-    "Hello world",
-    " leading space",
-    "  two leading spaces and trailing  ",
-    "tabs\tand\nnewlines\n\n\nend",
-    "你好，世界。这是一个测试。",
-    "日本語のテキストと한국어",
-    "emoji 😀🎉 and 👍🏽 and 👨‍👩‍👧‍👦 family",
-    "café naïve Ünïcödé façade",
-    "math ∑∫√∞ ≠ ≤ arrows → ⇒",
-    "rare 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𓀀 🜂",
-    "mixed: def f(x):\n    return x**2  # 😀 平方",
-    "a",
-    " ",
-    "\u00a0nbsp\u2003emsp",
-    "ZWJ‍joined and combining é (e+◌́)",
-]
 
 _CORPUS_EXTRA = [
     "你好，世界。这是一个测试。日本語のテキストです。",
