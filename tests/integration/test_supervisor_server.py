@@ -405,3 +405,24 @@ def test_a_parent_killed_without_stop_takes_tritonserver_with_it(tmp_path, world
     )
     # SIGTERM, not SIGKILL: Triton shut down and removed its python backend shared memory itself.
     assert not list(Path("/dev/shm").glob(f"{shm_prefix}*"))
+
+
+def test_python_models_import_from_the_rendered_import_path_not_pythonpath(tmp_path):
+    """The stub embeds the interpreter but ignores PYTHONPATH: a model reaches modules outside the
+    interpreter's site-packages (truss's /packages) only through the header render writes."""
+    from trtllm_truss.repository.render import with_import_path
+
+    extra = tmp_path / "extra_packages"
+    extra.mkdir()
+    (extra / "stub_path_probe_9c1e.py").write_text("GREETING = 'probe-9c1e'\n")
+    repo = make_tiny_repository(tmp_path)
+    engine = repo / "tensorrt_llm" / "1" / "model.py"
+    source = '"""engine that needs a module from outside site-packages"""\nfrom __future__ import annotations\n\nimport stub_path_probe_9c1e\n' + engine.read_text()
+    engine.write_text(with_import_path(source, [str(extra)]))
+    server = TritonServer(repo, env={**os.environ, "PYTHONPATH": ""})
+    try:
+        server.start()
+        server.wait_ready(timeout_s=90)  # raises with Triton's ModuleNotFoundError if the header did not work
+        assert stream_words(server.grpc_url, "hello path") == ["HELLO", "PATH"]
+    finally:
+        server.stop()

@@ -47,7 +47,7 @@ def _parse(path: Path) -> model_config_pb2.ModelConfig:
 
 @pytest.mark.parametrize("backend", ["tensorrtllm", "pytorch"])
 def test_rendered_repository_layout_and_valid_protobuf(tmp_path: Path, backend: str) -> None:
-    repo = render_repository(_plan(backend), tmp_path / "repo")
+    repo = render_repository(_plan(backend), tmp_path / "repo", import_path=())  # () : copied verbatim
     model_names = (*MODEL_NAMES, WINDOW_RELAY) if backend == "tensorrtllm" else MODEL_NAMES
     assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == sorted(model_names)
     python_models = {"preprocessing", "postprocessing"} | ({"tensorrt_llm"} if backend == "pytorch" else {WINDOW_RELAY})
@@ -148,7 +148,28 @@ def test_missing_plan_fields_are_named() -> None:
 def test_engine_model_source_replaces_only_a_python_engine(tmp_path: Path) -> None:
     double = tmp_path / "double.py"
     double.write_text("# a python engine\n")
-    repo = render_repository(_plan("pytorch"), tmp_path / "repo", engine_model_source=double)
+    repo = render_repository(_plan("pytorch"), tmp_path / "repo", engine_model_source=double, import_path=())
     assert (repo / "tensorrt_llm" / "1" / "model.py").read_text() == "# a python engine\n"
     with pytest.raises(RepositoryError, match="engine_model_source"):
         render_repository(_plan("tensorrtllm"), tmp_path / "gpu", engine_model_source=double)
+
+
+def test_import_path_header_goes_after_docstring_and_future_imports() -> None:
+    from trtllm_truss.repository.render import with_import_path
+
+    source = '"""doc"""\n\nfrom __future__ import annotations\n\nimport json\n'
+    rendered = with_import_path(source, ["/packages", "/extra"])
+    compile(rendered, "model.py", "exec")  # a __future__ import must stay first
+    lines = rendered.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("import sys as _sys"))
+    assert lines.index("from __future__ import annotations") < header < lines.index("import json")
+    assert lines[header + 1] == "_sys.path[:0] = [_p for _p in ['/packages', '/extra'] if _p not in _sys.path]"
+
+
+def test_rendered_python_models_carry_the_package_directory(tmp_path: Path) -> None:
+    from trtllm_truss.repository.render import PACKAGES_DIR
+
+    repo = render_repository(_plan("pytorch"), tmp_path / "repo", import_path=[str(PACKAGES_DIR)])
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm"):
+        text = (repo / model / "1" / "model.py").read_text()
+        assert f"_sys.path[:0] = [_p for _p in [{str(PACKAGES_DIR)!r}]" in text

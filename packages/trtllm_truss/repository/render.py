@@ -6,8 +6,11 @@ crash never leaves a half-written repository for tritonserver to load.
 
 from __future__ import annotations
 
+import ast
+import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +27,8 @@ from trtllm_truss.repository.pbtxt import to_pbtxt
 if TYPE_CHECKING:
     from trtllm_truss.plan import ServingPlan
 
-TRITON_MODELS_DIR = Path(__file__).resolve().parent.parent / "triton_models"
+PACKAGES_DIR = Path(__file__).resolve().parent.parent.parent  # holds trtllm_truss
+TRITON_MODELS_DIR = PACKAGES_DIR / "trtllm_truss" / "triton_models"
 # Present in every repository we render; lets a re-render replace our own output but never a
 # directory the user pointed us at by mistake.
 MARKER_FILE = ".trtllm_truss_repository"
@@ -43,7 +47,45 @@ def python_model_sources(plan: ServingPlan, engine_model_source: Path | None = N
     return sources
 
 
-def _write(repo: Path, plan: ServingPlan, engine_model_source: Path | None, window_relay: bool | None) -> None:
+def default_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """Where the python models import from: our package's directory, then $PYTHONPATH's entries."""
+    env = os.environ if environ is None else environ
+    extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return tuple(dict.fromkeys([str(PACKAGES_DIR), *extra]))
+
+
+def with_import_path(source: str, import_path: Sequence[str]) -> str:
+    """`source` with `import_path` put at the front of sys.path before its first import.
+
+    Triton's python backend stub embeds the interpreter but does not read PYTHONPATH: only the
+    interpreter's own site-packages are visible. Without this, `import trtllm_truss` works only where
+    the package happens to be pip-installed (a dev venv), never from truss's /packages.
+    """
+    if not import_path:
+        return source
+    body = ast.parse(source).body
+    after = 0  # the line after the module docstring and `from __future__` imports
+    for node in body:
+        is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        if is_docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            after = node.end_lineno or after
+        else:
+            break
+    lines = source.splitlines(keepends=True)
+    header = (
+        "import sys as _sys  # rendered by trtllm-truss: the python backend stub ignores PYTHONPATH\n"
+        f"_sys.path[:0] = [_p for _p in {list(import_path)!r} if _p not in _sys.path]\n"
+    )
+    return "".join(lines[:after]) + header + "".join(lines[after:])
+
+
+def _write(
+    repo: Path,
+    plan: ServingPlan,
+    engine_model_source: Path | None,
+    window_relay: bool | None,
+    import_path: Sequence[str],
+) -> None:
     configs = repository_configs(plan, window_relay=window_relay)
     sources = python_model_sources(plan, engine_model_source)
     if WINDOW_RELAY in configs:
@@ -57,7 +99,8 @@ def _write(repo: Path, plan: ServingPlan, engine_model_source: Path | None, wind
         version_dir.mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(to_pbtxt(config), encoding="utf-8")
         if name in sources:
-            shutil.copyfile(sources[name], version_dir / "model.py")
+            source = sources[name].read_text(encoding="utf-8")
+            (version_dir / "model.py").write_text(with_import_path(source, import_path), encoding="utf-8")
     (repo / MARKER_FILE).write_text(f"backend={plan.backend}\n", encoding="utf-8")
 
 
@@ -67,13 +110,17 @@ def render_repository(
     *,
     engine_model_source: Path | None = None,
     window_relay: bool | None = None,
+    import_path: Sequence[str] | None = None,
 ) -> Path:
     """Render the repository into `out_dir` (replacing an earlier rendering there) and return it.
 
     `engine_model_source` replaces the stand-in's model.py for backend "pytorch" (another python
     engine with the same tensor interface, e.g. a test double). `window_relay`: see
-    `repository_configs` (default: only for NVIDIA's engine).
+    `repository_configs` (default: only for NVIDIA's engine). `import_path`: directories the python
+    models import from (default: `default_import_path()`).
     """
+    if import_path is None:
+        import_path = default_import_path()
     out_dir = Path(out_dir).resolve()
     if out_dir.exists():
         if not out_dir.is_dir():
@@ -83,7 +130,7 @@ def render_repository(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write(scratch, plan, engine_model_source, window_relay)
+        _write(scratch, plan, engine_model_source, window_relay, import_path)
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old-{scratch.name}")
             out_dir.rename(old)
