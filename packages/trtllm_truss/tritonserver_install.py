@@ -266,13 +266,18 @@ class StubPython:
 
 
 def probe_stub_python(env: Mapping[str, str], timeout_s: float = 60.0) -> StubPython:
-    """Run the first python3 on the child's PATH with the child's environment: its version and numpy's."""
+    """Run the first python3 on the child's PATH with the child's environment: its version and numpy's.
+
+    Without PYTHONPATH: the stub embeds that interpreter but does not read PYTHONPATH, so the numpy it
+    gets is the one in the interpreter's own site-packages (a numpy < 2 on PYTHONPATH does not help).
+    """
     python3 = shutil.which("python3", path=env.get("PATH", ""))
     if python3 is None:
         raise TritonInstallError("no python3 on the PATH given to tritonserver; its python backend needs one")
     code = "import sys, numpy; print('%d.%d' % sys.version_info[:2], numpy.__version__)"
     try:
-        result = subprocess.run([python3, "-c", code], env=dict(env), capture_output=True, text=True, timeout=timeout_s, check=False)
+        stub_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        result = subprocess.run([python3, "-c", code], env=stub_env, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as exc:
         raise TritonInstallError(f"checking numpy with {python3} took longer than {timeout_s:.0f}s") from exc
     if result.returncode != 0:

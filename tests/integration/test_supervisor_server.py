@@ -6,12 +6,14 @@ The repository mimics the product's shape without depending on it: an `ensemble`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
 import shutil
 import signal
 import socket
+import sys
 import textwrap
 import threading
 import time
@@ -323,11 +325,16 @@ def test_hanging_model_times_out_and_stop_kills_the_stub(tmp_path):
     assert _session_members(pid) == []
 
 
-def test_numpy_2_in_the_stub_environment_is_refused_clearly(tmp_path, tiny_repository):
-    fake = tmp_path / "site" / "numpy"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('__version__ = "2.1.3"\n')
-    server = TritonServer(tiny_repository, env={"PYTHONPATH": str(tmp_path / "site")})
+def test_numpy_2_in_the_stub_environment_is_refused_clearly(tmp_path, tiny_repository, monkeypatch):
+    import trtllm_truss.tritonserver_install as install
+
+    real_probe = install.probe_stub_python
+
+    def probe_seeing_numpy_2(env, timeout_s=60.0):  # as if the interpreter's site-packages had numpy 2
+        return dataclasses.replace(real_probe(env, timeout_s), numpy_version="2.1.3")
+
+    monkeypatch.setattr(install, "probe_stub_python", probe_seeing_numpy_2)
+    server = TritonServer(tiny_repository)
     try:
         with pytest.raises(TritonInstallError) as error:
             server.start()
@@ -336,6 +343,17 @@ def test_numpy_2_in_the_stub_environment_is_refused_clearly(tmp_path, tiny_repos
     message = str(error.value)
     assert "numpy 2.1.3" in message and "numpy<2" in message and "python backend" in message
     assert server.pid is None  # refused before anything was launched
+
+
+def test_the_numpy_check_ignores_pythonpath_as_the_stub_does(tmp_path):
+    """A numpy on PYTHONPATH never reaches the stub, so it must not satisfy (or fail) the check."""
+    from trtllm_truss.tritonserver_install import probe_stub_python
+
+    fake = tmp_path / "site" / "numpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "2.1.3"\n')
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(fake.parent)}
+    assert probe_stub_python(env).numpy_version == np.__version__
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
