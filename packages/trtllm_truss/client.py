@@ -202,6 +202,13 @@ def _deserialize_bytes(raw: bytes) -> list[bytes]:
     return items
 
 
+def _text_of(raw: bytes) -> str:
+    """The text of a BYTES output; the usual single element (one beam) is sliced without a list."""
+    if len(raw) >= 4 and struct.unpack_from("<I", raw)[0] == len(raw) - 4:
+        return raw[4:].decode("utf-8", errors="replace")
+    return "".join(item.decode("utf-8", errors="replace") for item in _deserialize_bytes(raw))
+
+
 def parse_response(response: service_pb2.ModelInferResponse) -> Delta:
     """Text (and token count if reported) of one streamed response, and whether it is the last.
 
@@ -214,7 +221,7 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Delta:
     for index, output in enumerate(response.outputs):
         raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) else b""
         if output.name == TEXT_OUTPUT:
-            text = "".join(item.decode("utf-8", errors="replace") for item in _deserialize_bytes(raw))
+            text = _text_of(raw)
         elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
             (token_count,) = struct.unpack_from("<i", raw)  # the first beam's
     return Delta(text=text, token_count=token_count, final=final)
@@ -304,7 +311,8 @@ class EnsembleClient:
             if finished:  # close our side and let Triton end the stream normally
                 try:
                     await call.done_writing()
-                    await asyncio.wait_for(call.code(), timeout=STREAM_CLOSE_TIMEOUT_S)
+                    async with asyncio.timeout(STREAM_CLOSE_TIMEOUT_S):  # no extra task, unlike wait_for
+                        await call.code()
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
                     pass
             # A no-op once the call has completed; otherwise this is what tells Triton to cancel.

@@ -13,6 +13,7 @@ never completes, so clients see a truncated transfer), and an OpenAI SSE stream 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from contextlib import aclosing, contextmanager
@@ -45,10 +46,11 @@ from trtllm_truss.api.openai import (
     sse_error,
     sse_event,
 )
-from trtllm_truss.api.prompt import PromptTokenizer
+from trtllm_truss.api.prompt import PromptTokenizer, PromptTokens
 from trtllm_truss.api.sampling import check_prompt_length, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.stops import StopSequenceTrimmer
 from trtllm_truss.client import Delta, EnsembleClient, GenerationParams, UpstreamError
+from trtllm_truss.preprocess import parse_prompt_too_long
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def upstream_http_error(exc: UpstreamError) -> HTTPException:
 class Generation:
     """Accumulates one request's output; knows its usage and finish reason at the end."""
 
-    prompt_tokens: int
+    prompt_tokens: PromptTokens
     max_tokens: int
     parts: list[str] = field(default_factory=list)
     reported_tokens: int = 0
@@ -117,7 +119,11 @@ class Generation:
     def finish(self, tokenizer: PromptTokenizer) -> tuple[str, Usage]:
         completion = self.completion_tokens(tokenizer)
         reason = "length" if completion >= self.max_tokens else "stop"
-        return reason, Usage.of(self.prompt_tokens, completion)
+        return reason, Usage.of(self.prompt_tokens.value, completion)
+
+    def finish_reason(self, tokenizer: PromptTokenizer) -> str:
+        """Without usage: the prompt is then never counted (streams that do not report usage)."""
+        return "length" if self.completion_tokens(tokenizer) >= self.max_tokens else "stop"
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,9 @@ class StreamEnd:
 @dataclass(frozen=True)
 class PreparedRequest:
     params: GenerationParams
-    prompt_tokens: int
+    prompt_tokens: PromptTokens  # exact count computed lazily, see api/prompt.py
     max_tokens: int
+    prompt_field: str  # where the prompt came from, for errors about it ("prompt" or "messages")
 
 
 class LLMService:
@@ -171,6 +178,10 @@ class LLMService:
         self._tokenizer = PromptTokenizer.load(plan.tokenizer_dir)
         self._limits = RequestLimits.from_plan(plan, vocab_size=self._tokenizer.vocab_size)
         self._client = EnsembleClient(self._stack.server.grpc_url)
+        # Everything loaded so far (torch and transformers: ~400k objects) lives as long as the
+        # process; left to the collector, each full collection walks all of it (~200 ms with the
+        # event loop stopped, several times a minute under load). Frozen, it is never walked again.
+        gc.freeze()
         logger.info("stack ready in %.1f s (backend %s)", time.monotonic() - started, plan.backend)
 
     def shutdown(self) -> None:
@@ -221,7 +232,7 @@ class LLMService:
             beam_width=req.beam_width,
         )
         if req.stream:
-            deltas, first = await self._start(prepared.params, http_request)
+            deltas, first = await self._start(prepared, http_request)
             return StreamingResponse(self._native_stream(first, deltas), media_type="text/plain; charset=utf-8")
         generation = await self._collect(prepared, http_request)
         reason, usage = generation.finish(self.tokenizer)
@@ -231,7 +242,9 @@ class LLMService:
         # An UpstreamError raised here aborts the chunked body: the client sees a broken transfer,
         # never an error message disguised as generated text.
         async with aclosing(deltas):
-            async for delta in _with_first(first, deltas):
+            if first is not None and first.text:
+                yield first.text.encode()
+            async for delta in deltas:  # directly, not through `_with_first`: one generator less per token
                 if delta.text:
                     yield delta.text.encode()
 
@@ -260,7 +273,7 @@ class LLMService:
         )
         model = req.model or SERVED_MODEL_NAME
         if req.stream:
-            deltas, first = await self._start(prepared.params, http_request)
+            deltas, first = await self._start(prepared, http_request)
             stream = self._chat_sse(prepared, first, deltas, req, model)
             return StreamingResponse(stream, media_type="text/event-stream")
         generation = await self._collect(prepared, http_request)
@@ -285,7 +298,7 @@ class LLMService:
         )
         model = req.model or SERVED_MODEL_NAME
         if req.stream:
-            deltas, first = await self._start(prepared.params, http_request)
+            deltas, first = await self._start(prepared, http_request)
             stream = self._completion_sse(prepared, first, deltas, req, model)
             return StreamingResponse(stream, media_type="text/event-stream")
         generation = await self._collect(prepared, http_request)
@@ -313,7 +326,7 @@ class LLMService:
             )
 
         yield chunk(ChatDelta(role="assistant", content=""))
-        async for item in self._sse_texts(prepared, first, deltas, req.stop_words()):
+        async for item in self._sse_texts(prepared, first, deltas, req.stop_words(), req.wants_usage_chunk()):
             if isinstance(item, str):
                 yield chunk(ChatDelta(content=item))
             elif item.error is not None:
@@ -335,7 +348,7 @@ class LLMService:
         model: str,
     ) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("cmpl"), "model": model}
-        async for item in self._sse_texts(prepared, first, deltas, req.stop_words()):
+        async for item in self._sse_texts(prepared, first, deltas, req.stop_words(), req.wants_usage_chunk()):
             if isinstance(item, str):
                 yield sse_event(Completion(**envelope, choices=[CompletionChoice(text=item, finish_reason=None)]))
             elif item.error is not None:
@@ -353,8 +366,10 @@ class LLMService:
         first: Delta | None,
         deltas: AsyncIterator[Delta],
         stop_words: list[str],
+        with_usage: bool,
     ) -> AsyncIterator[str | StreamEnd]:
-        """Text per delta (stop sequences held back and removed), then one `StreamEnd`."""
+        """Text per delta (stop sequences held back and removed), then one `StreamEnd` (with usage
+        only if `with_usage`)."""
         generation = Generation(prepared.prompt_tokens, prepared.max_tokens)
         trimmer = StopSequenceTrimmer(stop_words)
         async with aclosing(deltas):
@@ -368,7 +383,10 @@ class LLMService:
                 logger.warning("stream ended by an upstream error: %s", exc)
                 yield StreamEnd(error=str(exc))
                 return
-        reason, usage = generation.finish(self.tokenizer)
+        if with_usage:
+            reason, usage = generation.finish(self.tokenizer)
+        else:
+            reason, usage = generation.finish_reason(self.tokenizer), None
         yield StreamEnd(text=trimmer.flush(), finish_reason="stop" if trimmer.stopped else reason, usage=usage)
 
     # --- shared steps ----------------------------------------------------------------------------
@@ -387,8 +405,9 @@ class LLMService:
         beam_width: int | None = None,
     ) -> PreparedRequest:
         limits = self.limits
-        prompt_tokens = self.tokenizer.count(text)
-        check_prompt_length(prompt_field, prompt_tokens, limits)
+        # Not counted here: preprocessing tokenizes the prompt anyway and refuses one over
+        # max_input_len, which `_upstream_error` answers with the same 400 (api/prompt.py says why).
+        prompt_tokens = self.tokenizer.prompt_tokens(text)
         max_tokens = resolve_max_tokens(max_tokens_field, requested_max_tokens, default_max_tokens, limits)
         params = to_generation_params(
             req,
@@ -399,22 +418,23 @@ class LLMService:
             bad_words=bad_words or (),
             beam_width=beam_width,
         )
-        return PreparedRequest(params=params, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        return PreparedRequest(params=params, prompt_tokens=prompt_tokens, max_tokens=max_tokens, prompt_field=prompt_field)
 
     async def _start(
-        self, params: GenerationParams, http_request: Request | None
+        self, prepared: PreparedRequest, http_request: Request | None
     ) -> tuple[AsyncIterator[Delta], Delta | None]:
         """Open the stream and wait for its first delta before any HTTP status is sent.
 
-        A dead server or a request Triton refuses is then a clean 503 rather than a broken stream;
-        a client that leaves while waiting cancels the request.
+        A dead server or a request Triton refuses is then a clean 503 (400 for a prompt that
+        preprocessing refuses as too long) rather than a broken stream; a client that leaves while
+        waiting cancels the request.
         """
-        deltas = self.client.generate(params)
+        deltas = self.client.generate(prepared.params)
         try:
             first = await _unless_disconnected(anext(deltas, None), http_request, "the first token")
         except UpstreamError as exc:
             await deltas.aclose()
-            raise upstream_http_error(exc) from exc
+            raise self._upstream_error(exc, prepared) from exc
         except BaseException:
             await deltas.aclose()
             raise
@@ -431,7 +451,18 @@ class LLMService:
         try:
             return await _unless_disconnected(run(), http_request, "the answer")
         except UpstreamError as exc:
-            raise upstream_http_error(exc) from exc
+            raise self._upstream_error(exc, prepared) from exc
+
+    def _upstream_error(self, exc: UpstreamError, prepared: PreparedRequest) -> HTTPException:
+        """503, or the 400 of an over-long prompt when preprocessing refused it for that reason."""
+        too_long = parse_prompt_too_long(str(exc))
+        if too_long is not None:
+            tokens, _ = too_long
+            try:
+                check_prompt_length(prepared.prompt_field, tokens, self.limits)
+            except HTTPException as client_error:
+                return client_error
+        return upstream_http_error(exc)
 
     def _trimmed_result(self, generation: Generation, stop_words: list[str]) -> tuple[str, str, Usage]:
         trimmer = StopSequenceTrimmer(stop_words)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -160,11 +161,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         err.print(str(exc), style="red", markup=False)
         return 2
+    # SIGTERM (`timeout`, a CI runner) ends the run like Ctrl-C, so the servers it started are stopped
+    # rather than left running without their parent.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _run(args, levels, err)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 @dataclass
