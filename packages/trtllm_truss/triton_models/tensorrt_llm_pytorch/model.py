@@ -91,8 +91,10 @@ class _InFlight:
     """One Triton request being served: what the sender thread needs to build its responses."""
 
     engine_id: str
-    triton_request: object
-    sender: object
+    # The request's Triton id, read while execute() runs: in decoupled mode the request object is
+    # released once execute() returns, so the sender thread must never touch it afterwards.
+    triton_id: str
+    sender: object  # the response sender stays valid until the final response; it answers is_cancelled()
     streaming: bool
     exclude_input: bool
     want_log_probs: bool
@@ -214,7 +216,7 @@ class TritonPythonModel:
         exclude_input = bool(_scalar(request, "exclude_input_in_output", self.settings.exclude_input_in_output))
         flight = _InFlight(
             engine_id=engine_id,
-            triton_request=request,
+            triton_id=triton_id,
             sender=sender,
             streaming=streaming,
             exclude_input=exclude_input,
@@ -229,16 +231,15 @@ class TritonPythonModel:
         try:
             self.engine.submit(generation, lambda output, f=flight: self._on_output(f, output))
         except RequestRejected:
-            self._forget(flight, triton_id)
+            self._forget(flight)
             raise
 
-    def _forget(self, flight: _InFlight, triton_id: str | None = None) -> None:
+    def _forget(self, flight: _InFlight) -> None:
         with self._lock:
             self._in_flight.pop(flight.engine_id, None)
             self._ready.pop(flight.engine_id, None)
-            tid = triton_id if triton_id is not None else (flight.triton_request.request_id() or "")
-            if self._by_triton_id.get(tid) == flight.engine_id:
-                del self._by_triton_id[tid]
+            if self._by_triton_id.get(flight.triton_id) == flight.engine_id:
+                del self._by_triton_id[flight.triton_id]
 
     @staticmethod
     def _fail(sender, message: str) -> None:
@@ -296,7 +297,7 @@ class TritonPythonModel:
                     log.exception("updating %s failed", ACTIVE_REQUESTS_METRIC)
                 for flight in watched:
                     try:
-                        if flight.finish is None and flight.triton_request.is_cancelled():
+                        if flight.finish is None and flight.sender.is_cancelled():
                             self.engine.cancel(flight.engine_id)
                     except Exception:
                         log.exception("checking cancellation of %s failed", flight.engine_id)

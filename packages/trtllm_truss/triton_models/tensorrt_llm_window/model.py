@@ -30,11 +30,11 @@ import triton_python_backend_utils as pb_utils
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
 
 
-def _scalar(request, name: str, default):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
+def _scalar(inputs: dict, name: str, default):
+    array = inputs.get(name)
+    if array is None:
         return default
-    array = tensor.as_numpy().reshape(-1)
+    array = array.reshape(-1)
     return array[0].item() if array.size else default
 
 
@@ -50,17 +50,20 @@ class TritonPythonModel:
 
     def execute(self, requests):
         # Decoupled: return at once; one relay thread per request streams the engine's responses.
+        # Everything the thread needs is read (and copied) here: Triton releases a decoupled request
+        # once execute() returns, so a thread must not touch the request object afterwards.
         for request in requests:
-            thread = threading.Thread(target=self._relay_guarded, args=(request,), daemon=True)
+            inputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in request.inputs()}
+            job = (inputs, request.request_id(), request.get_response_sender())
+            thread = threading.Thread(target=self._relay_guarded, args=job, daemon=True)
             with self._lock:
                 self._active.add(thread)
             thread.start()
 
-    def _relay_guarded(self, request) -> None:
-        sender = request.get_response_sender()
+    def _relay_guarded(self, inputs: dict, request_id: str, sender) -> None:
         try:
             with self._streams:
-                self._relay(request, sender)
+                self._relay(inputs, request_id, sender)
         except Exception as exc:  # noqa: BLE001 -- the request fails alone, visibly
             sender.send(
                 pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_window: {exc}")),
@@ -70,18 +73,18 @@ class TritonPythonModel:
             with self._lock:
                 self._active.discard(threading.current_thread())
 
-    def _relay(self, request, sender) -> None:
-        input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-        prompt = input_ids.as_numpy().reshape(-1).tolist() if input_ids is not None else []
-        length = int(_scalar(request, "input_lengths", len(prompt)))
+    def _relay(self, inputs: dict, request_id: str, sender) -> None:
+        input_ids = inputs.get("input_ids")
+        prompt = input_ids.reshape(-1).tolist() if input_ids is not None else []
+        length = int(_scalar(inputs, "input_lengths", len(prompt)))
         prompt = prompt[:length]
-        streaming = bool(_scalar(request, "streaming", False))
-        exclude = bool(_scalar(request, "exclude_input_in_output", self.default_exclude))
+        streaming = bool(_scalar(inputs, "streaming", False))
+        exclude = bool(_scalar(inputs, "exclude_input_in_output", self.default_exclude))
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine_model,
-            inputs=request.inputs(),
+            inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
             requested_output_names=ENGINE_OUTPUTS,
-            request_id=request.request_id(),
+            request_id=request_id,
         )
         history = list(prompt)  # this request's prompt + tokens so far; lives only in this call
         for response in engine_request.exec(decoupled=True):
