@@ -1,6 +1,6 @@
 """Target `ensemble`: the Triton ensemble (preprocessing -> tensorrt_llm -> postprocessing) over gRPC
 streaming, text in and text out with NVIDIA's user-facing tensor names. Where the ensemble also has
-an `output_token_count` output (this project's ensemble may add it beside `text_output`), tokens are
+a `sequence_length` output (this project's ensemble adds it beside `text_output`), tokens are
 counted exactly from it; otherwise the text is re-tokenized after the run."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from trtllm_truss import client
 from trtllm_truss.bench.targets.base import IgnoreEos, StreamChunk, TargetName
 from trtllm_truss.bench.targets.triton_grpc import TritonModelStream
 from trtllm_truss.bench.workload import BenchRequest
 
 ENSEMBLE_MODEL = "ensemble"
-TOKEN_COUNT_OUTPUT = "output_token_count"
+# The ensemble's per-response token count (our addition to NVIDIA's outputs, read by the proxy too).
+TOKEN_COUNT_OUTPUT = client.TOKEN_COUNT_OUTPUT
 
 
 class EnsembleTarget:
