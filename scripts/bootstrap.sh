@@ -20,13 +20,15 @@ if ((${#need_apt[@]})); then
 fi
 
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+# pip's one-line notes about index folders this machine's pip.conf names but lacks are noise here.
+quiet_pip() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 
 want=$(stamp_of requirements/lock.txt pyproject.toml)
 if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing .venv (pinned, CPU torch; first time takes a few minutes)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/lock.txt
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/lock.txt
+  quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > .venv/.stamp
 fi
 
@@ -34,6 +36,6 @@ want=$(stamp_of requirements/olah.txt)
 if [ "$(cat .venv-olah/.stamp 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing .venv-olah (HF hub mirror for tests)"
   [ -x .venv-olah/bin/python ] || "$PYTHON" -m venv .venv-olah
-  .venv-olah/bin/python -m pip install -q --disable-pip-version-check -r requirements/olah.txt
+  quiet_pip .venv-olah/bin/python -m pip install -q --disable-pip-version-check -r requirements/olah.txt
   echo "$want" > .venv-olah/.stamp
 fi
