@@ -42,11 +42,7 @@ class EngineTarget:
             t.tensor("request_output_len", one(request.output_len)),
             t.tensor("streaming", np.array([True])),
         ]
-        if self.ignore_eos == "min_length":
-            inputs.append(t.tensor("min_length", one(request.output_len)))
-        elif self.ignore_eos == "end_id":
-            inputs.append(t.tensor("end_id", one(-1)))
-        return inputs
+        return inputs + t.ignore_eos_inputs(self.ignore_eos, request.output_len)
 
     async def stream(self, request: BenchRequest) -> AsyncIterator[StreamChunk]:
         async for result in self._triton.stream(self.build_inputs(request), ["output_ids"]):

@@ -47,11 +47,7 @@ class EnsembleTarget:
             t.tensor("max_tokens", one(request.output_len)),
             t.tensor("stream", np.array([True])),
         ]
-        if self.ignore_eos == "min_length":
-            inputs.append(t.tensor("min_length", one(request.output_len)))
-        elif self.ignore_eos == "end_id":
-            inputs.append(t.tensor("end_id", one(-1)))
-        return inputs
+        return inputs + t.ignore_eos_inputs(self.ignore_eos, request.output_len)
 
     async def stream(self, request: BenchRequest) -> AsyncIterator[StreamChunk]:
         outputs = ["text_output", TOKEN_COUNT_OUTPUT] if self._counts_tokens else ["text_output"]

@@ -67,6 +67,14 @@ class TritonModelStream:
                 f" (it has {', '.join(sorted(self.input_names))})"
             )
 
+    def ignore_eos_inputs(self, ignore_eos: str, output_len: int) -> list[Any]:
+        """What makes the engine generate exactly `output_len` tokens (NVIDIA's names, both models)."""
+        if ignore_eos == "min_length":
+            return [self.tensor("min_length", np.array([output_len], dtype=np.int32))]
+        if ignore_eos == "end_id":
+            return [self.tensor("end_id", np.array([-1], dtype=np.int32))]
+        return []
+
     def tensor(self, name: str, values: np.ndarray) -> Any:
         import tritonclient.grpc.aio as grpcclient
 
