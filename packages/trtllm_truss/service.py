@@ -53,6 +53,8 @@ from trtllm_truss.client import Delta, EnsembleClient, GenerationParams, Upstrea
 from trtllm_truss.preprocess import parse_prompt_too_long
 
 logger = logging.getLogger(__name__)
+# Upper bound on tokens that cover no byte of the text: BOS/EOS and a sentencepiece dummy prefix.
+TOKENS_A_TOKENIZER_ADDS = 4
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 T = TypeVar("T")
@@ -405,9 +407,14 @@ class LLMService:
         beam_width: int | None = None,
     ) -> PreparedRequest:
         limits = self.limits
-        # Not counted here: preprocessing tokenizes the prompt anyway and refuses one over
-        # max_input_len, which `_upstream_error` answers with the same 400 (api/prompt.py says why).
         prompt_tokens = self.tokenizer.prompt_tokens(text)
+        # Counted here only when it could matter: every token but the few a tokenizer adds itself
+        # covers at least one byte of the text, so a prompt this short in UTF-8 cannot exceed
+        # max_input_len and skips the count (the largest per-request cost of the proxy). Longer ones
+        # are counted and refused before reaching Triton; preprocessing enforces the exact limit too,
+        # and `_upstream_error` answers its refusal with the same 400.
+        if len(text.encode("utf-8")) + TOKENS_A_TOKENIZER_ADDS > limits.max_input_len:
+            check_prompt_length(prompt_field, prompt_tokens.value, limits)
         max_tokens = resolve_max_tokens(max_tokens_field, requested_max_tokens, default_max_tokens, limits)
         params = to_generation_params(
             req,

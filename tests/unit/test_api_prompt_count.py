@@ -80,3 +80,33 @@ def test_preprocessing_refusal_becomes_the_400_naming_the_field(prompt_tokenizer
 
     unavailable = service._upstream_error(UpstreamError("Triton at 127.0.0.1:1 is unavailable"), prepared)
     assert unavailable.status_code == 503
+
+
+def _prepare(service: LLMService, text: str, field: str = "prompt") -> PreparedRequest:
+    from trtllm_truss.api.native import PredictRequest
+
+    return service._prepare(
+        PredictRequest(prompt=text),
+        text=text,
+        prompt_field=field,
+        max_tokens_field="max_tokens",
+        requested_max_tokens=4,
+        default_max_tokens=4,
+        stop_words=[],
+    )
+
+
+def test_short_prompts_are_not_counted_long_ones_are_refused_before_triton(prompt_tokenizer: PromptTokenizer) -> None:
+    service = _service(prompt_tokenizer)
+    short = "word " * 100  # 500 bytes: cannot be more than 512 tokens
+    assert not _prepare(service, short).prompt_tokens.counted
+
+    near = "ab " * 200  # 600 bytes but fewer than 512 tokens: counted, accepted
+    prepared = _prepare(service, near)
+    assert prepared.prompt_tokens.counted and prepared.prompt_tokens.value <= 512
+
+    too_long = "日本語 😀 " * 300  # far more than 512 tokens
+    with pytest.raises(HTTPException) as error:
+        _prepare(service, too_long, field="messages")
+    assert error.value.status_code == 400 and "messages: the prompt is" in error.value.detail
+    assert "max_input_len (512)" in error.value.detail

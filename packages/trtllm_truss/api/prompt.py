@@ -3,8 +3,9 @@
 Prompts are tokenized inside Triton's preprocessing, which also refuses prompts over max_input_len
 (the proxy turns that error into a 400, service.py). Counting every prompt here as well was the
 largest single cost of a request in the proxy (~0.4 ms on the event loop for a 128-token prompt,
-docs/performance.md), so the proxy counts a prompt only when a response reports usage
-(`PromptTokens`), and then with the `tokenizers` backend directly.
+docs/performance.md), so the proxy counts a prompt only when it is long enough in UTF-8 bytes to
+possibly exceed max_input_len (then it is refused before reaching Triton) or when a response reports
+usage (`PromptTokens`), and then with the `tokenizers` backend directly.
 """
 
 from __future__ import annotations
