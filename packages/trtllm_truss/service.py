@@ -413,7 +413,8 @@ class LLMService:
         # max_input_len and skips the count (the largest per-request cost of the proxy). Longer ones
         # are counted and refused before reaching Triton; preprocessing enforces the exact limit too,
         # and `_upstream_error` answers its refusal with the same 400.
-        if len(text.encode("utf-8")) + TOKENS_A_TOKENIZER_ADDS > limits.max_input_len:
+        # An empty text is counted too (free): with no BOS it is zero tokens, a 400, not an engine error.
+        if not text or len(text.encode("utf-8")) + TOKENS_A_TOKENIZER_ADDS > limits.max_input_len:
             check_prompt_length(prompt_field, prompt_tokens.value, limits)
         max_tokens = resolve_max_tokens(max_tokens_field, requested_max_tokens, default_max_tokens, limits)
         params = to_generation_params(

@@ -100,6 +100,7 @@ def test_short_prompts_are_not_counted_long_ones_are_refused_before_triton(promp
     service = _service(prompt_tokenizer)
     short = "word " * 100  # 500 bytes: cannot be more than 512 tokens
     assert not _prepare(service, short).prompt_tokens.counted
+    assert _prepare(service, "").prompt_tokens.counted  # an empty prompt is always checked (BOS only here)
 
     near = "ab " * 200  # 600 bytes but fewer than 512 tokens: counted, accepted
     prepared = _prepare(service, near)
