@@ -1,4 +1,8 @@
-"""gRPC streaming client for the Triton `ensemble` (NVIDIA `inflight_batcher_llm` tensor interface).
+"""gRPC streaming client for the Triton ensembles (NVIDIA `inflight_batcher_llm` tensor interface).
+
+It reads either `ensemble_ids` (token ids out; this client detokenizes them, so no streamed token
+crosses a python-backend model: the default) or NVIDIA's text `ensemble` (`text_output`, decoded by
+the postprocessing model). Both take the same inputs.
 
 One `tritonclient.grpc.aio.InferenceServerClient` (one HTTP/2 channel) is shared by every request;
 each generation is one bidirectional `ModelStreamInfer` call on that channel, so cancelling the call
@@ -22,16 +26,21 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, fields
 
 import grpc
+import numpy as np
 from tritonclient.grpc import service_pb2
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
+from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+
 logger = logging.getLogger(__name__)
 
 ENSEMBLE = "ensemble"
+IDS_ENSEMBLE = "ensemble_ids"
 ENGINE_MODEL = "tensorrt_llm"
 STOP_REQUEST_TIMEOUT_S = 5.0
 TEXT_OUTPUT = "text_output"
+IDS_OUTPUT = "output_ids"  # [beams, tokens] (after the batch dimension); streaming: only new tokens
 # Our ensemble's addition to NVIDIA's outputs: tokens in this response per beam. Ensembles without
 # it (NVIDIA's own) still work; usage is then counted by re-tokenizing the text.
 TOKEN_COUNT_OUTPUT = "sequence_length"
@@ -129,13 +138,19 @@ class EnsembleInterface:
 
 
 def build_request(
-    params: GenerationParams, interface: EnsembleInterface, request_id: str, model_name: str = ENSEMBLE
+    params: GenerationParams,
+    interface: EnsembleInterface,
+    request_id: str,
+    model_name: str = ENSEMBLE,
+    *,
+    read_ids: bool = False,
 ) -> service_pb2.ModelInferRequest:
-    """The protobuf request for `params`; inputs the ensemble does not declare are refused."""
+    """The protobuf request for `params`; inputs the ensemble does not declare are refused.
+    `read_ids`: ask for `output_ids` instead of `text_output`."""
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     # Only what the proxy reads: log-prob tensors are neither computed into responses nor sent.
-    for output in (TEXT_OUTPUT, TOKEN_COUNT_OUTPUT):
+    for output in (IDS_OUTPUT if read_ids else TEXT_OUTPUT, TOKEN_COUNT_OUTPUT):
         if output in interface.outputs:
             request.outputs.add(name=output)
     lead = [1] if interface.batched else []
@@ -209,30 +224,60 @@ def _text_of(raw: bytes) -> str:
     return "".join(item.decode("utf-8", errors="replace") for item in _deserialize_bytes(raw))
 
 
-def parse_response(response: service_pb2.ModelInferResponse) -> Delta:
+def _first_beam_ids(raw: bytes, shape: Sequence[int]) -> list[int]:
+    """Beam 0's ids of an INT32 `output_ids` tensor ([batch,] beams, tokens): its first row."""
+    tokens = int(shape[-1]) if shape else 0
+    return np.frombuffer(raw, dtype="<i4", count=min(tokens, len(raw) // 4)).tolist()
+
+
+def parse_response(response: service_pb2.ModelInferResponse, detokenizer: StreamDetokenizer | None = None) -> Delta:
     """Text (and token count if reported) of one streamed response, and whether it is the last.
 
-    The final flag may ride on a response that also carries data, so the payload is always read.
+    With a `detokenizer` (reading `ensemble_ids`) the text is decoded from the first beam's
+    `output_ids`, of which `sequence_length` are valid. The final flag may ride on a response that
+    also carries data, so the payload is always read.
     """
     final_param = response.parameters.get(FINAL_RESPONSE_PARAMETER)
     final = bool(final_param is not None and final_param.bool_param)
     text = ""
     token_count: int | None = None
-    for index, output in enumerate(response.outputs):
-        raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) else b""
+    ids: list[int] | None = None
+    for output, raw in zip(response.outputs, response.raw_output_contents):
         if output.name == TEXT_OUTPUT:
             text = _text_of(raw)
+        elif output.name == IDS_OUTPUT and detokenizer is not None:
+            ids = _first_beam_ids(raw, output.shape)
         elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
             (token_count,) = struct.unpack_from("<i", raw)  # the first beam's
+    if ids is not None:
+        if token_count is not None:
+            ids = ids[: max(token_count, 0)]
+        token_count = len(ids)
+        text = detokenizer.feed(ids) if ids else ""
     return Delta(text=text, token_count=token_count, final=final)
 
 
 class EnsembleClient:
-    """Streams generations from the ensemble over one shared gRPC channel."""
+    """Streams generations from an ensemble over one shared gRPC channel.
 
-    def __init__(self, grpc_url: str, *, model_name: str = ENSEMBLE, connect_timeout_s: float = 5.0) -> None:
+    With a `decoder` it reads token ids (`output_ids`) when the served model has them, as
+    `ensemble_ids` does, and turns them into text itself; otherwise it reads `text_output`.
+    """
+
+    def __init__(
+        self,
+        grpc_url: str,
+        *,
+        model_name: str = ENSEMBLE,
+        decoder: TokenDecoder | None = None,
+        exclude_input_in_output: bool = True,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
         self.grpc_url = grpc_url
         self.model_name = model_name
+        self._decoder = decoder
+        # The engine's default for requests that do not say (runtime.exclude_input_in_output).
+        self._exclude_input_default = exclude_input_in_output
         self._connect_timeout_s = connect_timeout_s
         self._client: InferenceServerClient | None = None
         self._interface: EnsembleInterface | None = None
@@ -276,17 +321,35 @@ class EnsembleClient:
                 except InferenceServerException as exc:
                     raise UpstreamError(f"Triton at {self.grpc_url} is unavailable: {exc.message()}") from exc
                 config = config.get("config", config)
-                self._interface = EnsembleInterface(
+                interface = EnsembleInterface(
                     batched=int(config.get("max_batch_size", 0)) > 0,
                     inputs=frozenset(i["name"] for i in config.get("input", [])),
                     outputs=frozenset(o["name"] for o in config.get("output", [])),
                 )
+                if TEXT_OUTPUT not in interface.outputs and not (IDS_OUTPUT in interface.outputs and self._decoder):
+                    needs = f"{TEXT_OUTPUT!r}" + (f" or {IDS_OUTPUT!r}" if self._decoder else "")
+                    raise UpstreamError(
+                        f"model {self.model_name!r} at {self.grpc_url} has no output {needs}; "
+                        f"it has: {', '.join(sorted(interface.outputs))}"
+                    )
+                self._interface = interface
         return self._interface
 
     async def generate(self, params: GenerationParams) -> AsyncIterator[Delta]:
         """Stream the deltas of one generation; leaving the loop early cancels the Triton request."""
         interface = await self.interface()
-        request = build_request(params, interface, request_id=uuid.uuid4().hex, model_name=self.model_name)
+        read_ids = self._decoder is not None and IDS_OUTPUT in interface.outputs
+        request = build_request(
+            params, interface, request_id=uuid.uuid4().hex, model_name=self.model_name, read_ids=read_ids
+        )
+        detokenizer = None
+        if read_ids:
+            exclude_input = params.exclude_input_in_output
+            if exclude_input is None:
+                exclude_input = self._exclude_input_default
+            # Streamed tokens never include the prompt; a whole answer does unless excluded.
+            continues_prompt = bool(params.text_input) and (params.stream or exclude_input)
+            detokenizer = StreamDetokenizer(self._decoder, continues_prompt=continues_prompt)
         # The stub of the shared client: one channel for all calls (tritonclient's own aio
         # `stream_infer` cannot send the final-response flag, see the module docstring).
         call = self._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
@@ -299,7 +362,7 @@ class EnsembleClient:
                     raise UpstreamError(f"Triton closed the stream of request {request.id} before it finished")
                 if message.error_message:
                     raise UpstreamError(f"Triton failed request {request.id}: {message.error_message}")
-                delta = parse_response(message.infer_response)
+                delta = parse_response(message.infer_response, detokenizer)
                 if delta.text or delta.token_count:
                     yield delta
                 if delta.final:

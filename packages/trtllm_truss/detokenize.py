@@ -148,15 +148,20 @@ class TokenDecoder:
         self._table = _token_bytes_table(loaded, spec, skip_special_tokens=skip_special_tokens)
         self._strip_leading_space = spec.strip_leading_space
 
-    def _bytes(self, ids: Sequence[int]) -> bytes:
+    @property
+    def strips_leading_space(self) -> bool:
+        return self._strip_leading_space
+
+    def token_bytes(self, ids: Sequence[int]) -> bytes:
+        """The bytes `ids` contribute to the text (special tokens none when skipped)."""
         table = self._table
         size = len(table)
         return b"".join(table[i] if 0 <= i < size else b"" for i in ids)
 
     def decode_new(self, prefix_ids: Sequence[int], new_ids: Sequence[int]) -> str:
         """The characters whose last byte lies in `new_ids`, given the tokens just before them."""
-        prefix = self._bytes(prefix_ids)
-        new = self._bytes(new_ids)
+        prefix = self.token_bytes(prefix_ids)
+        new = self.token_bytes(new_ids)
         # Sentencepiece decoders drop the prefix space of the first (non-special) piece only.
         if self._strip_leading_space:
             if prefix.startswith(b" "):
@@ -171,3 +176,26 @@ class TokenDecoder:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_new((), ids)
+
+
+class StreamDetokenizer:
+    """The text of one request's token stream, response by response, for a reader that sees the
+    whole stream (the truss proxy). It gives what stateless postprocessing gives from the engine's
+    `prefix_ids`: the characters completed by each response, an incomplete UTF-8 tail held back
+    until the response that completes it, and a sentencepiece leading space dropped only at the very
+    start of the text, i.e. never when the output continues a prompt (`continues_prompt`)."""
+
+    __slots__ = ("_decoder", "_utf8", "_at_start")
+
+    def __init__(self, decoder: TokenDecoder, *, continues_prompt: bool) -> None:
+        self._decoder = decoder
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._at_start = not continues_prompt
+
+    def feed(self, new_ids: Sequence[int]) -> str:
+        data = self._decoder.token_bytes(new_ids)
+        if self._at_start and data:
+            self._at_start = False
+            if self._decoder.strips_leading_space and data.startswith(b" "):
+                data = data[1:]
+        return self._utf8.decode(data, final=False)

@@ -49,7 +49,9 @@ from trtllm_truss.api.openai import (
 from trtllm_truss.api.prompt import PromptTokenizer, PromptTokens
 from trtllm_truss.api.sampling import check_prompt_length, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.stops import StopSequenceTrimmer
-from trtllm_truss.client import Delta, EnsembleClient, GenerationParams, UpstreamError
+from trtllm_truss.client import ENSEMBLE, IDS_ENSEMBLE, Delta, EnsembleClient, GenerationParams, UpstreamError
+from trtllm_truss.config.schema import DetokenizeIn
+from trtllm_truss.detokenize import TokenDecoder
 from trtllm_truss.preprocess import parse_prompt_too_long
 
 logger = logging.getLogger(__name__)
@@ -138,6 +140,22 @@ class StreamEnd:
     error: str | None = None  # set when the upstream failed mid-stream
 
 
+def ensemble_client(grpc_url: str, plan: Any) -> EnsembleClient:
+    """The client `runtime.detokenize_in` asks for: token ids from `ensemble_ids`, decoded here
+    (default), or text from NVIDIA's `ensemble` (decoded by the postprocessing model)."""
+    if plan.runtime.detokenize_in == DetokenizeIn.PROXY:
+        from trtllm_truss.tokenizer import load_tokenizer
+
+        decoder = TokenDecoder(load_tokenizer(plan.tokenizer_dir), skip_special_tokens=True)
+        return EnsembleClient(
+            grpc_url,
+            model_name=IDS_ENSEMBLE,
+            decoder=decoder,
+            exclude_input_in_output=plan.runtime.exclude_input_in_output,
+        )
+    return EnsembleClient(grpc_url, model_name=ENSEMBLE)
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     params: GenerationParams
@@ -179,7 +197,7 @@ class LLMService:
         plan = self._stack.plan
         self._tokenizer = PromptTokenizer.load(plan.tokenizer_dir)
         self._limits = RequestLimits.from_plan(plan, vocab_size=self._tokenizer.vocab_size)
-        self._client = EnsembleClient(self._stack.server.grpc_url)
+        self._client = ensemble_client(self._stack.server.grpc_url, plan)
         # Everything loaded so far (torch and transformers: ~400k objects) lives as long as the
         # process; left to the collector, each full collection walks all of it (~200 ms with the
         # event loop stopped, several times a minute under load). Frozen, it is never walked again.

@@ -79,7 +79,7 @@ def start_stack(
     from trtllm_truss.config import load_config
     from trtllm_truss.plan import make_plan
     from trtllm_truss.probe import probe_facts
-    from trtllm_truss.repository import render_repository
+    from trtllm_truss.repository import ENSEMBLE, IDS_ENSEMBLE, render_repository
 
     progress("reading the configuration")
     resolved = load_config(Path(truss_dir), environ)
@@ -112,10 +112,11 @@ def start_stack(
             binary=binary,
             ports=ports,
             startup_timeout_s=startup_timeout_s or plan.runtime.startup_timeout_s,
+            ready_models=(ENSEMBLE, IDS_ENSEMBLE),
         )
         progress(f"starting tritonserver (world size {plan.world_size})")
         server.start()
-        progress("waiting for the ensemble to be ready")
+        progress("waiting for the ensembles to be ready")
         server.wait_ready()
     except BaseException:
         if server is not None:

@@ -7,15 +7,21 @@ which must equal the prompt, for >= 200 prompts with emoji, CJK and whitespace e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import urllib.request
+from pathlib import Path
 
 import pytest
 from edge_case_texts import EDGE_TEXTS
 from ensemble_stream import ensemble_inputs, run_on_stream
+from trtllm_truss.client import EnsembleClient, GenerationParams
+from trtllm_truss.detokenize import TokenDecoder
+from trtllm_truss.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
+EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 
 _FRAGMENTS = [
     "the", " quick", " brown", " fox", "  ", "\t", "\n", "😀", "🎉", "👍🏽", "👨‍👩‍👧", "你好", "世界", "。",
@@ -133,3 +139,54 @@ def test_metrics_show_every_model(echo_triton) -> None:
 def test_preprocessing_rejects_over_long_requests_with_the_field_named(echo_triton) -> None:
     with pytest.raises(AssertionError, match="max_tokens"):
         run_on_stream(echo_triton.grpc_url, {"r": ensemble_inputs("too many", 100_000, stream=False)}, timeout_s=30)
+
+
+async def _proxy_texts(grpc_url: str, prompts: dict[str, tuple[str, int, bool]]) -> dict[str, tuple[list[str], int]]:
+    """What the truss proxy reads from `ensemble_ids` (token ids, decoded in the client): chunks and tokens."""
+    client = EnsembleClient(grpc_url, model_name="ensemble_ids", decoder=TokenDecoder(load_tokenizer(EMBEDDED_MODEL_DIR)))
+    limit = asyncio.Semaphore(32)
+
+    async def one(prompt: str, max_tokens: int, stream: bool) -> tuple[list[str], int]:
+        async with limit:
+            chunks, tokens = [], 0
+            async for delta in client.generate(GenerationParams(text_input=prompt, max_tokens=max_tokens, stream=stream)):
+                chunks.append(delta.text)
+                tokens += delta.token_count or 0
+            return chunks, tokens
+
+    try:
+        results = await asyncio.gather(*(one(*spec) for spec in prompts.values()))
+    finally:
+        await client.close()
+    return dict(zip(prompts, results))
+
+
+@LAYOUTS
+async def test_proxy_decoding_token_ids_gives_the_prompt_for_200_prompts(layout: str, request: pytest.FixtureRequest) -> None:
+    """`ensemble_ids` skips postprocessing (and the relay): the proxy's own decoding must give the
+    exact text, streamed and not, including characters split over responses."""
+    echo_triton = request.getfixturevalue(layout)
+    prompts = _prompts(210)
+    specs = {f"{kind}{i}": (p, 200, kind == "s") for i, p in enumerate(prompts) for kind in "sn"}
+    results = await _proxy_texts(echo_triton.grpc_url, specs)
+    tokenizer = load_tokenizer(EMBEDDED_MODEL_DIR)
+    mismatches = []
+    for i, prompt in enumerate(prompts):
+        (streamed, streamed_tokens), (whole, whole_tokens) = results[f"s{i}"], results[f"n{i}"]
+        expected_tokens = len(tokenizer.encode(prompt, add_special_tokens=False))
+        if not ("".join(streamed) == "".join(whole) == prompt and streamed_tokens == whole_tokens == expected_tokens):
+            mismatches.append((prompt, streamed, whole, streamed_tokens, whole_tokens))
+    assert not mismatches, mismatches[:5]
+    assert len([k for k, (chunks, _) in results.items() if k.startswith("s") and len(chunks) > 3]) > 100
+
+
+async def test_proxy_decoding_of_a_generation_cut_inside_a_character(echo_triton) -> None:
+    prompt = "ab 👨‍👩‍👧‍👦 𓀀 你好"
+    budgets = [*range(1, 40), 200]
+    specs = {f"{kind}{n}": (prompt, n, kind == "s") for n in budgets for kind in "sn"}
+    results = await _proxy_texts(echo_triton.grpc_url, specs)
+    texts = run_on_stream(echo_triton.grpc_url, {f"t{n}": ensemble_inputs(prompt, n, stream=True) for n in budgets})
+    for n in budgets:
+        streamed, whole = "".join(results[f"s{n}"][0]), "".join(results[f"n{n}"][0])
+        assert streamed == whole == texts[f"t{n}"].text  # the same text as the postprocessing model's
+        assert "\ufffd" not in whole

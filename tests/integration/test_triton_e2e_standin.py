@@ -126,3 +126,4 @@ def test_cancelled_stream_frees_its_slot(layout: str, request: pytest.FixtureReq
     elapsed = time.monotonic() - begin
     assert result.done
     assert elapsed < 6.0, f"new request waited {elapsed:.1f} s: cancelled streams kept their slots"
+

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from tritonclient.grpc import service_pb2
 
 from trtllm_truss.client import EnsembleInterface, GenerationParams, UpstreamError, build_request, parse_response
+from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.tokenizer import load_tokenizer
+
+EMBEDDED_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 
 NVIDIA_ENSEMBLE = EnsembleInterface(
     batched=True,
@@ -83,3 +88,54 @@ def test_empty_final_response_and_plain_delta():
     assert parse_response(_response([], final=True)).final
     delta = parse_response(_response([b"a", b"b"], final=False))
     assert not delta.final and delta.text == "ab" and delta.token_count is None
+
+
+IDS_ENSEMBLE = EnsembleInterface(
+    batched=True, inputs=NVIDIA_ENSEMBLE.inputs, outputs=frozenset({"output_ids", "sequence_length"})
+)
+
+
+def test_reading_ids_asks_for_output_ids_instead_of_text():
+    request = build_request(GenerationParams(text_input="x", max_tokens=1), IDS_ENSEMBLE, "r", "ensemble_ids", read_ids=True)
+    assert request.model_name == "ensemble_ids"
+    assert [o.name for o in request.outputs] == ["output_ids", "sequence_length"]
+
+
+def _ids_response(beams: list[list[int]], lengths: list[int] | None, final: bool = False) -> service_pb2.ModelInferResponse:
+    response = service_pb2.ModelInferResponse()
+    width = max(len(b) for b in beams)
+    response.outputs.add(name="output_ids", datatype="INT32", shape=[1, len(beams), width])
+    padded = [b + [0] * (width - len(b)) for b in beams]
+    response.raw_output_contents.append(struct.pack(f"<{len(beams) * width}i", *[i for b in padded for i in b]))
+    if lengths is not None:
+        response.outputs.add(name="sequence_length", datatype="INT32", shape=[1, len(lengths)])
+        response.raw_output_contents.append(struct.pack(f"<{len(lengths)}i", *lengths))
+    response.parameters["triton_final_response"].bool_param = final
+    return response
+
+
+@pytest.fixture(scope="module")
+def embedded_decoder() -> TokenDecoder:
+    if not (EMBEDDED_TOKENIZER_DIR / "tokenizer.json").is_file():
+        pytest.skip("data/embedded-llama is missing")
+    return TokenDecoder(load_tokenizer(EMBEDDED_TOKENIZER_DIR))
+
+
+def test_streamed_ids_decode_across_responses_like_the_whole_sequence(embedded_decoder: TokenDecoder):
+    text = "ab 👨‍👩‍👧 你好 𓀀 end"
+    ids = load_tokenizer(EMBEDDED_TOKENIZER_DIR).encode(text, add_special_tokens=False)
+    detokenizer = StreamDetokenizer(embedded_decoder, continues_prompt=False)
+    deltas = [parse_response(_ids_response([[i]], [1]), detokenizer) for i in ids]  # one token per response
+    assert "".join(d.text for d in deltas) == text == embedded_decoder.decode(ids)
+    assert all(d.token_count == 1 for d in deltas)
+    assert any(d.text == "" for d in deltas)  # a character split over tokens waits for its last byte
+
+
+def test_only_the_first_beams_valid_ids_are_decoded(embedded_decoder: TokenDecoder):
+    tokenizer = load_tokenizer(EMBEDDED_TOKENIZER_DIR)
+    best, other = tokenizer.encode("best beam", add_special_tokens=False), tokenizer.encode("x", add_special_tokens=False)
+    padded_best = best + tokenizer.encode(" padding", add_special_tokens=False)
+    delta = parse_response(_ids_response([padded_best, other], [len(best), len(other)], final=True), StreamDetokenizer(embedded_decoder, continues_prompt=False))
+    assert delta.final and delta.text == "best beam" and delta.token_count == len(best)
+    without_lengths = parse_response(_ids_response([best], None), StreamDetokenizer(embedded_decoder, continues_prompt=False))
+    assert without_lengths.text == "best beam" and without_lengths.token_count == len(best)

@@ -22,6 +22,7 @@ from tokenizers import (
     trainers,
 )
 from trtllm_truss.detokenize import (
+    StreamDetokenizer,
     PREFIX_WINDOW_TOKENS,
     TokenDecoder,
     UnsupportedTokenizerError,
@@ -152,6 +153,32 @@ def test_streamed_chunks_concatenate_to_whole_decode(loaded: LoadedTokenizer, de
         assert "".join(_stream(decoder, [], ids, rng)) == decoder.decode(ids)
 
 
+def _proxy_stream(decoder: TokenDecoder, ids: list[int], rng: random.Random, *, continues_prompt: bool) -> list[str]:
+    stream = StreamDetokenizer(decoder, continues_prompt=continues_prompt)
+    chunks, pos = [], 0
+    while pos < len(ids):
+        step = rng.choice([1, 1, 1, 2, 3, 5])
+        chunks.append(stream.feed(ids[pos : pos + step]))
+        pos += step
+    return chunks
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_proxys_stream_decoding_equals_postprocessings(loaded: LoadedTokenizer, decoder: TokenDecoder, seed: int) -> None:
+    """The proxy (which sees the whole stream) and stateless postprocessing (an 8-token window per
+    response) produce the same text: after a prompt, and at the start of a text."""
+    rng = random.Random(seed)
+    prompt = loaded.encode("Prompt: ", add_special_tokens=True)
+    vocab = [i for i in range(loaded.tokenizer.get_vocab_size(with_added_tokens=True)) if i not in loaded.special_ids]
+    samples = [loaded.encode(text, add_special_tokens=False) for text in EDGE_TEXTS]
+    samples += [[rng.choice(vocab) for _ in range(rng.randint(1, 40))] for _ in range(50)]  # invalid UTF-8 too
+    for ids in samples:
+        after_prompt = _proxy_stream(decoder, ids, rng, continues_prompt=True)
+        assert "".join(after_prompt) == "".join(_stream(decoder, prompt, ids, rng)), ids
+        at_start = _proxy_stream(decoder, ids, rng, continues_prompt=False)
+        assert "".join(at_start) == decoder.decode(ids), ids
+
+
 def test_random_token_sequences_telescope(loaded: LoadedTokenizer, decoder: TokenDecoder) -> None:
     """Arbitrary ids (invalid UTF-8 included): no character is lost, duplicated or changed."""
     rng = random.Random(1234)
@@ -217,3 +244,12 @@ def test_special_tokens_are_kept_when_asked(loaded: LoadedTokenizer) -> None:
     kept = TokenDecoder(loaded, skip_special_tokens=False).decode(ids)
     assert kept == loaded.tokenizer.decode(ids, skip_special_tokens=False)
     assert "</s>" in kept and "</s>" not in TokenDecoder(loaded).decode(ids)
+
+
+def test_sentencepiece_leading_space_of_a_continuation_is_kept_by_the_proxy(tmp_path: Path) -> None:
+    loaded = _sentencepiece(tmp_path, metaspace_decoder=True)
+    decoder = TokenDecoder(loaded)
+    ids = loaded.encode("there was", add_special_tokens=False)  # "▁there ▁was": a word after the prompt
+    continued = "".join(StreamDetokenizer(decoder, continues_prompt=True).feed([i]) for i in ids)
+    assert continued == " there was" == decoder.decode_new(loaded.encode("Once upon a time", add_special_tokens=True), ids)
+    assert StreamDetokenizer(decoder, continues_prompt=False).feed(ids) == "there was" == decoder.decode(ids)

@@ -76,6 +76,11 @@ class Backend(str, enum.Enum):
     PYTORCH = "pytorch"
 
 
+class DetokenizeIn(str, enum.Enum):
+    PROXY = "proxy"
+    POSTPROCESSING = "postprocessing"
+
+
 class BatchSchedulerPolicy(str, enum.Enum):
     MAX_UTILIZATION = "max_utilization"
     GUARANTEED_NO_EVICT = "guaranteed_no_evict"
@@ -172,6 +177,7 @@ QuantizationName = Annotated[
 DtypeName = Annotated[Dtype, _enum_parser(Dtype, DTYPE_ALIASES, " (or fp16, bf16, fp32)")]
 BackendName = Annotated[Backend, _enum_parser(Backend)]
 SchedulerPolicyName = Annotated[BatchSchedulerPolicy, _enum_parser(BatchSchedulerPolicy)]
+DetokenizeInName = Annotated[DetokenizeIn, _enum_parser(DetokenizeIn)]
 ChatglmVersionName = Annotated[ChatglmModelVersion, _enum_parser(ChatglmModelVersion)]
 BaichuanVersionName = Annotated[BaichuanModelVersion, _enum_parser(BaichuanModelVersion)]
 AwqFormatName = Annotated[AwqFormat, _enum_parser(AwqFormat)]
@@ -354,7 +360,14 @@ class RuntimeConfig(StrictModel):
     enable_chunked_context: bool = Field(False, description="Split long prompts across engine steps.")
     exclude_input_in_output: bool = Field(True, description="Return only generated text, not the prompt.")
     preprocessing_instance_count: int = Field(2, ge=1, le=64, description="Tokenizer instances (each costs a CPU).")
-    postprocessing_instance_count: int = Field(2, ge=1, le=64, description="Detokenizer instances (each costs a CPU).")
+    postprocessing_instance_count: int = Field(
+        2, ge=1, le=64, description="Detokenizer instances of the text `ensemble` (each costs a CPU)."
+    )
+    detokenize_in: DetokenizeInName = Field(
+        DetokenizeIn.PROXY,
+        description="proxy: the truss proxy streams token ids from `ensemble_ids` and decodes them (no "
+        "python-backend hop per token); postprocessing: it streams text from `ensemble`.",
+    )
     max_queue_delay_microseconds: int = Field(0, ge=0, le=60_000_000, description="Dynamic-batching wait.")
     max_queue_size: int | None = Field(
         None, ge=1, description="Requests queued before Triton rejects (None: unbounded)."

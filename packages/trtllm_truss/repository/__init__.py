@@ -1,4 +1,4 @@
-"""ServingPlan -> Triton model repository (ensemble, preprocessing, tensorrt_llm, postprocessing)."""
+"""ServingPlan -> Triton model repository (ensemble, ensemble_ids, preprocessing, tensorrt_llm, postprocessing)."""
 
 from trtllm_truss.repository.model_config import (
     DataType,
@@ -10,6 +10,8 @@ from trtllm_truss.repository.model_config import (
     Tensor,
 )
 from trtllm_truss.repository.models import (
+    ENSEMBLE,
+    IDS_ENSEMBLE,
     MODEL_NAMES,
     TENSORRTLLM_BACKEND_VERSION,
     WINDOW_RELAY,
@@ -20,6 +22,8 @@ from trtllm_truss.repository.pbtxt import to_pbtxt
 from trtllm_truss.repository.render import render_repository
 
 __all__ = [
+    "ENSEMBLE",
+    "IDS_ENSEMBLE",
     "MODEL_NAMES",
     "TENSORRTLLM_BACKEND_VERSION",
     "WINDOW_RELAY",

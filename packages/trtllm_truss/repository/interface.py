@@ -3,8 +3,9 @@
 Names, dtypes, dims and optional flags follow triton-inference-server/tensorrtllm_backend v0.19.0,
 `all_models/inflight_batcher_llm/{ensemble,preprocessing,tensorrt_llm,postprocessing}/config.pbtxt`,
 so NVIDIA's clients (end_to_end_grpc_client.py, inflight_batcher_llm_client.py) work unchanged.
-Our one addition: the engine's `prefix_ids` output and postprocessing's optional `PREFIX_IDS` input,
-which make streaming detokenization stateless (docs/design.md, last section).
+Our additions: the engine's `prefix_ids` output and postprocessing's optional `PREFIX_IDS` input,
+which make streaming detokenization stateless (docs/design.md, last section), and `ensemble_ids`,
+the ensemble without postprocessing that the truss proxy reads token ids from.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ ENGINE_ONLY_GPU_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("batch_index", INT32, (1,)),
     Tensor("sequence_index", INT32, (1,)),
 )
+# `ensemble_ids` (ours): the ensemble's inputs, the engine's token outputs under the engine's names.
+IDS_ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(t for t in ENGINE_OUTPUTS if t.name in ("output_ids", "sequence_length"))
 # Up to PREFIX_WINDOW_TOKENS ids that precede this response's output_ids (ours, not NVIDIA's).
 PREFIX_IDS_OUTPUT = Tensor("prefix_ids", INT32, (-1,))
 

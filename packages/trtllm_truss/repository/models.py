@@ -1,7 +1,10 @@
-"""Build the four `ModelConfig`s of the repository from a `ServingPlan`.
+"""Build the `ModelConfig`s of the repository from a `ServingPlan`.
 
-ensemble = preprocessing -> tensorrt_llm -> postprocessing. `tensorrt_llm` is NVIDIA's C++ backend
-(`backend: "tensorrtllm"`) on the GPU path, or our python-backend stand-in (`backend: pytorch`).
+ensemble = preprocessing -> tensorrt_llm -> postprocessing (NVIDIA's text-in, text-out interface).
+ensemble_ids = preprocessing -> tensorrt_llm: the same inputs, token ids out; the truss proxy streams
+from it and detokenizes itself, so no streamed token crosses a python-backend model (see
+docs/performance.md). `tensorrt_llm` is NVIDIA's C++ backend (`backend: "tensorrtllm"`) on the GPU
+path, or our python-backend stand-in (`backend: pytorch`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ if TYPE_CHECKING:
     from trtllm_truss.plan import ServingPlan
 
 ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING = "ensemble", "preprocessing", "tensorrt_llm", "postprocessing"
-MODEL_NAMES = (ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING)
+IDS_ENSEMBLE = "ensemble_ids"
+MODEL_NAMES = (ENSEMBLE, IDS_ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING)
 # Relay between the ensemble and an engine that cannot send `prefix_ids` (NVIDIA's C++ backend).
 WINDOW_RELAY = "tensorrt_llm_window"
 
@@ -183,8 +187,8 @@ def window_relay_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
-def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_step_model: str = ENGINE) -> ModelConfig:
-    preprocess = EnsembleStep(
+def _preprocessing_step() -> EnsembleStep:
+    return EnsembleStep(
         model_name=PREPROCESSING,
         input_map=(
             ("QUERY", "text_input"),
@@ -204,17 +208,11 @@ def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_
             ("OUT_PAD_ID", "_PREPROCESSOR_PAD_ID"),
         ),
     )
-    engine_outputs: tuple[tuple[str, str], ...] = (
-        ("output_ids", "_TOKENS_BATCH"),
-        # Also an ensemble output: the proxy's usage and finish_reason count the engine's tokens.
-        ("sequence_length", "sequence_length"),
-        ("cum_log_probs", "cum_log_probs"),
-        ("output_log_probs", "output_log_probs"),
-    )
-    if engine_sends_prefix_ids:
-        engine_outputs += (("prefix_ids", "_PREFIX_IDS"),)
-    engine = EnsembleStep(
-        model_name=engine_step_model,
+
+
+def _engine_step(model_name: str, output_map: tuple[tuple[str, str], ...]) -> EnsembleStep:
+    return EnsembleStep(
+        model_name=model_name,
         input_map=(
             ("input_ids", "_INPUT_ID"),
             ("input_lengths", "_REQUEST_INPUT_LEN"),
@@ -226,8 +224,20 @@ def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_
             ("bad_words_list", "_BAD_WORDS_IDS"),
             *nv.ENSEMBLE_TO_ENGINE_PASSTHROUGH,
         ),
-        output_map=engine_outputs,
+        output_map=output_map,
     )
+
+
+def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_step_model: str = ENGINE) -> ModelConfig:
+    engine_outputs: tuple[tuple[str, str], ...] = (
+        ("output_ids", "_TOKENS_BATCH"),
+        # Also an ensemble output: the proxy's usage and finish_reason count the engine's tokens.
+        ("sequence_length", "sequence_length"),
+        ("cum_log_probs", "cum_log_probs"),
+        ("output_log_probs", "output_log_probs"),
+    )
+    if engine_sends_prefix_ids:
+        engine_outputs += (("prefix_ids", "_PREFIX_IDS"),)
     post_inputs: tuple[tuple[str, str], ...] = (("TOKENS_BATCH", "_TOKENS_BATCH"), ("SEQUENCE_LENGTH", "sequence_length"))
     if engine_sends_prefix_ids:
         post_inputs += (("PREFIX_IDS", "_PREFIX_IDS"),)
@@ -238,7 +248,21 @@ def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_
         max_batch_size=plan.max_batch_size,
         inputs=nv.ENSEMBLE_INPUTS,
         outputs=nv.ENSEMBLE_OUTPUTS,
-        ensemble_steps=(preprocess, engine, postprocess),
+        ensemble_steps=(_preprocessing_step(), _engine_step(engine_step_model, engine_outputs), postprocess),
+    )
+
+
+def ids_ensemble_config(plan: ServingPlan) -> ModelConfig:
+    """`ensemble`'s inputs, the engine's `output_ids` and `sequence_length` out: no postprocessing
+    step and no window relay, because the reader (the truss proxy) detokenizes the stream itself."""
+    engine_outputs = tuple((t.name, t.name) for t in nv.IDS_ENSEMBLE_OUTPUTS)
+    return ModelConfig(
+        name=IDS_ENSEMBLE,
+        platform="ensemble",
+        max_batch_size=plan.max_batch_size,
+        inputs=nv.ENSEMBLE_INPUTS,
+        outputs=nv.IDS_ENSEMBLE_OUTPUTS,
+        ensemble_steps=(_preprocessing_step(), _engine_step(ENGINE, engine_outputs)),
     )
 
 
@@ -262,6 +286,7 @@ def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -
             engine_sends_prefix_ids=engine_sends_prefix or window_relay,
             engine_step_model=WINDOW_RELAY if window_relay else ENGINE,
         ),
+        IDS_ENSEMBLE: ids_ensemble_config(plan),
         PREPROCESSING: preprocessing_config(plan),
         ENGINE: engine,
         POSTPROCESSING: postprocessing_config(plan),

@@ -28,6 +28,7 @@ from trtllm_truss.engine_standin import (
     build_engine,
     parse_word_list,
 )
+from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, response_arrays
 
 STANDIN_MODEL_INTERFACE = """
 Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: true,
@@ -98,6 +99,7 @@ class _InFlight:
     streaming: bool
     exclude_input: bool
     want_log_probs: bool
+    outputs: frozenset  # the requested outputs: only these are built (engine_standin/responses.py says why)
     history: deque  # the last prefix_window tokens of prompt + already-sent tokens
     prompt: list[int] = field(default_factory=list)  # kept only when the prompt is echoed
     pending: list[int] = field(default_factory=list)
@@ -221,6 +223,7 @@ class TritonPythonModel:
             streaming=streaming,
             exclude_input=exclude_input,
             want_log_probs=generation.return_log_probs,
+            outputs=frozenset(request.requested_output_names()) or ENGINE_OUTPUT_NAMES,
             history=deque(prompt[-self.prefix_window :], maxlen=self.prefix_window),
             prompt=prompt if not (streaming or exclude_input) else [],
         )
@@ -314,7 +317,7 @@ class TritonPythonModel:
                 prefix = list(flight.history)
                 flight.history.extend(tokens)
                 flight.cum_log_prob += float(sum(log_probs))
-                response = self._response(tokens, log_probs, flight.cum_log_prob, prefix, len(tokens))
+                response = self._response(flight.outputs, tokens, log_probs, flight.cum_log_prob, prefix, len(tokens))
                 flight.sender.send(response, flags=final if finish is not None else 0)
             elif finish is not None:
                 flight.sender.send(flags=final)
@@ -329,30 +332,19 @@ class TritonPythonModel:
         cum = float(sum(flight.sent_log_probs))
         if flight.exclude_input:
             response = self._response(
-                flight.sent_tokens, flight.sent_log_probs, cum, list(flight.history), len(flight.sent_tokens)
+                flight.outputs, flight.sent_tokens, flight.sent_log_probs, cum, list(flight.history), len(flight.sent_tokens)
             )
         else:
             # Prompt first; log-probs still cover the generated tokens only.
             response = self._response(
-                flight.prompt + flight.sent_tokens, flight.sent_log_probs, cum, [], len(flight.sent_tokens)
+                flight.outputs, flight.prompt + flight.sent_tokens, flight.sent_log_probs, cum, [], len(flight.sent_tokens)
             )
         flight.sender.send(response, flags=final)
 
     @staticmethod
-    def _response(tokens: list[int], log_probs: list[float], cum_log_prob: float, prefix: list[int], generated: int):
-        """`log_probs` cover the `generated` tokens only (zeros when not asked for), as NVIDIA's do."""
-        count = len(tokens)
-        lp = np.zeros((1, 1, generated), dtype=np.float32)
-        if log_probs:
-            lp[0, 0, :] = log_probs
+    def _response(*args):
         return pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, count)),
-                pb_utils.Tensor("sequence_length", np.array([[count]], dtype=np.int32)),
-                pb_utils.Tensor("cum_log_probs", np.array([[cum_log_prob]], dtype=np.float32)),
-                pb_utils.Tensor("output_log_probs", lp),
-                pb_utils.Tensor("prefix_ids", np.asarray(prefix, dtype=np.int32).reshape(1, len(prefix))),
-            ]
+            output_tensors=[pb_utils.Tensor(name, array) for name, array in response_arrays(*args)]
         )
 
     def finalize(self) -> None:

@@ -48,7 +48,7 @@ class TritonPythonModel:
         self.default_exclude = parameters["exclude_input_in_output"]["string_value"] == "true"
         self.special_ids = load_tokenizer(parameters["tokenizer_dir"]["string_value"]).special_ids
 
-    def _respond(self, sender, tokens, prefix, final):
+    def _respond(self, sender, tokens, prefix, final, wanted):
         outputs = [
             pb_utils.Tensor("output_ids", np.array([[tokens]], dtype=np.int32).reshape(1, 1, -1)),
             pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
@@ -56,12 +56,15 @@ class TritonPythonModel:
             pb_utils.Tensor("output_log_probs", np.zeros((1, 1, max(1, len(tokens))), dtype=np.float32)),
             pb_utils.Tensor("prefix_ids", np.array([prefix[-WINDOW:]], dtype=np.int32).reshape(1, -1)),
         ]
+        # Only requested outputs, as the stand-in engine does (see its _InFlight.outputs).
+        outputs = [t for t in outputs if not wanted or t.name() in wanted]
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            wanted = set(request.requested_output_names())
             prompt = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1).tolist()
             max_new = int(_optional(request, "request_output_len", 16))
             end_id = _optional(request, "end_id", None)
@@ -76,17 +79,17 @@ class TritonPythonModel:
                     break
             if not streaming:
                 tokens = generated if exclude else prompt + generated
-                self._respond(sender, tokens, prompt if exclude else [], final=True)
+                self._respond(sender, tokens, prompt if exclude else [], final=True, wanted=wanted)
                 continue
             history = list(prompt)
             pos, cycle = 0, 0
             if not generated:
-                self._respond(sender, [], history, final=True)
+                self._respond(sender, [], history, final=True, wanted=wanted)
                 continue
             while pos < len(generated):
                 step = CHUNK_CYCLE[cycle % len(CHUNK_CYCLE)]
                 chunk = generated[pos : pos + step]
-                self._respond(sender, chunk, history, final=pos + step >= len(generated))
+                self._respond(sender, chunk, history, final=pos + step >= len(generated), wanted=wanted)
                 history.extend(chunk)
                 pos += step
                 cycle += 1
