@@ -32,12 +32,11 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
+from trtllm_truss.repository.models import ENSEMBLE
 
 logger = logging.getLogger(__name__)
 
-ENSEMBLE = "ensemble"
-IDS_ENSEMBLE = "ensemble_ids"
-ENGINE_MODEL = "tensorrt_llm"
 STOP_REQUEST_TIMEOUT_S = 5.0
 TEXT_OUTPUT = "text_output"
 IDS_OUTPUT = "output_ids"  # [beams, tokens] (after the batch dimension); streaming: only new tokens

@@ -159,20 +159,11 @@ class TokenDecoder:
         return b"".join(table[i] if 0 <= i < size else b"" for i in ids)
 
     def decode_new(self, prefix_ids: Sequence[int], new_ids: Sequence[int]) -> str:
-        """The characters whose last byte lies in `new_ids`, given the tokens just before them."""
-        prefix = self.token_bytes(prefix_ids)
-        new = self.token_bytes(new_ids)
-        # Sentencepiece decoders drop the prefix space of the first (non-special) piece only.
-        if self._strip_leading_space:
-            if prefix.startswith(b" "):
-                prefix = prefix[1:]
-            elif not prefix and new.startswith(b" "):
-                new = new[1:]
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        decoder.decode(prefix, final=False)
-        pending, _ = decoder.getstate()  # the prefix's incomplete tail, not emitted by earlier responses
-        fresh = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return fresh.decode(pending + new, final=False)
+        """The characters whose last byte lies in `new_ids`, given the tokens just before them: what
+        a `StreamDetokenizer` that has already been fed `prefix_ids` returns for `new_ids`."""
+        stream = StreamDetokenizer(self, continues_prompt=False)
+        stream.feed(prefix_ids)
+        return stream.feed(new_ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_new((), ids)
@@ -194,6 +185,7 @@ class StreamDetokenizer:
 
     def feed(self, new_ids: Sequence[int]) -> str:
         data = self._decoder.token_bytes(new_ids)
+        # Sentencepiece decoders drop the prefix space of the first (non-special) piece only.
         if self._at_start and data:
             self._at_start = False
             if self._decoder.strips_leading_space and data.startswith(b" "):

@@ -20,7 +20,7 @@ from contextlib import aclosing, contextmanager
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
@@ -49,10 +49,14 @@ from trtllm_truss.api.openai import (
 from trtllm_truss.api.prompt import PromptTokenizer, PromptTokens
 from trtllm_truss.api.sampling import check_prompt_length, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.stops import StopSequenceTrimmer
-from trtllm_truss.client import ENSEMBLE, IDS_ENSEMBLE, Delta, EnsembleClient, GenerationParams, UpstreamError
+from trtllm_truss.client import Delta, EnsembleClient, GenerationParams, UpstreamError
 from trtllm_truss.config.schema import DetokenizeIn
 from trtllm_truss.detokenize import TokenDecoder
 from trtllm_truss.preprocess import parse_prompt_too_long
+from trtllm_truss.repository.models import ENSEMBLE, IDS_ENSEMBLE
+
+if TYPE_CHECKING:
+    from trtllm_truss.plan import ServingPlan
 
 logger = logging.getLogger(__name__)
 # Upper bound on tokens that cover no byte of the text: BOS/EOS and a sentencepiece dummy prefix.
@@ -140,7 +144,7 @@ class StreamEnd:
     error: str | None = None  # set when the upstream failed mid-stream
 
 
-def ensemble_client(grpc_url: str, plan: Any) -> EnsembleClient:
+def ensemble_client(grpc_url: str, plan: ServingPlan) -> EnsembleClient:
     """The client `runtime.detokenize_in` asks for: token ids from `ensemble_ids`, decoded here
     (default), or text from NVIDIA's `ensemble` (decoded by the postprocessing model)."""
     if plan.runtime.detokenize_in == DetokenizeIn.PROXY:

@@ -6,8 +6,10 @@ from collections.abc import Collection
 
 import numpy as np
 
-# Everything the stand-in can send (triton_models/tensorrt_llm_pytorch/model.py documents them).
-ENGINE_OUTPUT_NAMES = frozenset({"output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "prefix_ids"})
+from trtllm_truss.repository.interface import ENGINE_OUTPUTS, PREFIX_IDS_OUTPUT
+
+# Everything the stand-in can send (the repository declares the same for its `tensorrt_llm`).
+ENGINE_OUTPUT_NAMES = frozenset(t.name for t in (*ENGINE_OUTPUTS, PREFIX_IDS_OUTPUT))
 
 
 def response_arrays(
