@@ -45,6 +45,7 @@ IDS_OUTPUT = "output_ids"  # [beams, tokens] (after the batch dimension); stream
 TOKEN_COUNT_OUTPUT = "sequence_length"
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 STREAM_CLOSE_TIMEOUT_S = 1.0
+RECONNECT_WAIT_S = 2.0
 # tritonclient's own defaults for message sizes, plus a short reconnect backoff: after the supervisor
 # restarts a dead tritonserver the channel must find it again within a second or so, not after
 # gRPC's default exponential backoff (up to two minutes).
@@ -58,7 +59,19 @@ CHANNEL_ARGS = [
 
 
 class UpstreamError(RuntimeError):
-    """Triton could not serve a request: server unreachable or gone, or an error from a model."""
+    """Triton could not serve a request: server unreachable or gone, or an error from a model.
+
+    `status` is the HTTP status a client should get: 503 when Triton or the engine cannot be reached,
+    400 when the engine refused the request itself (its message says why).
+    """
+
+    status = 503
+
+
+class EngineRefusedError(UpstreamError):
+    """A model answered the request with an error: the request's fault, not an outage."""
+
+    status = 400
 
 
 @dataclass(frozen=True)
@@ -360,7 +373,7 @@ class EnsembleClient:
                 if message is grpc.aio.EOF:
                     raise UpstreamError(f"Triton closed the stream of request {request.id} before it finished")
                 if message.error_message:
-                    raise UpstreamError(f"Triton failed request {request.id}: {message.error_message}")
+                    raise EngineRefusedError(f"the engine refused the request: {message.error_message}")
                 delta = parse_response(message.infer_response, detokenizer)
                 if delta.text or delta.token_count:
                     yield delta
@@ -396,8 +409,179 @@ class EnsembleClient:
             call.cancel()
 
 
+async def _reconnected(triton: InferenceServerClient) -> bool:
+    """Whether the channel connects within RECONNECT_WAIT_S (after a tritonserver restart it may
+    still be waiting out its reconnect backoff when the first request arrives)."""
+    try:
+        await asyncio.wait_for(triton._channel.channel_ready(), RECONNECT_WAIT_S)
+        return True
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        return False
+
+
 def _describe_rpc_error(url: str, exc: grpc.aio.AioRpcError) -> str:
     code = exc.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return f"Triton at {url} is unavailable ({code.name}): {exc.details()}"
     return f"Triton error {code.name}: {exc.details()}"
+
+
+# GenerationParams field -> NVIDIA `tensorrt_llm` input (name, Triton datatype, protobuf contents field).
+_ENGINE_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
+    "max_tokens": ("request_output_len", "INT32", "int_contents"),
+    "end_id": ("end_id", "INT32", "int_contents"),
+    "pad_id": ("pad_id", "INT32", "int_contents"),
+    "top_k": ("runtime_top_k", "INT32", "int_contents"),
+    "top_p": ("runtime_top_p", "FP32", "fp32_contents"),
+    "temperature": ("temperature", "FP32", "fp32_contents"),
+    "random_seed": ("random_seed", "UINT64", "uint64_contents"),
+    "repetition_penalty": ("repetition_penalty", "FP32", "fp32_contents"),
+    "presence_penalty": ("presence_penalty", "FP32", "fp32_contents"),
+    "frequency_penalty": ("frequency_penalty", "FP32", "fp32_contents"),
+    "length_penalty": ("len_penalty", "FP32", "fp32_contents"),
+    "min_length": ("min_length", "INT32", "int_contents"),
+    "beam_width": ("beam_width", "INT32", "int_contents"),
+    "return_log_probs": ("return_log_probs", "BOOL", "bool_contents"),
+    "exclude_input_in_output": ("exclude_input_in_output", "BOOL", "bool_contents"),
+}
+
+
+def build_engine_request(
+    input_ids: Sequence[int],
+    params: GenerationParams,
+    interface: EnsembleInterface,
+    request_id: str,
+    *,
+    model_name: str = ENGINE_MODEL,
+    bad_words: np.ndarray | None = None,
+) -> service_pb2.ModelInferRequest:
+    """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
+    inputs). Stop strings are not sent: the stream worker matches them on the decoded text."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    request.outputs.add(name=IDS_OUTPUT)
+    request.outputs.add(name=TOKEN_COUNT_OUTPUT)
+    lead = [1] if interface.batched else []
+
+    def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
+        return request.inputs.add(name=name, datatype=datatype, shape=lead + shape).contents
+
+    add("input_ids", "INT32", [len(input_ids)]).int_contents.extend(input_ids)
+    add("input_lengths", "INT32", [1]).int_contents.append(len(input_ids))
+    add("streaming", "BOOL", [1]).bool_contents.append(True)
+    for name, (tensor_name, datatype, contents_field) in _ENGINE_SCALAR_INPUTS.items():
+        value = getattr(params, name)
+        if value is None:
+            continue
+        _require_input(interface, tensor_name, name)
+        getattr(add(tensor_name, datatype, [1]), contents_field).append(value)
+    if bad_words is not None and bad_words.size:
+        _require_input(interface, "bad_words_list", "bad_words")
+        add("bad_words_list", "INT32", list(bad_words.shape[-2:])).int_contents.extend(bad_words.reshape(-1).tolist())
+    return request
+
+
+class EngineClient:
+    """Streams token ids from the engine model (`tensorrt_llm`) over one shared gRPC channel.
+
+    No ensemble and no python-backend hop: the stream workers tokenize and detokenize themselves.
+    Calling the engine model directly also makes gRPC cancellation reach it (Triton cancels a
+    decoupled model's own request, unlike an ensemble's step already running); NVIDIA's `stop`
+    request is sent as well, as NVIDIA's backend documents it.
+    """
+
+    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL, connect_timeout_s: float = 5.0) -> None:
+        self.grpc_url = grpc_url
+        self.model_name = model_name
+        self._connect_timeout_s = connect_timeout_s
+        self._ensemble = EnsembleClient(grpc_url, model_name=model_name, connect_timeout_s=connect_timeout_s)
+        self._interface: EnsembleInterface | None = None
+        self._stop_tasks: set[asyncio.Task] = set()
+
+    async def close(self) -> None:
+        await self._ensemble.close()
+
+    async def is_ready(self, timeout_s: float = 2.0) -> bool:
+        return await self._ensemble.is_ready(timeout_s)
+
+    async def interface(self) -> EnsembleInterface:
+        if self._interface is None:
+            try:
+                config = await self._ensemble._triton().get_model_config(
+                    self.model_name, as_json=True, client_timeout=self._connect_timeout_s
+                )
+            except InferenceServerException as exc:
+                logger.warning("Triton at %s: model config of %s unavailable: %s", self.grpc_url, self.model_name, exc)
+                raise UpstreamError("the engine is unavailable") from exc
+            config = config.get("config", config)
+            self._interface = EnsembleInterface(
+                batched=int(config.get("max_batch_size", 0)) > 0,
+                inputs=frozenset(i["name"] for i in config.get("input", [])),
+                outputs=frozenset(o["name"] for o in config.get("output", [])),
+            )
+        return self._interface
+
+    async def generate_ids(
+        self, input_ids: Sequence[int], params: GenerationParams, *, bad_words: np.ndarray | None = None
+    ) -> AsyncIterator[list[int]]:
+        """The new token ids of each streamed response (beam 0); leaving early cancels the request."""
+        interface = await self.interface()
+        request = build_engine_request(
+            input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words
+        )
+        triton = self._ensemble._triton()
+        call = triton._client_stub.ModelStreamInfer(wait_for_ready=False)
+        finished = False
+        retried = False
+        try:
+            while True:
+                try:
+                    await call.write(request)
+                    message = await call.read()
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if retried or exc.code() != grpc.StatusCode.UNAVAILABLE or not await _reconnected(triton):
+                        raise
+                    # The channel was still backing off from a restarted tritonserver: send once more.
+                    retried = True
+                    call.cancel()
+                    call = triton._client_stub.ModelStreamInfer(wait_for_ready=False)
+            while True:
+                if message is grpc.aio.EOF:
+                    raise UpstreamError("the engine closed the stream before the request finished")
+                if message.error_message:
+                    raise EngineRefusedError(f"the engine refused the request: {message.error_message}")
+                response = message.infer_response
+                ids: list[int] = []
+                count: int | None = None
+                for output, raw in zip(response.outputs, response.raw_output_contents):
+                    if output.name == IDS_OUTPUT:
+                        ids = _first_beam_ids(raw, output.shape)
+                    elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
+                        (count,) = struct.unpack_from("<i", raw)
+                if count is not None:
+                    ids = ids[: max(count, 0)]
+                if ids:
+                    yield ids
+                final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
+                if final is not None and final.bool_param:
+                    finished = True
+                    break
+                message = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            logger.warning("Triton at %s: %s", self.grpc_url, _describe_rpc_error("Triton", exc))
+            raise UpstreamError(f"the engine is unavailable ({exc.code().name})") from exc
+        finally:
+            if finished:
+                try:
+                    await call.done_writing()
+                    await asyncio.wait_for(call.code(), STREAM_CLOSE_TIMEOUT_S)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
+                    pass
+            call.cancel()
+            if not finished:
+                task = asyncio.get_running_loop().create_task(
+                    self._ensemble._stop_engine_request(request.id, interface)
+                )
+                self._stop_tasks.add(task)
+                task.add_done_callback(self._stop_tasks.discard)

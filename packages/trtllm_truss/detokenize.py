@@ -148,6 +148,10 @@ class TokenDecoder:
         self._table = _token_bytes_table(loaded, spec, skip_special_tokens=skip_special_tokens)
         self._strip_leading_space = spec.strip_leading_space
 
+    def token_bytes_table(self) -> list[bytes]:
+        """The bytes of every token id, by id."""
+        return list(self._table)
+
     @property
     def strips_leading_space(self) -> bool:
         return self._strip_leading_space

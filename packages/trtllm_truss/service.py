@@ -1,13 +1,19 @@
-"""What `model/model.py` delegates to: start the stack, validate requests, stream from the ensemble.
+"""What `model/model.py` delegates to: start the stack, validate requests, relay the stream workers.
+
+The truss process (one asyncio thread) only validates a request, hands it to a stream worker
+(`streaming.pool`) and writes each stream's text as it arrives; tokenization, the engine stream,
+detokenization, stop strings and usage all happen in the workers.
 
 Streams are returned as `StreamingResponse` objects rather than async generators: truss runs a
 returned generator to completion in a background task whatever the client does (and turns its
 exceptions into a normal end of stream), whereas a `StreamingResponse` is cancelled by Starlette when
-the client disconnects, which cancels the gRPC call and so the Triton request.
+the client disconnects, which cancels the request in its worker and so in the engine.
 
-Errors in the middle of a stream are visible: the native text stream is aborted (the chunked body
-never completes, so clients see a truncated transfer), and an OpenAI SSE stream gets an
-`event: error` message and stops without `[DONE]`.
+Errors before any text are answered with their status (400 for what the request asked, 429 when
+too many requests are in flight, 503 when the engine cannot be reached). Errors in the middle of a
+stream are visible: the native text stream is aborted (the chunked body never completes, so clients
+see a truncated transfer), and an OpenAI SSE stream gets an `event: error` message and stops
+without `[DONE]`.
 """
 
 from __future__ import annotations
@@ -16,14 +22,12 @@ import asyncio
 import gc
 import logging
 import time
-from contextlib import aclosing, contextmanager
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from trtllm_truss.api.errors import from_validation_error
@@ -46,26 +50,25 @@ from trtllm_truss.api.openai import (
     sse_error,
     sse_event,
 )
-from trtllm_truss.api.prompt import PromptTokenizer, PromptTokens
-from trtllm_truss.api.sampling import check_prompt_length, resolve_max_tokens, to_generation_params
-from trtllm_truss.api.stops import StopSequenceTrimmer
-from trtllm_truss.client import Delta, EnsembleClient, GenerationParams, UpstreamError
-from trtllm_truss.config.schema import DetokenizeIn
-from trtllm_truss.detokenize import TokenDecoder
-from trtllm_truss.preprocess import parse_prompt_too_long
-from trtllm_truss.repository.models import ENSEMBLE, IDS_ENSEMBLE
+from trtllm_truss.api.sampling import resolve_max_tokens, to_generation_params
+from trtllm_truss.api.sse import ChunkTemplate
+from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool, default_worker_count
+from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
 if TYPE_CHECKING:
     from trtllm_truss.plan import ServingPlan
 
 logger = logging.getLogger(__name__)
-# Upper bound on tokens that cover no byte of the text: BOS/EOS and a sentencepiece dummy prefix.
-TOKENS_A_TOKENIZER_ADDS = 4
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.25
 SERVED_MODEL_NAME = "model"
+RETRY_AFTER_S = 1
+
+
+class StreamFailed(RuntimeError):
+    """Raised inside a native text stream to abort its chunked body (never shown as text)."""
 
 
 def parse_request(model: type[RequestModel], body: Any) -> RequestModel:
@@ -79,97 +82,42 @@ def parse_request(model: type[RequestModel], body: Any) -> RequestModel:
         raise from_validation_error(exc) from None
 
 
-@contextmanager
-def openai_error_shape() -> Iterator[None]:
-    """OpenAI clients read `{"error": {"message": ...}}` (truss wraps `detail` in `{"error": ...}`)."""
+def error_response(status: int, message: str, *, openai: bool, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The error body truss itself gives an HTTPException (`{"error": detail}`); OpenAI clients read
+    `{"error": {"message": ...}}`. Returned rather than raised: truss logs a traceback per raised one."""
+    detail: Any = message
+    if openai:
+        error_type = "invalid_request_error" if status < 500 else "server_error"
+        detail = {"message": message, "type": error_type, "param": None, "code": status}
+    return JSONResponse(status_code=status, content={"error": detail}, headers=dict(headers or {}))
+
+
+class _Refused(Exception):
+    """A request answered with an error before any text (carries the response to send)."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+async def _answered(handling: Awaitable[Any], *, openai: bool) -> Any:
+    """The handler's response, or the error response of a request refused before any text."""
     try:
-        yield
+        return await handling
+    except _Refused as exc:
+        return error_response(exc.status, exc.message, openai=openai, headers=exc.headers)
     except HTTPException as exc:
-        if isinstance(exc.detail, str):
-            error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-            detail = {"message": exc.detail, "type": error_type, "param": None, "code": exc.status_code}
-            raise HTTPException(status_code=exc.status_code, detail=detail) from None
-        raise
+        return error_response(exc.status_code, str(exc.detail), openai=openai)
 
 
-def upstream_http_error(exc: UpstreamError) -> HTTPException:
-    return HTTPException(status_code=503, detail=f"upstream unavailable: {exc}")
-
-
-@dataclass
-class Generation:
-    """Accumulates one request's output; knows its usage and finish reason at the end."""
-
-    prompt_tokens: PromptTokens
-    max_tokens: int
-    parts: list[str] = field(default_factory=list)
-    reported_tokens: int = 0
-    all_counts_reported: bool = True
-
-    def add(self, delta: Delta) -> None:
-        self.parts.append(delta.text)
-        if delta.token_count is None:
-            self.all_counts_reported = False
-        else:
-            self.reported_tokens += delta.token_count
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def completion_tokens(self, tokenizer: PromptTokenizer) -> int:
-        # Prefer the engine's own counts; re-tokenizing the text is the fallback for ensembles
-        # that report only text.
-        if self.all_counts_reported and self.parts:
-            return self.reported_tokens
-        return tokenizer.count_completion(self.text)
-
-    def finish(self, tokenizer: PromptTokenizer) -> tuple[str, Usage]:
-        completion = self.completion_tokens(tokenizer)
-        reason = "length" if completion >= self.max_tokens else "stop"
-        return reason, Usage.of(self.prompt_tokens.value, completion)
-
-    def finish_reason(self, tokenizer: PromptTokenizer) -> str:
-        """Without usage: the prompt is then never counted (streams that do not report usage)."""
-        return "length" if self.completion_tokens(tokenizer) >= self.max_tokens else "stop"
-
-
-@dataclass(frozen=True)
-class StreamEnd:
-    """The last item of an SSE text stream: what is left to send and why it ended."""
-
-    text: str = ""
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    error: str | None = None  # set when the upstream failed mid-stream
-
-
-def ensemble_client(grpc_url: str, plan: ServingPlan) -> EnsembleClient:
-    """The client `runtime.detokenize_in` asks for: token ids from `ensemble_ids`, decoded here
-    (default), or text from NVIDIA's `ensemble` (decoded by the postprocessing model)."""
-    if plan.runtime.detokenize_in == DetokenizeIn.PROXY:
-        from trtllm_truss.tokenizer import load_tokenizer
-
-        decoder = TokenDecoder(load_tokenizer(plan.tokenizer_dir), skip_special_tokens=True)
-        return EnsembleClient(
-            grpc_url,
-            model_name=IDS_ENSEMBLE,
-            decoder=decoder,
-            exclude_input_in_output=plan.runtime.exclude_input_in_output,
-        )
-    return EnsembleClient(grpc_url, model_name=ENSEMBLE)
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    params: GenerationParams
-    prompt_tokens: PromptTokens  # exact count computed lazily, see api/prompt.py
-    max_tokens: int
-    prompt_field: str  # where the prompt came from, for errors about it ("prompt" or "messages")
+def _usage(end: StreamEnd) -> Usage:
+    return Usage.of(end.prompt_tokens, end.completion_tokens)
 
 
 class LLMService:
-    """Owns the Triton stack, the shared gRPC client and the tokenizer of one deployment."""
+    """Owns the Triton stack and the stream workers of one deployment."""
 
     def __init__(
         self,
@@ -181,114 +129,128 @@ class LLMService:
         self._secrets = secrets
         self._environ = environ
         self._stack: Any = None
-        self._client: EnsembleClient | None = None
-        self._tokenizer: PromptTokenizer | None = None
+        self._pool: StreamPool | None = None
         self._limits: RequestLimits | None = None
+        self._engine_probe: Any = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     def load(self, progress: Callable[[str], None] | None = None) -> None:
-        """Blocking: configuration -> plan -> artifacts -> repository -> tritonserver ready.
+        """Blocking: configuration -> plan -> artifacts -> repository -> tritonserver ready -> workers ready.
 
         `progress` receives a short description of each stage as it starts.
         """
         from trtllm_truss.stack import start_stack  # imported here: the heavy part of startup
 
+        progress = progress or (lambda _: None)
         started = time.monotonic()
-        self._stack = start_stack(
-            self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress or (lambda _: None)
-        )
+        self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
-        self._tokenizer = PromptTokenizer.load(plan.tokenizer_dir)
-        self._limits = RequestLimits.from_plan(plan, vocab_size=self._tokenizer.vocab_size)
-        self._client = ensemble_client(self._stack.server.grpc_url, plan)
-        # Everything loaded so far (torch and transformers: ~400k objects) lives as long as the
-        # process; left to the collector, each full collection walks all of it (~200 ms with the
-        # event loop stopped, several times a minute under load). Frozen, it is never walked again.
+        try:
+            progress("starting the stream workers")
+            self._pool = stream_pool(plan, self._stack.server.grpc_url, self._secrets)
+            self._pool.start()
+        except BaseException:
+            self._stack.stop()
+            raise
+        self._limits = RequestLimits.from_plan(plan, vocab_size=self._pool.vocab_size)
+        from trtllm_truss.client import EngineClient
+
+        self._engine_probe = EngineClient(self._stack.server.grpc_url)
+        # Everything loaded so far lives as long as the process; left to the collector, each full
+        # collection walks all of it with the event loop stopped. Frozen, it is never walked again.
         gc.freeze()
-        logger.info("stack ready in %.1f s (backend %s)", time.monotonic() - started, plan.backend)
+        logger.info(
+            "stack ready in %.1f s (backend %s, %d stream workers)",
+            time.monotonic() - started,
+            plan.backend,
+            len(self._pool.pids),
+        )
 
     def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
         if self._stack is not None:
             self._stack.stop()
 
     async def is_healthy(self) -> bool:
-        """tritonserver alive and the ensemble ready."""
-        if self._stack is None or self._client is None or not self._stack.server.alive:
+        """tritonserver alive, a stream worker running, and the engine model ready."""
+        if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
             return False
-        return await self._client.is_ready()
+        return await self._engine_probe.is_ready()
 
     @property
-    def client(self) -> EnsembleClient:
-        if self._client is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
-        return self._client
-
-    @property
-    def tokenizer(self) -> PromptTokenizer:
-        if self._tokenizer is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
-        return self._tokenizer
+    def pool(self) -> StreamPool:
+        if self._pool is None:
+            raise _Refused(503, "the model is still loading")
+        return self._pool
 
     @property
     def limits(self) -> RequestLimits:
         if self._limits is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
+            raise _Refused(503, "the model is still loading")
         return self._limits
 
     # --- native predict --------------------------------------------------------------------------
 
-    async def predict(self, request: Any, http_request: Request | None = None) -> dict | StreamingResponse:
+    async def predict(self, request: Any, http_request: Request | None = None) -> Any:
+        return await _answered(self._predict(request, http_request), openai=False)
+
+    async def _predict(self, request: Any, http_request: Request | None) -> Any:
         req = parse_request(PredictRequest, request)
         if req.prompt is not None:
-            text, prompt_field = req.prompt, "prompt"
+            prompt, messages, prompt_field = req.prompt, None, "prompt"
         else:
-            text, prompt_field = self.tokenizer.render_chat(req.messages or []), "messages"
-        prepared = self._prepare(
+            prompt, messages, prompt_field = None, req.messages or [], "messages"
+        spec = self._spec(
             req,
-            text=text,
+            prompt=prompt,
+            messages=messages,
             prompt_field=prompt_field,
             max_tokens_field="max_tokens",
             requested_max_tokens=req.max_tokens,
             default_max_tokens=DEFAULT_MAX_TOKENS,
             stop_words=req.stop_words_list,
+            keep_stop_text=True,
             bad_words=req.bad_words_list,
             beam_width=req.beam_width,
         )
+        stream, first = await self._open(spec, http_request)
         if req.stream:
-            deltas, first = await self._start(prepared, http_request)
-            return StreamingResponse(self._native_stream(first, deltas), media_type="text/plain; charset=utf-8")
-        generation = await self._collect(prepared, http_request)
-        reason, usage = generation.finish(self.tokenizer)
-        return PredictResponse(text=generation.text, finish_reason=reason, usage=usage).model_dump()
+            return StreamingResponse(self._native_body(stream, first), media_type="text/plain; charset=utf-8")
+        text, end = await self._collect(stream, first, http_request)
+        return PredictResponse(text=text, finish_reason=end.finish_reason or "stop", usage=_usage(end)).model_dump()
 
-    async def _native_stream(self, first: Delta | None, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
-        # An UpstreamError raised here aborts the chunked body: the client sees a broken transfer,
-        # never an error message disguised as generated text.
-        async with aclosing(deltas):
-            if first is not None and first.text:
-                yield first.text.encode()
-            async for delta in deltas:  # directly, not through `_with_first`: one generator less per token
-                if delta.text:
-                    yield delta.text.encode()
+    async def _native_body(self, stream: ResponseStream, first: str | None) -> AsyncIterator[bytes]:
+        try:
+            if first:
+                yield first.encode()
+            while True:
+                text = await stream.next_text()
+                if text is None:
+                    break
+                yield text.encode()
+            if stream.end is not None and stream.end.error is not None:
+                logger.warning("stream ended by an error: %s", stream.end.error)
+                raise StreamFailed(stream.end.error)  # aborts the chunked body: a visible, broken transfer
+        finally:
+            stream.close()
 
     # --- OpenAI-compatible -----------------------------------------------------------------------
 
-    async def chat_completions(self, request: Any, http_request: Request | None = None) -> dict | StreamingResponse:
-        with openai_error_shape():
-            return await self._chat_completions(request, http_request)
+    async def chat_completions(self, request: Any, http_request: Request | None = None) -> Any:
+        return await _answered(self._chat_completions(request, http_request), openai=True)
 
-    async def completions(self, request: Any, http_request: Request | None = None) -> dict | StreamingResponse:
-        with openai_error_shape():
-            return await self._completions(request, http_request)
+    async def completions(self, request: Any, http_request: Request | None = None) -> Any:
+        return await _answered(self._completions(request, http_request), openai=True)
 
-    async def _chat_completions(self, request: Any, http_request: Request | None) -> dict | StreamingResponse:
+    async def _chat_completions(self, request: Any, http_request: Request | None) -> Any:
         req = parse_request(ChatCompletionRequest, request)
-        text = self.tokenizer.render_chat(req.messages)
         max_tokens_field, requested = req.requested_max_tokens()
-        prepared = self._prepare(
+        spec = self._spec(
             req,
-            text=text,
+            prompt=None,
+            messages=req.messages,
             prompt_field="messages",
             max_tokens_field=max_tokens_field,
             requested_max_tokens=requested,
@@ -296,24 +258,23 @@ class LLMService:
             stop_words=req.stop_words(),
         )
         model = req.model or SERVED_MODEL_NAME
+        stream, first = await self._open(spec, http_request)
         if req.stream:
-            deltas, first = await self._start(prepared, http_request)
-            stream = self._chat_sse(prepared, first, deltas, req, model)
-            return StreamingResponse(stream, media_type="text/event-stream")
-        generation = await self._collect(prepared, http_request)
-        content, reason, usage = self._trimmed_result(generation, req.stop_words())
+            return StreamingResponse(self._chat_sse(stream, first, req, model), media_type="text/event-stream")
+        text, end = await self._collect(stream, first, http_request)
         return ChatCompletion(
             id=completion_id("chatcmpl"),
             model=model,
-            choices=[ChatChoice(message=AssistantMessage(content=content), finish_reason=reason)],
-            usage=usage,
+            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=end.finish_reason or "stop")],
+            usage=_usage(end),
         ).model_dump()
 
-    async def _completions(self, request: Any, http_request: Request | None) -> dict | StreamingResponse:
+    async def _completions(self, request: Any, http_request: Request | None) -> Any:
         req = parse_request(CompletionRequest, request)
-        prepared = self._prepare(
+        spec = self._spec(
             req,
-            text=req.prompt_text(),
+            prompt=req.prompt_text(),
+            messages=None,
             prompt_field="prompt",
             max_tokens_field="max_tokens",
             requested_max_tokens=req.max_tokens,
@@ -321,28 +282,24 @@ class LLMService:
             stop_words=req.stop_words(),
         )
         model = req.model or SERVED_MODEL_NAME
+        stream, first = await self._open(spec, http_request)
         if req.stream:
-            deltas, first = await self._start(prepared, http_request)
-            stream = self._completion_sse(prepared, first, deltas, req, model)
-            return StreamingResponse(stream, media_type="text/event-stream")
-        generation = await self._collect(prepared, http_request)
-        text, reason, usage = self._trimmed_result(generation, req.stop_words())
+            return StreamingResponse(self._completion_sse(stream, first, req, model), media_type="text/event-stream")
+        text, end = await self._collect(stream, first, http_request)
         return Completion(
             id=completion_id("cmpl"),
             model=model,
-            choices=[CompletionChoice(text=text, finish_reason=reason)],
-            usage=usage,
+            choices=[CompletionChoice(text=text, finish_reason=end.finish_reason or "stop")],
+            usage=_usage(end),
         ).model_dump()
 
     async def _chat_sse(
-        self,
-        prepared: PreparedRequest,
-        first: Delta | None,
-        deltas: AsyncIterator[Delta],
-        req: ChatCompletionRequest,
-        model: str,
+        self, stream: ResponseStream, first: str | None, req: ChatCompletionRequest, model: str
     ) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("chatcmpl"), "model": model}
+        template = ChunkTemplate(
+            ChatCompletionChunk(**envelope, choices=[ChatChunkChoice(delta=ChatDelta(content=ChunkTemplate.mark()))])
+        )
 
         def chunk(delta: ChatDelta, finish_reason: str | None = None) -> bytes:
             return sse_event(
@@ -350,166 +307,159 @@ class LLMService:
             )
 
         yield chunk(ChatDelta(role="assistant", content=""))
-        async for item in self._sse_texts(prepared, first, deltas, req.stop_words(), req.wants_usage_chunk()):
-            if isinstance(item, str):
-                yield chunk(ChatDelta(content=item))
-            elif item.error is not None:
-                yield sse_error(item.error)
+        async for text, end in _texts_then_end(stream, first):
+            if end is None:
+                yield template.event(text)
+            elif end.error is not None:
+                logger.warning("stream ended by an error: %s", end.error)
+                yield sse_error(end.error)
             else:
-                if item.text:
-                    yield chunk(ChatDelta(content=item.text))
-                yield chunk(ChatDelta(), item.finish_reason)
+                yield chunk(ChatDelta(), end.finish_reason)
                 if req.wants_usage_chunk():
-                    yield sse_event(ChatCompletionChunk(**envelope, choices=[], usage=item.usage))
+                    yield sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_usage(end)))
                 yield SSE_DONE
 
     async def _completion_sse(
-        self,
-        prepared: PreparedRequest,
-        first: Delta | None,
-        deltas: AsyncIterator[Delta],
-        req: CompletionRequest,
-        model: str,
+        self, stream: ResponseStream, first: str | None, req: CompletionRequest, model: str
     ) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("cmpl"), "model": model}
-        async for item in self._sse_texts(prepared, first, deltas, req.stop_words(), req.wants_usage_chunk()):
-            if isinstance(item, str):
-                yield sse_event(Completion(**envelope, choices=[CompletionChoice(text=item, finish_reason=None)]))
-            elif item.error is not None:
-                yield sse_error(item.error)
+        template = ChunkTemplate(
+            Completion(**envelope, choices=[CompletionChoice(text=ChunkTemplate.mark(), finish_reason=None)])
+        )
+        async for text, end in _texts_then_end(stream, first):
+            if end is None:
+                yield template.event(text)
+            elif end.error is not None:
+                logger.warning("stream ended by an error: %s", end.error)
+                yield sse_error(end.error)
             else:
-                choice = CompletionChoice(text=item.text, finish_reason=item.finish_reason)
-                yield sse_event(Completion(**envelope, choices=[choice]))
+                yield sse_event(Completion(**envelope, choices=[CompletionChoice(text="", finish_reason=end.finish_reason)]))
                 if req.wants_usage_chunk():
-                    yield sse_event(Completion(**envelope, choices=[], usage=item.usage))
+                    yield sse_event(Completion(**envelope, choices=[], usage=_usage(end)))
                 yield SSE_DONE
-
-    async def _sse_texts(
-        self,
-        prepared: PreparedRequest,
-        first: Delta | None,
-        deltas: AsyncIterator[Delta],
-        stop_words: list[str],
-        with_usage: bool,
-    ) -> AsyncIterator[str | StreamEnd]:
-        """Text per delta (stop sequences held back and removed), then one `StreamEnd` (with usage
-        only if `with_usage`)."""
-        generation = Generation(prepared.prompt_tokens, prepared.max_tokens)
-        trimmer = StopSequenceTrimmer(stop_words)
-        async with aclosing(deltas):
-            try:
-                async for delta in _with_first(first, deltas):
-                    generation.add(delta)
-                    text = trimmer.feed(delta.text)
-                    if text:
-                        yield text
-            except UpstreamError as exc:
-                logger.warning("stream ended by an upstream error: %s", exc)
-                yield StreamEnd(error=str(exc))
-                return
-        if with_usage:
-            reason, usage = generation.finish(self.tokenizer)
-        else:
-            reason, usage = generation.finish_reason(self.tokenizer), None
-        yield StreamEnd(text=trimmer.flush(), finish_reason="stop" if trimmer.stopped else reason, usage=usage)
 
     # --- shared steps ----------------------------------------------------------------------------
 
-    def _prepare(
+    def _spec(
         self,
         req: Any,
         *,
-        text: str,
+        prompt: str | None,
+        messages: Any,
         prompt_field: str,
         max_tokens_field: str,
         requested_max_tokens: int | None,
         default_max_tokens: int,
         stop_words: list[str],
+        keep_stop_text: bool = False,
         bad_words: list[str] | None = None,
         beam_width: int | None = None,
-    ) -> PreparedRequest:
+    ) -> GenerationSpec:
         limits = self.limits
-        prompt_tokens = self.tokenizer.prompt_tokens(text)
-        # Counted here only when it could matter: every token but the few a tokenizer adds itself
-        # covers at least one byte of the text, so a prompt this short in UTF-8 cannot exceed
-        # max_input_len and skips the count (the largest per-request cost of the proxy). Longer ones
-        # are counted and refused before reaching Triton; preprocessing enforces the exact limit too,
-        # and `_upstream_error` answers its refusal with the same 400.
-        # An empty text is counted too (free): with no BOS it is zero tokens, a 400, not an engine error.
-        if not text or len(text.encode("utf-8")) + TOKENS_A_TOKENIZER_ADDS > limits.max_input_len:
-            check_prompt_length(prompt_field, prompt_tokens.value, limits)
         max_tokens = resolve_max_tokens(max_tokens_field, requested_max_tokens, default_max_tokens, limits)
         params = to_generation_params(
             req,
-            text_input=text,
+            text_input="",
             max_tokens=max_tokens,
             limits=limits,
             stop_words=stop_words,
             bad_words=bad_words or (),
             beam_width=beam_width,
         )
-        return PreparedRequest(params=params, prompt_tokens=prompt_tokens, max_tokens=max_tokens, prompt_field=prompt_field)
+        return GenerationSpec(
+            params=params,
+            prompt=prompt,
+            messages=None if messages is None else tuple((m.role, m.text()) for m in messages),
+            prompt_field=prompt_field,
+            keep_stop_text=keep_stop_text,
+        )
 
-    async def _start(
-        self, prepared: PreparedRequest, http_request: Request | None
-    ) -> tuple[AsyncIterator[Delta], Delta | None]:
-        """Open the stream and wait for its first delta before any HTTP status is sent.
-
-        A dead server or a request Triton refuses is then a clean 503 (400 for a prompt that
-        preprocessing refuses as too long) rather than a broken stream; a client that leaves while
-        waiting cancels the request.
-        """
-        deltas = self.client.generate(prepared.params)
+    async def _open(self, spec: GenerationSpec, http_request: Request | None) -> tuple[ResponseStream, str | None]:
+        """Hand the request to a worker and wait for its first text before any HTTP status is sent:
+        a refused request is then a clean 4xx/5xx rather than a broken stream; a client that leaves
+        while waiting cancels the request."""
         try:
-            first = await _unless_disconnected(anext(deltas, None), http_request, "the first token")
-        except UpstreamError as exc:
-            await deltas.aclose()
-            raise self._upstream_error(exc, prepared) from exc
+            stream = await self.pool.submit(spec)
+        except PoolBusy as exc:
+            raise _Refused(429, f"too many requests in flight ({exc}); retry shortly", {"Retry-After": str(RETRY_AFTER_S)})
+        except PoolUnavailable:
+            raise _Refused(503, "the model is restarting; retry shortly", {"Retry-After": str(RETRY_AFTER_S)})
+        try:
+            first = await _unless_disconnected(stream.next_text(), http_request, "the first token")
         except BaseException:
-            await deltas.aclose()
+            stream.close()
             raise
-        return deltas, first
+        end = stream.end
+        if first is None and end is not None and end.error is not None:
+            stream.close()
+            raise _Refused(end.status or 503, end.error)
+        return stream, first
 
-    async def _collect(self, prepared: PreparedRequest, http_request: Request | None) -> Generation:
-        generation = Generation(prepared.prompt_tokens, prepared.max_tokens)
-
-        async def run() -> Generation:
-            async for delta in self.client.generate(prepared.params):
-                generation.add(delta)
-            return generation
+    async def _collect(
+        self, stream: ResponseStream, first: str | None, http_request: Request | None
+    ) -> tuple[str, StreamEnd]:
+        async def read_all() -> str:
+            parts = [first] if first else []
+            while (text := await stream.next_text()) is not None:
+                parts.append(text)
+            return "".join(parts)
 
         try:
-            return await _unless_disconnected(run(), http_request, "the answer")
-        except UpstreamError as exc:
-            raise self._upstream_error(exc, prepared) from exc
-
-    def _upstream_error(self, exc: UpstreamError, prepared: PreparedRequest) -> HTTPException:
-        """503, or the 400 of an over-long prompt when preprocessing refused it for that reason."""
-        too_long = parse_prompt_too_long(str(exc))
-        if too_long is not None:
-            tokens, _ = too_long
-            try:
-                check_prompt_length(prepared.prompt_field, tokens, self.limits)
-            except HTTPException as client_error:
-                return client_error
-        return upstream_http_error(exc)
-
-    def _trimmed_result(self, generation: Generation, stop_words: list[str]) -> tuple[str, str, Usage]:
-        trimmer = StopSequenceTrimmer(stop_words)
-        text = trimmer.feed(generation.text) + trimmer.flush()
-        reason, usage = generation.finish(self.tokenizer)
-        return text, ("stop" if trimmer.stopped else reason), usage
+            text = await _unless_disconnected(read_all(), http_request, "the answer")
+        finally:
+            stream.close()
+        end = stream.end
+        assert end is not None
+        if end.error is not None:
+            raise _Refused(end.status or 503, end.error)
+        return text, end
 
 
-async def _with_first(first: Delta | None, rest: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-    if first is not None:
-        yield first
-    async for delta in rest:
-        yield delta
+async def _texts_then_end(stream: ResponseStream, first: str | None) -> AsyncIterator[tuple[str, StreamEnd | None]]:
+    """(text, None) per chunk of text, then ("", end) once; closes the stream whatever happens."""
+    try:
+        if first:
+            yield first, None
+        while True:
+            text = await stream.next_text()
+            if text is None:
+                break
+            yield text, None
+        assert stream.end is not None
+        yield "", stream.end
+    finally:
+        stream.close()
+
+
+def stream_pool(plan: ServingPlan, grpc_url: str, secrets: Mapping[str, Any] | None = None) -> StreamPool:
+    """The stream workers `plan.runtime` asks for, on the engine (or the text ensemble)."""
+    import os
+
+    from trtllm_truss.config.schema import DetokenizeIn
+    from trtllm_truss.repository.models import ENGINE, ENSEMBLE
+    from trtllm_truss.streaming.environment import worker_environment
+    from trtllm_truss.streaming.generation import WorkerSettings
+
+    runtime = plan.runtime
+    settings = WorkerSettings(
+        grpc_url=grpc_url,
+        tokenizer_dir=str(plan.tokenizer_dir),
+        max_input_len=plan.max_input_len,
+        max_output_len=plan.max_output_len,
+        engine_model=ENGINE,
+        text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
+    )
+    queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
+    return StreamPool(
+        settings,
+        workers=runtime.stream_workers or default_worker_count(),
+        max_in_flight=plan.max_batch_size + queued,
+        environment=worker_environment(os.environ, secrets),
+    )
 
 
 async def _unless_disconnected(work: Awaitable[T], http_request: Request | None, waiting_for: str) -> T:
-    """`work`'s result; if the HTTP client leaves first, `work` is cancelled (and with it the Triton
+    """`work`'s result; if the HTTP client leaves first, `work` is cancelled (and with it the
     request) and the answer is 499. Needed where no StreamingResponse is watching the client yet."""
     task = asyncio.ensure_future(work)
     if http_request is None:
@@ -520,7 +470,7 @@ async def _unless_disconnected(work: Awaitable[T], http_request: Request | None,
             if done:
                 return task.result()
             if await http_request.is_disconnected():
-                raise HTTPException(status_code=499, detail=f"client disconnected while waiting for {waiting_for}")
+                raise _Refused(499, f"client disconnected while waiting for {waiting_for}")
     finally:
         if not task.done():
             task.cancel()

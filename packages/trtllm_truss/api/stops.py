@@ -1,8 +1,10 @@
-"""OpenAI's `stop` semantics on top of the engine's stop words.
+"""Stop strings matched on the decoded text (never on token ids: a stop string can span token
+boundaries that its own tokenization does not have).
 
-The engine ends a request once a stop word's tokens are generated and returns them as part of the
-output; OpenAI clients expect the stop sequence left out. While streaming, text that could still
-turn out to be the start of a stop sequence is held back until it is decided.
+The stream worker feeds each response's text; once a stop string appears the request ends there
+(OpenAI's `stop`: left out of the text; the native `stop_words_list`: kept, as NVIDIA's engine
+returns it). While streaming, text that could still turn out to be the start of a stop string is
+held back until it is decided.
 """
 
 from __future__ import annotations
@@ -11,21 +13,26 @@ from collections.abc import Sequence
 
 
 class StopSequenceTrimmer:
-    def __init__(self, stop_words: Sequence[str]) -> None:
+    """`keep_stop`: the text ends with the stop sequence instead of before it (the native API's
+    `stop_words_list`, which returns the stop word as NVIDIA's engine does)."""
+
+    def __init__(self, stop_words: Sequence[str], *, keep_stop: bool = False) -> None:
         self._stops = tuple(word for word in stop_words if word)
+        self._keep_stop = keep_stop
         self._held = ""
-        self.stopped = False  # a stop sequence was found and removed
+        self.stopped = False  # a stop sequence was found (and, unless kept, removed)
 
     def feed(self, text: str) -> str:
         """The part of `text` (plus earlier held-back text) that is certainly output."""
         if not self._stops or self.stopped:
             return "" if self.stopped else text
         pending = self._held + text
-        cut = min((i for i in (pending.find(w) for w in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, len(w)) for i, w in ((pending.find(w), w) for w in self._stops) if i >= 0]
+        if found:
+            cut, length = min(found)
             self._held = ""
             self.stopped = True
-            return pending[:cut]
+            return pending[: cut + length] if self._keep_stop else pending[:cut]
         keep = self._longest_stop_prefix_suffix(pending)
         self._held = pending[len(pending) - keep :] if keep else ""
         return pending[: len(pending) - keep]

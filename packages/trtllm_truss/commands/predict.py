@@ -49,8 +49,9 @@ def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-async def _answer(service: Any, body: dict[str, Any]) -> None:
-    from fastapi.responses import StreamingResponse
+async def _answer(service: Any, body: dict[str, Any]) -> int:
+    """Prints the answer; 0, or 2 when the request was refused (the error printed on stderr)."""
+    from fastapi.responses import JSONResponse, StreamingResponse
 
     result = await service.predict(body, None)
     if isinstance(result, StreamingResponse):
@@ -58,9 +59,12 @@ async def _answer(service: Any, body: dict[str, Any]) -> None:
             sys.stdout.write(chunk.decode() if isinstance(chunk, bytes) else str(chunk))
             sys.stdout.flush()
         sys.stdout.write("\n")
+    elif isinstance(result, JSONResponse):
+        sys.stderr.write(f"request rejected ({result.status_code}): {json.loads(result.body)['error']}\n")
+        return 2
     else:
         sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    await service.client.close()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from trtllm_truss.api.native import PredictRequest
-    from trtllm_truss.client import UpstreamError
+    from trtllm_truss.service import StreamFailed
     from trtllm_truss.service import LLMService, parse_request
 
     console = Console(stderr=True)
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             with console.status("loading ...") as status:
                 service.load(progress=lambda stage: status.update(f"{stage} ..."))
-        except (HTTPException, UpstreamError, KeyboardInterrupt):
+        except (HTTPException, KeyboardInterrupt):
             raise
         except Exception as exc:  # configuration, download, build or startup: the message says what
             console.print(f"[red]could not start the stack:[/red] {exc}", highlight=False)
@@ -98,12 +102,11 @@ def run(args: argparse.Namespace) -> int:
             # piped, stdout holds only what the model wrote.
             console.print(body["prompt"], style="bold", end="", markup=False, highlight=False)
             console.file.flush()
-        asyncio.run(_answer(service, body))
-        return 0
+        return asyncio.run(_answer(service, body))
     except HTTPException as exc:
         console.print(f"[red]request rejected ({exc.status_code}):[/red] {exc.detail}", highlight=False)
         return 2
-    except UpstreamError as exc:
+    except StreamFailed as exc:
         console.print(f"[red]generation failed:[/red] {exc}", highlight=False)
         return 1
     except KeyboardInterrupt:

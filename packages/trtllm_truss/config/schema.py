@@ -368,6 +368,20 @@ class RuntimeConfig(StrictModel):
         description="proxy: the truss proxy streams token ids from `ensemble_ids` and decodes them (no "
         "python-backend hop per token); postprocessing: it streams text from `ensemble`.",
     )
+    stream_workers: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Stream-worker processes that tokenize, stream from the engine and detokenize, off truss's"
+        " event loop (None: half the CPU cores, 1 to 8).",
+    )
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="Requests admitted beyond the engine's batch (max_batch_size) before new ones get HTTP 429"
+        " with Retry-After (None: 2 x max_batch_size).",
+    )
     max_queue_delay_microseconds: int = Field(0, ge=0, le=60_000_000, description="Dynamic-batching wait.")
     max_queue_size: int | None = Field(
         None, ge=1, description="Requests queued before Triton rejects (None: unbounded)."

@@ -1,0 +1,165 @@
+"""One request inside a stream worker: prompt -> token ids -> engine stream -> text, stop strings, usage.
+
+Free of the transport: `WorkerModel.run(spec, emit)` calls `emit(text)` for each piece of text and
+returns the request's `StreamEnd`, so it is tested without processes or sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import HTTPException
+
+from trtllm_truss.api.stops import StopSequenceTrimmer
+from trtllm_truss.client import EngineClient, EnsembleClient, UpstreamError
+from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.preprocess import word_list_tensor
+from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+# Tokens a tokenizer may add that cover no byte of the text (BOS/EOS, a sentencepiece dummy prefix).
+TOKENS_A_TOKENIZER_ADDS = 4
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker needs to serve requests (JSON-serialisable: it travels on the command line)."""
+
+    grpc_url: str
+    tokenizer_dir: str
+    max_input_len: int
+    max_output_len: int
+    engine_model: str = "tensorrt_llm"
+    # The text ensemble instead of the engine (runtime.detokenize_in: postprocessing): Triton's
+    # postprocessing model decodes, the worker still matches stop strings and counts usage.
+    text_ensemble: str | None = None
+
+
+class RequestError(Exception):
+    """The request cannot be served as sent: an HTTP 4xx whose message names the field."""
+
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
+        super().__init__(f"invalid request: {field}: {message}")
+        self.status = status
+
+
+class WorkerModel:
+    """What a worker loads once: the tokenizer (prompts, chat template, decoding) and the engine client."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        from trtllm_truss.api.prompt import PromptTokenizer
+        from trtllm_truss.tokenizer import load_tokenizer
+
+        self.settings = settings
+        self.tokenizer = load_tokenizer(Path(settings.tokenizer_dir))
+        self.chat = PromptTokenizer.load(Path(settings.tokenizer_dir))
+        self.decoder = TokenDecoder(self.tokenizer, skip_special_tokens=True)
+        # No token covers more bytes than the longest one in the vocabulary: a prompt longer than
+        # max_input_len such tokens is over the limit without being tokenized.
+        longest = max(len(b) for b in TokenDecoder(self.tokenizer, skip_special_tokens=False).token_bytes_table())
+        self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * max(longest, 1)
+        self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
+        self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
+
+    def info(self) -> WorkerInfo:
+        import os
+
+        return WorkerInfo(pid=os.getpid(), vocab_size=self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    async def close(self) -> None:
+        await self.engine.close()
+        if self.ensemble is not None:
+            await self.ensemble.close()
+
+    # --- prompt -------------------------------------------------------------------------------
+
+    def prompt_text(self, spec: GenerationSpec) -> str:
+        if spec.messages is not None:
+            from trtllm_truss.api.native import ChatMessage
+
+            messages = [ChatMessage(role=role, content=text) for role, text in spec.messages]
+            try:
+                return self.chat.render_chat(messages, spec.prompt_field)
+            except HTTPException as exc:  # field_error: its detail already names the field
+                raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
+        return spec.prompt or ""
+
+    def prompt_ids(self, spec: GenerationSpec, text: str) -> list[int]:
+        limit = self.settings.max_input_len
+        if len(text) > self.max_prompt_bytes or len(text.encode("utf-8")) > self.max_prompt_bytes:
+            raise RequestError(
+                spec.prompt_field,
+                f"the prompt is over {limit} tokens, this deployment's max_input_len (refused by its length"
+                f" of {len(text)} characters without tokenizing it)",
+            )
+        ids = self.tokenizer.encode(text, add_special_tokens=True)
+        if len(ids) > limit:
+            raise RequestError(
+                spec.prompt_field, f"the prompt is {len(ids)} tokens, above this deployment's max_input_len ({limit})"
+            )
+        if not ids:
+            raise RequestError(spec.prompt_field, "the prompt is empty")
+        return ids
+
+    # --- one request ----------------------------------------------------------------------------
+
+    async def run(self, spec: GenerationSpec, emit: Callable[[str], None]) -> StreamEnd:
+        prompt_tokens = 0
+        try:
+            text = self.prompt_text(spec)
+            ids = self.prompt_ids(spec, text)
+            prompt_tokens = len(ids)
+            return await self._stream(spec, text, ids, emit)
+        except RequestError as exc:
+            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
+        except UpstreamError as exc:
+            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
+
+    async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Callable[[str], None]) -> StreamEnd:
+        params = spec.params
+        tokenizer = self.tokenizer
+        if params.end_id is None:  # what NVIDIA's preprocessing sends when the client does not say
+            params = dataclasses.replace(params, end_id=tokenizer.eos_id, pad_id=params.pad_id or tokenizer.pad_id)
+        elif params.pad_id is None and tokenizer.pad_id is not None:
+            params = dataclasses.replace(params, pad_id=tokenizer.pad_id)
+        stops = StopSequenceTrimmer(params.stop_words, keep_stop=spec.keep_stop_text)
+        started = time.monotonic()
+        ttft: float | None = None
+        completion = 0
+        pieces = self._pieces(params, text, ids)
+        async with aclosing(pieces):
+            async for piece, tokens in pieces:
+                completion += tokens
+                out = stops.feed(piece)
+                if out:
+                    if ttft is None:
+                        ttft = time.monotonic() - started
+                    emit(out)
+                if stops.stopped:
+                    break  # closing the stream cancels the engine request: nothing more is generated
+        tail = stops.flush()
+        if tail:
+            emit(tail)
+        reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
+        return StreamEnd(finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, ttft_s=ttft)
+
+    async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int]]:
+        """(text, tokens) per engine response."""
+        engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
+        if self.ensemble is not None:
+            async with aclosing(self.ensemble.generate(dataclasses.replace(engine_params, text_input=text, stream=True))) as deltas:
+                async for delta in deltas:
+                    yield delta.text, delta.token_count or 0
+            return
+        bad_words = word_list_tensor(self.tokenizer, list(params.bad_words)) if params.bad_words else None
+        detokenizer = StreamDetokenizer(self.decoder, continues_prompt=True)
+        async with aclosing(self.engine.generate_ids(ids, engine_params, bad_words=bad_words)) as responses:
+            async for new_ids in responses:
+                yield detokenizer.feed(new_ids), len(new_ids)

@@ -1,0 +1,324 @@
+"""The truss side of the stream workers: start them, route requests, turn their updates into streams.
+
+Truss's server is one process and one asyncio thread; everything per token happens in the workers.
+Here, per worker wake-up, one socket read delivers many requests' updates: each is appended to its
+`ResponseStream` and its reader woken once, so a stream whose HTTP writer fell behind gets all the
+text that has arrived as one chunk (and at low load every token as its own chunk).
+
+A worker that dies fails its requests at once (an error before any text is a 503, after it the
+stream ends with an error) and is started again; requests beyond `max_in_flight` are refused with
+429 rather than queued without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+
+from trtllm_truss.streaming.generation import WorkerSettings
+from trtllm_truss.streaming.protocol import FrameReader, GenerationSpec, StreamEnd, WorkerInfo, encode_frame
+
+logger = logging.getLogger(__name__)
+
+WORKER_START_TIMEOUT_S = 120.0
+WORKER_RESTART_BACKOFF_S = 1.0
+
+
+class PoolBusy(Exception):
+    """More requests in flight than the pool admits (runtime.max_in_flight_requests)."""
+
+
+class PoolUnavailable(Exception):
+    """No stream worker is running (all died and are restarting)."""
+
+
+def default_worker_count(cpu_count: int | None = None) -> int:
+    """Half the cores (the engine, tritonserver and truss's own thread need the rest), 1 to 8."""
+    cpus = cpu_count or os.cpu_count() or 1
+    return max(1, min(8, cpus // 2))
+
+
+class ResponseStream:
+    """One request's text as its worker sends it. `next_text()` returns everything that arrived since
+    the last call (None once the request has ended and all text was read); `end` says how it ended."""
+
+    __slots__ = ("rid", "_worker", "_parts", "end", "_waiter", "_closed")
+
+    def __init__(self, rid: int, worker: _Worker) -> None:
+        self.rid = rid
+        self._worker = worker
+        self._parts: list[str] = []
+        self.end: StreamEnd | None = None
+        self._waiter: asyncio.Future | None = None
+        self._closed = False
+
+    def _deliver(self, text: str, end: StreamEnd | None) -> None:
+        if text:
+            self._parts.append(text)
+        if end is not None:
+            self.end = end
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_text(self) -> str | None:
+        while not self._parts:
+            if self.end is not None:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        parts, self._parts = self._parts, []
+        return parts[0] if len(parts) == 1 else "".join(parts)
+
+    def close(self) -> None:
+        """The HTTP side is done with this stream: a request still running is cancelled in its worker."""
+        if self._closed:
+            return
+        self._closed = True
+        self._worker.forget(self)
+
+
+class _WorkerProtocol(asyncio.Protocol):
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self._reader = FrameReader()
+
+    def data_received(self, data: bytes) -> None:
+        streams = self._worker.streams
+        try:
+            updates = self._reader.feed(data)
+        except Exception:
+            logger.exception("stream worker %d sent an unreadable frame; restarting it", self._worker.index)
+            self._worker.kill()
+            return
+        for rid, text, end in updates:
+            stream = streams.get(rid)
+            if stream is not None:
+                if end is not None:
+                    del streams[rid]
+                stream._deliver(text, end)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._worker.lost()
+
+
+class _Worker:
+    """One worker process and the streams it serves."""
+
+    def __init__(self, pool: StreamPool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+        self.streams: dict[int, ResponseStream] = {}
+        self.restarting = False
+        self.process: subprocess.Popen | None = None
+        self.info: WorkerInfo | None = None
+        self._sock: socket.socket | None = None
+        self._transport: asyncio.Transport | None = None
+
+    @property
+    def running(self) -> bool:
+        return not self.restarting and self.process is not None and self.process.poll() is None
+
+    def spawn(self) -> None:
+        """Start the process and wait (blocking) until it has loaded and said ready."""
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            command = [
+                sys.executable, "-m", "trtllm_truss.streaming.worker",
+                "--fd", str(child.fileno()), "--settings", json.dumps(asdict(self.pool.settings)),
+            ]
+            process = subprocess.Popen(
+                command, pass_fds=(child.fileno(),), env=self.pool.environment, stdin=subprocess.DEVNULL
+            )
+        finally:
+            child.close()
+        try:
+            self.info = _await_ready(parent, process, self.pool.start_timeout_s)
+        except BaseException:
+            process.kill()
+            process.wait()
+            parent.close()
+            raise
+        parent.setblocking(False)
+        self.process, self._sock, self._transport = process, parent, None
+        logger.info("stream worker %d ready (pid %d)", self.index, process.pid)
+
+    async def attach(self) -> None:
+        """Hand the socket to the serving event loop (the one truss's requests arrive on)."""
+        if self._transport is None and self._sock is not None:
+            loop = asyncio.get_running_loop()
+            sock, self._sock = self._sock, None
+            self._transport, _ = await loop.create_unix_connection(lambda: _WorkerProtocol(self), sock=sock)
+
+    def send(self, message: tuple) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise PoolUnavailable(f"stream worker {self.index} is not connected")
+        self._transport.write(encode_frame([message]))
+
+    def forget(self, stream: ResponseStream) -> None:
+        if self.streams.pop(stream.rid, None) is not None and stream.end is None:
+            try:
+                self.send(("cancel", stream.rid))
+            except PoolUnavailable:
+                pass
+
+    def kill(self) -> None:
+        """Stop the process; its socket closing then fails its requests (`lost`)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self._sock is not None:  # never handed to an event loop
+            self._sock.close()
+            self._sock = None
+
+    def lost(self) -> None:
+        """The socket closed: the process died (or was stopped). Fail its requests, start another."""
+        self._transport = None
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream._deliver("", StreamEnd(error="the stream worker serving this request stopped", status=503))
+        if streams:
+            logger.warning("stream worker %d stopped; %d request(s) failed", self.index, len(streams))
+        self.pool._restart_later(self)
+
+
+def _await_ready(sock: socket.socket, process: subprocess.Popen, timeout_s: float) -> WorkerInfo:
+    reader = FrameReader()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"stream worker exited with status {process.returncode} while starting (see its log above)")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"stream worker not ready within {timeout_s:g} s")
+        sock.settimeout(min(remaining, 0.5))
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        if not data:
+            process.wait(timeout=5)
+            raise RuntimeError(f"stream worker exited with status {process.returncode} while starting (see its log above)")
+        for message in reader.feed(data):
+            if message[0] == "ready":
+                return message[1]
+
+
+class StreamPool:
+    """N stream workers; `submit` routes a request to the least busy one."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        workers: int,
+        max_in_flight: int,
+        environment: Mapping[str, str],
+        start_timeout_s: float = WORKER_START_TIMEOUT_S,
+    ) -> None:
+        self.settings = settings
+        self.max_in_flight = max_in_flight
+        self.environment = dict(environment)
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
+        self._workers = [_Worker(self, i) for i in range(workers)]
+        self._rids = itertools.count(1)
+        self._stopping = False
+
+    @property
+    def vocab_size(self) -> int | None:
+        infos = [w.info for w in self._workers if w.info is not None]
+        return infos[0].vocab_size if infos else None
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process is not None and w.running]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(w.streams) for w in self._workers)
+
+    def start(self) -> None:
+        """Blocking (truss's `load()`): every worker started and ready, in parallel."""
+        errors: list[BaseException] = []
+
+        def spawn(worker: _Worker) -> None:
+            try:
+                worker.spawn()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=spawn, args=(w,)) for w in self._workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            self.stop()
+            raise errors[0]
+
+    def stop(self) -> None:
+        self._stopping = True
+        for worker in self._workers:
+            worker.kill()
+            if worker.process is not None:
+                try:
+                    worker.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def alive(self) -> bool:
+        return any(w.running for w in self._workers)
+
+    async def submit(self, spec: GenerationSpec) -> ResponseStream:
+        if self.in_flight >= self.max_in_flight:
+            raise PoolBusy(f"{self.in_flight} requests in flight, the limit is {self.max_in_flight}")
+        candidates = []
+        for worker in self._workers:
+            if worker.running:
+                candidates.append(worker)
+            else:  # died before its socket was watched (between load() and the first request)
+                self._restart_later(worker)
+        if not candidates:
+            raise PoolUnavailable("no stream worker is running")
+        worker = min(candidates, key=lambda w: len(w.streams))
+        await worker.attach()
+        rid = next(self._rids)
+        stream = ResponseStream(rid, worker)
+        worker.send(("start", rid, spec))
+        worker.streams[rid] = stream
+        return stream
+
+    def _restart_later(self, worker: _Worker) -> None:
+        if self._stopping or worker.restarting:
+            return
+        worker.restarting = True
+
+        def restart() -> None:
+            try:
+                if worker.process is not None:
+                    worker.process.wait()
+                while not self._stopping:
+                    try:
+                        worker.spawn()
+                        self.restarts += 1
+                        return
+                    except Exception:
+                        logger.exception("restarting stream worker %d failed; trying again", worker.index)
+                        time.sleep(WORKER_RESTART_BACKOFF_S)  # backoff between attempts, not synchronisation
+            finally:
+                worker.restarting = False
+
+        threading.Thread(target=restart, name=f"stream-worker-{worker.index}-restart", daemon=True).start()

@@ -1,0 +1,83 @@
+"""What the truss process and a stream worker say to each other over their socket pair.
+
+Frames are a 4-byte little-endian length and a pickled list of messages (both ends are this
+package, started by the same interpreter, over a socket pair nobody else holds). Many messages ride
+in one frame: a worker flushes everything produced in one event-loop turn together, so under load
+the truss process wakes once for many tokens.
+
+truss -> worker: `("start", rid, GenerationSpec)`, `("cancel", rid)`.
+worker -> truss: first `("ready", WorkerInfo)`, then updates `(rid, text, StreamEnd | None)`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from dataclasses import dataclass
+
+from trtllm_truss.client import GenerationParams
+
+_HEADER = struct.Struct("<I")
+MAX_FRAME_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """One request as the truss process validated it; the worker tokenizes and streams it."""
+
+    params: GenerationParams  # sampling, max_tokens, stop strings, bad words; text_input unused
+    prompt: str | None = None  # a completion prompt, or
+    messages: tuple[tuple[str, str], ...] | None = None  # chat turns (role, text)
+    prompt_field: str = "prompt"  # where the prompt came from, for errors about it
+    keep_stop_text: bool = False  # native API: the stop string stays in the text (as the engine returns it)
+    literal_special_tokens: bool = True  # special-token text in the prompt is plain text, not control tokens
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """How one request ended. `status` is the HTTP status of an error that came before any text."""
+
+    finish_reason: str | None = None  # "stop" | "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    status: int | None = None
+    ttft_s: float | None = None  # engine request sent -> first text, measured in the worker
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    pid: int
+    vocab_size: int
+
+
+def encode_frame(messages: list) -> bytes:
+    payload = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Splits a byte stream into frames; `feed` returns the messages of every complete frame."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        buffer = self._buffer
+        buffer += data
+        messages: list = []
+        offset = 0
+        end = len(buffer)
+        while end - offset >= 4:
+            (length,) = _HEADER.unpack_from(buffer, offset)
+            if length > MAX_FRAME_BYTES:
+                raise ValueError(f"frame of {length} bytes: the peer is not a stream worker")
+            if end - offset - 4 < length:
+                break
+            messages += pickle.loads(bytes(buffer[offset + 4 : offset + 4 + length]))
+            offset += 4 + length
+        if offset:
+            del buffer[:offset]
+        return messages
