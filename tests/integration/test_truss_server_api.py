@@ -30,6 +30,8 @@ STARTUP_TIMEOUT_S = 240
 # Limits of the embedded default (config.yaml: model_metadata.trt_llm.build)
 MAX_INPUT_LEN = 512
 MAX_OUTPUT_LEN = 256
+MAX_BATCH_SIZE = 32
+QUEUED_BEYOND_BATCH = 4
 # The stand-in engine's gauge of requests it holds (running or waiting), on Triton's /metrics.
 ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
 CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
@@ -64,7 +66,11 @@ def server(tmp_path_factory) -> Iterator[TrussServer]:
 def slow_server(tmp_path_factory) -> Iterator[TrussServer]:
     """The synthetic engine at 20 ms a step: a full-length generation lasts seconds, so a request seen
     running after the client left can only be freed by cancellation."""
-    env = {"TRTLLM_RUNTIME__PYTORCH__SYNTHETIC": '{"step_time_ms": 20}'}
+    env = {
+        "TRTLLM_RUNTIME__PYTORCH__SYNTHETIC": '{"step_time_ms": 20}',
+        # batch 32 + 4 queued: the 37th request in flight is refused with 429
+        "TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": str(QUEUED_BEYOND_BATCH),
+    }
     yield from _truss_server(tmp_path_factory.mktemp("truss_server_slow"), env)
 
 
@@ -77,6 +83,19 @@ def http(server: TrussServer) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def oai(server: TrussServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=60.0)
+
+
+def stream_workers_of(server: TrussServer) -> list:
+    import psutil
+
+    found = []
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if "trtllm_truss.streaming.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def tritonserver_of(server: TrussServer):
@@ -353,3 +372,88 @@ def test_over_long_prompt_is_400_naming_the_field(http: httpx.Client, stream: bo
     error = answer.json()["error"]
     assert "prompt:" in error and "max_input_len (512)" in error, error
     assert http.post(PREDICT, json={"prompt": "hi", "max_tokens": 2, "stream": False}).status_code == 200
+
+
+# --------------------------------------------------------------------------------- stream workers
+
+
+def test_a_single_stream_gets_every_token_as_its_own_chunk(slow_server: TrussServer):
+    """At low load nothing is merged: 20 ms engine steps, one HTTP chunk per token."""
+    with httpx.Client(base_url=slow_server.url, timeout=60.0) as client:
+        body = {"prompt": "One token at a time", "max_tokens": 12, "ignore_eos": True}
+        with client.stream("POST", PREDICT, json=body) as response:
+            assert response.status_code == 200
+            chunks = [chunk for chunk in response.iter_raw() if chunk]
+    assert len(chunks) == 12, chunks
+
+
+def test_requests_beyond_the_admission_limit_get_429_with_retry_after(slow_server: TrussServer):
+    limit = MAX_BATCH_SIZE + QUEUED_BEYOND_BATCH
+
+    async def one(client: httpx.AsyncClient) -> tuple[int, str | None]:
+        body = {"prompt": "Wait your turn", "max_tokens": 40, "ignore_eos": True, "stream": False}
+        answer = await client.post(PREDICT, json=body)
+        return answer.status_code, answer.headers.get("retry-after")
+
+    async def flood() -> list[tuple[int, str | None]]:
+        async with httpx.AsyncClient(base_url=slow_server.url, timeout=120.0, limits=httpx.Limits(max_connections=100)) as client:
+            return await asyncio.gather(*(one(client) for _ in range(limit + 8)))
+
+    results = asyncio.run(flood())
+    refused = [r for r in results if r[0] == 429]
+    assert all(status in (200, 429) for status, _ in results), results
+    assert len(refused) >= 8 - 2 and all(retry == "1" for _, retry in refused), results  # ~8 over the limit
+    assert len(results) - len(refused) >= limit - 2, results
+    with httpx.Client(base_url=slow_server.url, timeout=60.0) as client:  # and it serves again afterwards
+        assert client.post(PREDICT, json={"prompt": "after", "max_tokens": 2, "stream": False}).status_code == 200
+
+
+def test_a_killed_stream_worker_fails_its_streams_and_is_replaced(slow_server: TrussServer):
+    workers = stream_workers_of(slow_server)
+    assert workers, "no stream worker under the truss server"
+    with httpx.Client(base_url=slow_server.url, timeout=60.0) as client:
+        body = {"prompt": "A story cut short", "max_tokens": MAX_OUTPUT_LEN, "ignore_eos": True}
+        with pytest.raises(httpx.RemoteProtocolError):  # the chunked body never completes
+            with client.stream("POST", PREDICT, json=body) as response:
+                assert response.status_code == 200
+                for i, _ in enumerate(response.iter_bytes()):
+                    if i == 0:
+                        for worker in workers:
+                            os.kill(worker.pid, signal.SIGKILL)
+        old = {w.pid for w in workers}
+        poll(
+            lambda: len(stream_workers_of(slow_server)) == len(workers)
+            and not old & {w.pid for w in stream_workers_of(slow_server)},
+            timeout_s=60,
+            what="stream workers restarted",
+        )
+        answer = poll(
+            lambda: (r := client.post(PREDICT, json={"prompt": "again", "max_tokens": 3, "stream": False, "ignore_eos": True}))
+            .status_code == 200 and r,
+            timeout_s=30,
+            what="a request served by the new worker",
+        )
+        assert answer.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("api", ["native", "openai"])
+def test_stop_strings_match_the_text_and_end_the_generation(http: httpx.Client, api: str):
+    """Stop on text, wherever the token boundaries fall; usage counts what was returned."""
+    prompt = "Hello, my name is"
+    free = http.post(PREDICT, json={"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": False})
+    text = free.json()["text"]
+    stop = text[5:12]  # a slice of the greedy text that starts and ends wherever it falls
+    assert stop.strip() and text.index(stop) == 5, text
+    if api == "native":
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": False,
+                "stop_words_list": [stop]}
+        answer = http.post(PREDICT, json=body).json()
+        assert answer["text"] == text[:12] and answer["finish_reason"] == "stop", (answer, stop)
+        completion = answer["usage"]["completion_tokens"]
+    else:
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": stop}
+        answer = http.post("/v1/completions", json=body).json()
+        choice = answer["choices"][0]
+        assert choice["text"] == text[:5] and choice["finish_reason"] == "stop", (answer, stop)
+        completion = answer["usage"]["completion_tokens"]
+    assert completion < 24, answer  # the engine stopped: the hidden rest was neither generated nor counted

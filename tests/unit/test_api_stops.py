@@ -38,3 +38,9 @@ def test_no_match_passes_everything(stops):
 def test_earliest_of_several_stops_wins_and_later_text_is_dropped():
     emitted, tail, stopped = _run(["world", "lo"], ["hello world", " again"])
     assert "".join(emitted) + tail == "hel" and stopped
+
+
+def test_native_stop_words_keep_the_stop_text_and_end_there():
+    trimmer = StopSequenceTrimmer(["mode"], keep_stop=True)
+    emitted = [trimmer.feed(c) for c in ["Hello, my na", "me is", " mo", "de is", " more"]]
+    assert "".join(emitted) + trimmer.flush() == "Hello, my name is mode" and trimmer.stopped

@@ -118,7 +118,7 @@ def render_table(report: BenchReport):
     from rich.table import Table
 
     table = Table(title="trtllm-truss bench", header_style="bold")
-    for column in ("target", "load", "ok/sent", "out tok/s", "req/s", "TTFT p50/p90/p99 ms",
+    for column in ("target", "load", "ok/sent", "out tok/s", "req/s", "tok/req", "resp/req", "TTFT p50/p90/p99 ms",
                    "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms"):
         table.add_column(column, justify="left" if column in ("target", "load") else "right")
     for run in report.runs:
@@ -129,6 +129,10 @@ def render_table(report: BenchReport):
             f"{m.succeeded}/{m.requests}",
             f"{m.output_tokens_per_s:,.0f}",
             f"{m.requests_per_s:.2f}",
+            # Side by side: a faithful engine answers once per token (resp/req == tok/req); fewer
+            # responses than tokens means something merged them.
+            "-" if not m.succeeded else f"{m.output_tokens_total / m.succeeded:.1f}",
+            "-" if m.responses_per_request_mean is None else f"{m.responses_per_request_mean:.1f}",
             " / ".join(_ms(v) for v in (m.ttft_ms.p50, m.ttft_ms.p90, m.ttft_ms.p99)),
             " / ".join(f"{v:.3f}" if v is not None else "-" for v in (m.itl_ms.p50, m.itl_ms.p90, m.itl_ms.p99)),
             " / ".join(_ms(v) for v in (m.e2e_ms.p50, m.e2e_ms.p90, m.e2e_ms.p99)),
@@ -136,5 +140,5 @@ def render_table(report: BenchReport):
     for c in report.comparisons:
         ratio = "-" if c.ratio is None else f"ratio {c.ratio:.3f}"
         added = "-" if c.added_ttft_p50_ms is None else f"{c.added_ttft_p50_ms:+.2f} ms"
-        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", added, "", "", style="bold cyan")
+        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", "", "", added, "", "", style="bold cyan")
     return table

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 from trtllm_truss.bench.load import ClosedLoop, LoadLevel, OpenLoop, poisson_arrival_offsets
@@ -161,3 +162,78 @@ def count_output_tokens(
             " does not honour the ignore-EOS option, so text targets counted by requested length are off"
         )
     return "+".join(sorted(used)) or "none", warnings
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a client process needs to build its own copy of a target."""
+
+    name: str
+    url: str
+    ignore_eos: str = "min_length"
+    timeout_s: float = 600.0
+
+
+def client_shares(requests: Sequence[BenchRequest], concurrency: int, processes: int) -> list[tuple[list[BenchRequest], int]]:
+    """The closed loop split over `processes`: every process-th request and its share of the streams."""
+    processes = max(1, min(processes, concurrency, len(requests)))
+    shares = []
+    for k in range(processes):
+        streams = concurrency // processes + (1 if k < concurrency % processes else 0)
+        shares.append((list(requests[k::processes]), streams))
+    return shares
+
+
+def _client_process(
+    spec: TargetSpec, requests: list[BenchRequest], concurrency: int, timeout_s: float, warmup: int, barrier
+) -> tuple[list[RequestRecord], float]:
+    """One client process: its own target and event loop; starts measuring with the others."""
+    from trtllm_truss.bench.targets import make_target
+
+    async def measure() -> tuple[list[RequestRecord], float]:
+        target = make_target(spec.name, spec.url, spec.ignore_eos, spec.timeout_s)  # type: ignore[arg-type]
+        await target.open()
+        try:
+            if warmup:
+                await run_level(target, requests[:warmup], ClosedLoop(concurrency=warmup), timeout_s=timeout_s)
+            barrier.wait()  # blocking on purpose: every process starts its measured load together
+            cpu_before = time.process_time()
+            records = await run_level(target, requests, ClosedLoop(concurrency=concurrency), timeout_s=timeout_s)
+            return records, time.process_time() - cpu_before
+        finally:
+            await target.close()
+
+    return asyncio.run(measure())
+
+
+async def run_level_in_processes(
+    spec: TargetSpec,
+    requests: Sequence[BenchRequest],
+    level: LoadLevel,
+    processes: int,
+    *,
+    timeout_s: float = 600.0,
+    warmup: int = 2,
+) -> tuple[list[RequestRecord], float]:
+    """`run_level` for a closed loop, from several client processes: one Python process can read
+    about 30-40k streamed responses/s, below what a faithful engine sends on a large host. Returns
+    the records in request order and the client processes' CPU seconds. `perf_counter` is the
+    system-wide monotonic clock, so times from all processes are on one axis."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not isinstance(level, ClosedLoop):
+        raise ValueError("--client-processes > 1 needs closed-loop levels (--concurrency)")
+    shares = client_shares(requests, level.concurrency, processes)
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        barrier = manager.Barrier(len(shares))
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(
+                loop.run_in_executor(pool, _client_process, spec, share, streams, timeout_s, warmup, barrier)
+                for share, streams in shares
+            )
+        )
+    records = sorted((r for records, _ in results for r in records), key=lambda r: r.index)
+    return records, sum(cpu for _, cpu in results)

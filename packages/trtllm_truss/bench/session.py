@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from trtllm_truss.bench.load import ClosedLoop, LoadLevel
 from trtllm_truss.bench.report import BenchReport, RunResult
-from trtllm_truss.bench.runner import TokenCounting, count_output_tokens, run_level
+from trtllm_truss.bench.runner import TargetSpec, TokenCounting, count_output_tokens, run_level, run_level_in_processes
 from trtllm_truss.bench.stats import RequestRecord, summarize
 from trtllm_truss.bench.targets.base import BenchTarget, TargetName
 from trtllm_truss.bench.workload import BenchRequest, TokenizerLike
@@ -37,6 +37,9 @@ class BenchPlan:
     # Rounds per level, alternating the targets: on a noisy machine drift then hits both targets alike.
     rounds: int = 1
     settings: dict[str, Any] = field(default_factory=dict)
+    # Client processes per target (closed loop only); each needs the target's spec to build its own.
+    client_processes: int = 1
+    target_specs: dict[str, TargetSpec] = field(default_factory=dict)
 
 
 class ProgressSink:
@@ -65,12 +68,18 @@ async def run_bench(
             for _ in range(plan.rounds):
                 for target in plan.targets:
                     progress.level_started(target.name, level, len(plan.requests))
-                    cpu_before = time.process_time()
-                    records = await run_level(
-                        target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
-                        on_done=progress.request_done,
-                    )
-                    cpu_s = time.process_time() - cpu_before
+                    if plan.client_processes > 1:
+                        records, cpu_s = await run_level_in_processes(
+                            plan.target_specs[target.name], plan.requests, level, plan.client_processes,
+                            timeout_s=plan.timeout_s,
+                        )
+                    else:
+                        cpu_before = time.process_time()
+                        records = await run_level(
+                            target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
+                            on_done=progress.request_done,
+                        )
+                        cpu_s = time.process_time() - cpu_before
                     method, warnings = count_output_tokens(
                         records, plan.token_counting, tokenizer, fixed_length=plan.fixed_length
                     )

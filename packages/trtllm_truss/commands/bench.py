@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--rounds", type=int, default=1,
                       help="rounds per level, alternating the targets; figures pool the rounds (default: 1)")
     load.add_argument("--warmup", type=int, default=4, help="unmeasured requests per target first (default: 4)")
+    load.add_argument("--client-processes", type=int, default=1,
+                      help="closed loop: split the streams over this many client processes (one Python process"
+                           " reads ~30-40k responses/s; a large host's engine sends more) (default: 1)")
     load.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default: 600)")
 
     work = parser.add_argument_group("workload (lengths in tokens)")
@@ -105,6 +108,10 @@ def _levels(args: argparse.Namespace) -> list:
         raise ValueError(f"--rounds: expected a positive integer, got {args.rounds}")
     if args.request_rate is not None and args.concurrency is not None:
         raise ValueError("--concurrency and --request-rate: give one of them (closed or open loop)")
+    if args.client_processes < 1:
+        raise ValueError(f"--client-processes: expected a positive integer, got {args.client_processes}")
+    if args.client_processes > 1 and args.request_rate is not None:
+        raise ValueError("--client-processes > 1 works with closed-loop levels (--concurrency) only")
     if args.request_rate is not None:
         return [OpenLoop(request_rate=r, max_concurrency=args.max_concurrency)
                 for r in parse_float_list(args.request_rate, "--request-rate")]
@@ -243,6 +250,7 @@ def _workload(args: argparse.Namespace, levels: list, tokenizer: Any):
 def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from trtllm_truss.bench.runner import TargetSpec
     from trtllm_truss.bench.session import BenchPlan, run_bench
     from trtllm_truss.bench.targets import TargetError, make_target
 
@@ -277,7 +285,12 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
             settings={
                 "targets": names, "ignore_eos": args.ignore_eos, "token_counting": args.token_counting,
                 "timeout_s": args.timeout, "warmup_requests": args.warmup, "rounds": args.rounds,
-                "truss_dir": str(args.truss_dir),
+                "truss_dir": str(args.truss_dir), "client_processes": args.client_processes,
+            },
+            client_processes=args.client_processes,
+            target_specs={
+                n: TargetSpec(n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout)
+                for n in names
             },
         )
         progress = Progress(

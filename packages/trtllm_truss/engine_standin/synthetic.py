@@ -59,6 +59,9 @@ class SyntheticEngine(EngineBase):
         self._next_step_at = 0.0
 
     def _start(self, seq: _Sequence) -> bool:
+        if not self._running and self.step_time_s:
+            # From idle, this prefill is the step: the first decode step comes one step later, not at once.
+            self._next_step_at = time.monotonic() + self.step_time_s
         request = seq.request
         # The sampling state keeps the full sequence only when stop words need it.
         greedy = SamplingParams()

@@ -1,0 +1,145 @@
+"""The stream worker's per-request logic (streaming/generation.py) and its wire format.
+
+The engine is replaced by `ScriptedEngine`, a test double that streams a fixed sequence of token ids
+the way NVIDIA's engine does (one response per token); the real engine path is covered end to end
+in tests/integration/test_truss_server_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from trtllm_truss.client import EngineRefusedError, GenerationParams, UpstreamError
+from trtllm_truss.streaming.generation import WorkerModel, WorkerSettings
+from trtllm_truss.streaming.protocol import FrameReader, GenerationSpec, StreamEnd, encode_frame
+
+EMBEDDED = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
+
+
+class ScriptedEngine:
+    """Test double of `EngineClient`: streams `ids` one token per response; records what it was sent
+    and whether the consumer left early (which is what cancels a real engine request)."""
+
+    def __init__(self, ids: list[int], error: Exception | None = None) -> None:
+        self.ids = ids
+        self.error = error
+        self.sent: list[tuple[list[int], GenerationParams]] = []
+        self.closed_early = False
+
+    async def generate_ids(self, input_ids, params, *, bad_words=None):
+        self.sent.append((list(input_ids), params))
+        if self.error is not None:
+            raise self.error
+        finished = False
+        try:
+            for token in self.ids[: params.max_tokens]:
+                await asyncio.sleep(0)
+                yield [token]
+            finished = True
+        finally:
+            self.closed_early = not finished
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def model() -> WorkerModel:
+    return WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+
+
+def _run(model: WorkerModel, engine: ScriptedEngine, spec: GenerationSpec) -> tuple[list[str], StreamEnd]:
+    model.engine = engine
+    emitted: list[str] = []
+    end = asyncio.run(model.run(spec, emitted.append))
+    return emitted, end
+
+
+def _ids(model: WorkerModel, text: str) -> list[int]:
+    return model.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_one_text_piece_per_token_and_exact_usage(model: WorkerModel):
+    text = " the quick brown fox jumps"
+    ids = _ids(model, text)
+    emitted, end = _run(model, ScriptedEngine(ids), GenerationSpec(GenerationParams("", max_tokens=32), prompt="Say"))
+    assert "".join(emitted) == text
+    assert len(emitted) == len(ids)  # nothing merged here: each response is its own piece
+    assert end == StreamEnd("stop", len(model.tokenizer.encode("Say", add_special_tokens=True)), len(ids), ttft_s=end.ttft_s)
+
+
+def test_length_finish_when_max_tokens_is_reached(model: WorkerModel):
+    ids = _ids(model, " one two three four five six")
+    emitted, end = _run(model, ScriptedEngine(ids), GenerationSpec(GenerationParams("", max_tokens=3), prompt="Count"))
+    assert end.finish_reason == "length" and end.completion_tokens == 3
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_stop_string_across_token_boundaries_ends_the_request_and_counts_what_was_returned(model: WorkerModel, keep: bool):
+    text = " my name is mode is here and more words follow"
+    ids = _ids(model, text)
+    stop = "e is mo"  # inside " name is mode": spans several tokens, starts mid-token
+    engine = ScriptedEngine(ids)
+    spec = GenerationSpec(GenerationParams("", max_tokens=32, stop_words=(stop,)), prompt="Hi", keep_stop_text=keep)
+    emitted, end = _run(model, engine, spec)
+    cut = text.index(stop)
+    assert "".join(emitted) == (text[: cut + len(stop)] if keep else text[:cut])
+    assert end.finish_reason == "stop"
+    assert engine.closed_early  # the engine request was ended at the stop, not run to max_tokens
+    # Tokens up to the one that completed the stop string, not the hidden rest.
+    decoded = [model.decoder.decode(ids[:n]) for n in range(len(ids) + 1)]
+    needed = next(n for n, t in enumerate(decoded) if stop in t)
+    assert end.completion_tokens == needed < len(ids)
+    assert engine.sent[0][1].stop_words == ()  # stop strings are matched here, never as engine token lists
+
+
+def test_a_prompt_over_the_limit_is_refused_naming_the_field(model: WorkerModel):
+    engine = ScriptedEngine([])
+    _, end = _run(model, engine, GenerationSpec(GenerationParams("", max_tokens=4), prompt="word " * 80))
+    assert end.status == 400 and "prompt:" in end.error and "max_input_len (64)" in end.error
+    assert engine.sent == []
+
+
+def test_a_huge_prompt_is_refused_by_its_length_without_tokenizing(model: WorkerModel, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(model.tokenizer.tokenizer, "encode", never, raising=False)
+    monkeypatch.setattr(type(model.tokenizer), "encode", never)
+    _, end = _run(model, ScriptedEngine([]), GenerationSpec(GenerationParams("", max_tokens=4), prompt="x" * 10_000_000, prompt_field="prompt"))
+    assert end.status == 400 and "without tokenizing" in end.error
+
+
+def test_a_prompt_of_no_tokens_is_refused(model: WorkerModel, monkeypatch):
+    # A tokenizer without BOS encodes "" to nothing: refused here, not left to the engine.
+    monkeypatch.setattr(type(model.tokenizer), "encode", lambda self, text, add_special_tokens: [])
+    engine = ScriptedEngine([])
+    _, end = _run(model, engine, GenerationSpec(GenerationParams("", max_tokens=4), prompt=""))
+    assert end.status == 400 and "prompt: the prompt is empty" in end.error and engine.sent == []
+
+
+@pytest.mark.parametrize("error, status", [(EngineRefusedError("the engine refused the request: bad"), 400), (UpstreamError("the engine is unavailable"), 503)])
+def test_engine_errors_keep_their_status(model: WorkerModel, error: Exception, status: int):
+    _, end = _run(model, ScriptedEngine([], error=error), GenerationSpec(GenerationParams("", max_tokens=4), prompt="Hi"))
+    assert end.status == status and end.error == str(error)
+
+
+def test_tokenizer_defaults_fill_end_and_pad_ids(model: WorkerModel):
+    engine = ScriptedEngine(_ids(model, " hi"))
+    _run(model, engine, GenerationSpec(GenerationParams("", max_tokens=4), prompt="Hi"))
+    params = engine.sent[0][1]
+    assert params.end_id == model.tokenizer.eos_id and params.pad_id == model.tokenizer.pad_id
+    assert params.exclude_input_in_output is True
+
+
+def test_frames_split_anywhere_and_several_per_read_give_every_message_once():
+    messages = [(i, "x" * (i % 7), None) for i in range(200)]
+    data = b"".join(encode_frame(messages[i : i + 10]) for i in range(0, 200, 10))
+    reader = FrameReader()
+    received: list = []
+    for start in range(0, len(data), 37):  # reads that cut frames, headers included
+        received += reader.feed(data[start : start + 37])
+    assert received == messages
