@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import HTTPException
 
@@ -54,12 +55,11 @@ class WorkerModel:
     """What a worker loads once: the tokenizer (prompts, chat template, decoding) and the engine client."""
 
     def __init__(self, settings: WorkerSettings) -> None:
-        from trtllm_truss.api.prompt import PromptTokenizer
         from trtllm_truss.tokenizer import load_tokenizer
 
         self.settings = settings
         self.tokenizer = load_tokenizer(Path(settings.tokenizer_dir))
-        self.chat = PromptTokenizer.load(Path(settings.tokenizer_dir))
+        self._chat: Any = None  # transformers' tokenizer, for chat templates: loaded at the first chat request
         self.decoder = TokenDecoder(self.tokenizer, skip_special_tokens=True)
         # No token covers more bytes than the longest one in the vocabulary: a prompt longer than
         # max_input_len such tokens is over the limit without being tokenized.
@@ -67,6 +67,14 @@ class WorkerModel:
         self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * max(longest, 1)
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
+
+    @property
+    def chat(self) -> Any:
+        if self._chat is None:
+            from trtllm_truss.api.prompt import PromptTokenizer
+
+            self._chat = PromptTokenizer.load(Path(self.settings.tokenizer_dir))
+        return self._chat
 
     def info(self) -> WorkerInfo:
         import os
