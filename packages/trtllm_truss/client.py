@@ -43,6 +43,7 @@ IDS_OUTPUT = "output_ids"  # [beams, tokens] (after the batch dimension); stream
 # Our ensemble's addition to NVIDIA's outputs: tokens in this response per beam. Ensembles without
 # it (NVIDIA's own) still work; usage is then counted by re-tokenizing the text.
 TOKEN_COUNT_OUTPUT = "sequence_length"
+LOG_PROBS_OUTPUT = "output_log_probs"  # [beams, tokens] of this response (FP32), when return_log_probs
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 STREAM_CLOSE_TIMEOUT_S = 1.0
 RECONNECT_WAIT_S = 2.0
@@ -461,6 +462,8 @@ def build_engine_request(
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     request.outputs.add(name=IDS_OUTPUT)
     request.outputs.add(name=TOKEN_COUNT_OUTPUT)
+    if params.return_log_probs:
+        request.outputs.add(name=LOG_PROBS_OUTPUT)
     lead = [1] if interface.batched else []
 
     def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
@@ -523,8 +526,9 @@ class EngineClient:
 
     async def generate_ids(
         self, input_ids: Sequence[int], params: GenerationParams, *, bad_words: np.ndarray | None = None
-    ) -> AsyncIterator[list[int]]:
-        """The new token ids of each streamed response (beam 0); leaving early cancels the request."""
+    ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
+        """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
+        their log probabilities; leaving early cancels the request."""
         interface = await self.interface()
         request = build_engine_request(
             input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words
@@ -554,15 +558,20 @@ class EngineClient:
                 response = message.infer_response
                 ids: list[int] = []
                 count: int | None = None
+                log_probs: list[float] | None = None
                 for output, raw in zip(response.outputs, response.raw_output_contents):
                     if output.name == IDS_OUTPUT:
                         ids = _first_beam_ids(raw, output.shape)
                     elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
                         (count,) = struct.unpack_from("<i", raw)
+                    elif output.name == LOG_PROBS_OUTPUT:
+                        tokens = int(output.shape[-1]) if output.shape else 0
+                        log_probs = np.frombuffer(raw, dtype="<f4", count=min(tokens, len(raw) // 4)).tolist()
                 if count is not None:
                     ids = ids[: max(count, 0)]
                 if ids:
-                    yield ids
+                    # The response's own tokens are the last ones of its log-prob row.
+                    yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)
                 final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
                 if final is not None and final.bool_param:
                     finished = True

@@ -37,7 +37,7 @@ class ScriptedEngine:
         try:
             for token in self.ids[: params.max_tokens]:
                 await asyncio.sleep(0)
-                yield [token]
+                yield [token], ([-0.5] if params.return_log_probs else None)
             finished = True
         finally:
             self.closed_early = not finished
@@ -51,10 +51,17 @@ def model() -> WorkerModel:
     return WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
 
 
-def _run(model: WorkerModel, engine: ScriptedEngine, spec: GenerationSpec) -> tuple[list[str], StreamEnd]:
+def _run(model: WorkerModel, engine: ScriptedEngine, spec: GenerationSpec, log_probs: list | None = None) -> tuple[list[str], StreamEnd]:
     model.engine = engine
     emitted: list[str] = []
-    end = asyncio.run(model.run(spec, emitted.append))
+
+    def emit(text: str, entries) -> None:
+        if text:
+            emitted.append(text)
+        if log_probs is not None and entries:
+            log_probs.extend(entries)
+
+    end = asyncio.run(model.run(spec, emit))
     return emitted, end
 
 
@@ -143,3 +150,13 @@ def test_frames_split_anywhere_and_several_per_read_give_every_message_once():
     for start in range(0, len(data), 37):  # reads that cut frames, headers included
         received += reader.feed(data[start : start + 37])
     assert received == messages
+
+
+def test_log_probs_come_with_each_token(model: WorkerModel):
+    ids = _ids(model, " alpha beta gamma")
+    entries: list = []
+    spec = GenerationSpec(GenerationParams("", max_tokens=32, return_log_probs=True), prompt="Go")
+    emitted, end = _run(model, ScriptedEngine(ids), spec, entries)
+    assert [token for token, _ in entries] == [model.token_text(t) for t in ids]
+    assert "".join(token for token, _ in entries) == "".join(emitted) == " alpha beta gamma"
+    assert all(lp == -0.5 for _, lp in entries) and end.completion_tokens == len(ids)

@@ -25,6 +25,10 @@ from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInf
 
 logger = logging.getLogger(__name__)
 
+# emit(text, log_probs): text for the client, and [(token text, log prob)] of the tokens behind it
+# when the request asked for log probs (else None).
+Emit = Callable[[str, "list[tuple[str, float]] | None"], None]
+
 # Tokens a tokenizer may add that cover no byte of the text (BOS/EOS, a sentencepiece dummy prefix).
 TOKENS_A_TOKENIZER_ADDS = 4
 
@@ -118,7 +122,7 @@ class WorkerModel:
 
     # --- one request ----------------------------------------------------------------------------
 
-    async def run(self, spec: GenerationSpec, emit: Callable[[str], None]) -> StreamEnd:
+    async def run(self, spec: GenerationSpec, emit: Emit) -> StreamEnd:
         prompt_tokens = 0
         try:
             text = self.prompt_text(spec)
@@ -130,7 +134,7 @@ class WorkerModel:
         except UpstreamError as exc:
             return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
 
-    async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Callable[[str], None]) -> StreamEnd:
+    async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Emit) -> StreamEnd:
         params = spec.params
         tokenizer = self.tokenizer
         if params.end_id is None:  # what NVIDIA's preprocessing sends when the client does not say
@@ -141,33 +145,42 @@ class WorkerModel:
         started = time.monotonic()
         ttft: float | None = None
         completion = 0
+        if params.return_log_probs and self.ensemble is not None:
+            raise RequestError("logprobs", "not available with runtime.detokenize_in: postprocessing (no token ids)")
         pieces = self._pieces(params, text, ids)
         async with aclosing(pieces):
-            async for piece, tokens in pieces:
+            async for piece, tokens, log_probs in pieces:
                 completion += tokens
                 out = stops.feed(piece)
-                if out:
-                    if ttft is None:
+                if out or log_probs:
+                    if ttft is None and out:
                         ttft = time.monotonic() - started
-                    emit(out)
+                    emit(out, log_probs)
                 if stops.stopped:
                     break  # closing the stream cancels the engine request: nothing more is generated
         tail = stops.flush()
         if tail:
-            emit(tail)
+            emit(tail, None)
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         return StreamEnd(finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, ttft_s=ttft)
 
-    async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int]]:
-        """(text, tokens) per engine response."""
+    async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int, list | None]]:
+        """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
         if self.ensemble is not None:
             async with aclosing(self.ensemble.generate(dataclasses.replace(engine_params, text_input=text, stream=True))) as deltas:
                 async for delta in deltas:
-                    yield delta.text, delta.token_count or 0
+                    yield delta.text, delta.token_count or 0, None
             return
         bad_words = word_list_tensor(self.tokenizer, list(params.bad_words)) if params.bad_words else None
         detokenizer = StreamDetokenizer(self.decoder, continues_prompt=True)
         async with aclosing(self.engine.generate_ids(ids, engine_params, bad_words=bad_words)) as responses:
-            async for new_ids in responses:
-                yield detokenizer.feed(new_ids), len(new_ids)
+            async for new_ids, log_probs in responses:
+                entries = None
+                if log_probs is not None:
+                    entries = [(self.token_text(t), lp) for t, lp in zip(new_ids, log_probs)]
+                yield detokenizer.feed(new_ids), len(new_ids), entries
+
+    def token_text(self, token_id: int) -> str:
+        """One token on its own, as OpenAI's log probs name it (a partial character shows as U+FFFD)."""
+        return self.decoder.token_bytes([token_id]).decode("utf-8", errors="replace")

@@ -52,19 +52,22 @@ class ResponseStream:
     """One request's text as its worker sends it. `next_text()` returns everything that arrived since
     the last call (None once the request has ended and all text was read); `end` says how it ended."""
 
-    __slots__ = ("rid", "_worker", "_parts", "end", "_waiter", "_closed")
+    __slots__ = ("rid", "_worker", "_parts", "_log_probs", "end", "_waiter", "_closed")
 
     def __init__(self, rid: int, worker: _Worker) -> None:
         self.rid = rid
         self._worker = worker
         self._parts: list[str] = []
+        self._log_probs: list[tuple[str, float]] = []
         self.end: StreamEnd | None = None
         self._waiter: asyncio.Future | None = None
         self._closed = False
 
-    def _deliver(self, text: str, end: StreamEnd | None) -> None:
+    def _deliver(self, text: str, log_probs: list | None, end: StreamEnd | None) -> None:
         if text:
             self._parts.append(text)
+        if log_probs:
+            self._log_probs += log_probs
         if end is not None:
             self.end = end
         waiter = self._waiter
@@ -82,6 +85,11 @@ class ResponseStream:
                 self._waiter = None
         parts, self._parts = self._parts, []
         return parts[0] if len(parts) == 1 else "".join(parts)
+
+    def take_log_probs(self) -> list[tuple[str, float]]:
+        """(token text, log prob) of the tokens delivered since the last call (requests that asked)."""
+        taken, self._log_probs = self._log_probs, []
+        return taken
 
     def close(self) -> None:
         """The HTTP side is done with this stream: a request still running is cancelled in its worker."""
@@ -104,12 +112,12 @@ class _WorkerProtocol(asyncio.Protocol):
             logger.exception("stream worker %d sent an unreadable frame; restarting it", self._worker.index)
             self._worker.kill()
             return
-        for rid, text, end in updates:
+        for rid, text, log_probs, end in updates:
             stream = streams.get(rid)
             if stream is not None:
                 if end is not None:
                     del streams[rid]
-                stream._deliver(text, end)
+                stream._deliver(text, log_probs, end)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._worker.lost()
@@ -188,7 +196,7 @@ class _Worker:
         self._transport = None
         streams, self.streams = self.streams, {}
         for stream in streams.values():
-            stream._deliver("", StreamEnd(error="the stream worker serving this request stopped", status=503))
+            stream._deliver("", None, StreamEnd(error="the stream worker serving this request stopped", status=503))
         if streams:
             logger.warning("stream worker %d stopped; %d request(s) failed", self.index, len(streams))
         self.pool._restart_later(self)

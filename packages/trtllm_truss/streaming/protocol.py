@@ -6,7 +6,8 @@ in one frame: a worker flushes everything produced in one event-loop turn togeth
 the truss process wakes once for many tokens.
 
 truss -> worker: `("start", rid, GenerationSpec)`, `("cancel", rid)`.
-worker -> truss: first `("ready", WorkerInfo)`, then updates `(rid, text, StreamEnd | None)`.
+worker -> truss: first `("ready", WorkerInfo)`, then updates `(rid, text, log_probs, StreamEnd | None)`,
+`log_probs` a list of (token text, log prob) or None.
 """
 
 from __future__ import annotations

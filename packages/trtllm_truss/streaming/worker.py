@@ -30,6 +30,7 @@ class WorkerProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._tasks: dict[int, asyncio.Task] = {}
         self._texts: dict[int, list[str]] = {}  # rid -> text emitted since the last flush
+        self._log_probs: dict[int, list] = {}  # rid -> [(token text, log prob)] since the last flush
         self._ends: dict[int, StreamEnd] = {}
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -56,9 +57,10 @@ class WorkerProtocol(asyncio.Protocol):
 
     async def _serve(self, rid: int, spec: GenerationSpec) -> None:
         try:
-            end = await self._model.run(spec, lambda text: self._emit(rid, text))
+            end = await self._model.run(spec, lambda text, log_probs: self._emit(rid, text, log_probs))
         except asyncio.CancelledError:
             self._texts.pop(rid, None)  # the truss process has forgotten this request
+            self._log_probs.pop(rid, None)
             return
         except Exception as exc:  # a bug must end its own request visibly, never the worker
             logger.exception("request %d failed", rid)
@@ -68,12 +70,14 @@ class WorkerProtocol(asyncio.Protocol):
         self._ends[rid] = end
         self._schedule_flush()
 
-    def _emit(self, rid: int, text: str) -> None:
+    def _emit(self, rid: int, text: str, log_probs: list | None) -> None:
         parts = self._texts.get(rid)
         if parts is None:
             self._texts[rid] = [text]
         else:
             parts.append(text)
+        if log_probs:
+            self._log_probs.setdefault(rid, []).extend(log_probs)
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
@@ -84,9 +88,13 @@ class WorkerProtocol(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         texts, self._texts = self._texts, {}
+        log_probs, self._log_probs = self._log_probs, {}
         ends, self._ends = self._ends, {}
-        updates = [(rid, parts[0] if len(parts) == 1 else "".join(parts), ends.pop(rid, None)) for rid, parts in texts.items()]
-        updates.extend((rid, "", end) for rid, end in ends.items())
+        updates = [
+            (rid, parts[0] if len(parts) == 1 else "".join(parts), log_probs.get(rid), ends.pop(rid, None))
+            for rid, parts in texts.items()
+        ]
+        updates.extend((rid, "", None, end) for rid, end in ends.items())
         if updates and self._transport is not None and not self._transport.is_closing():
             self._transport.write(encode_frame(updates))
 
