@@ -3,6 +3,9 @@
 truss's model server calls `load()` once in a background thread (readiness answers 503 until it
 returns), then routes `/v1/models/model:predict`, `/v1/chat/completions` and `/v1/completions` to
 the methods below. All logic lives in `packages/trtllm_truss`.
+
+The three methods take only the raw request: truss then leaves the body unparsed (its own parsing
+answers hostile bodies with 500s) and `trtllm_truss.api.body` reads it, every problem a 4xx.
 """
 
 # No `from __future__ import annotations`: truss inspects the `fastapi.Request` annotation objects.
@@ -11,7 +14,8 @@ from typing import Any
 
 import fastapi
 
-from trtllm_truss.service import LLMService
+from trtllm_truss.api.body import read_json_body
+from trtllm_truss.service import LLMService, openai_error_shape
 
 # model/model.py -> the truss directory (holds config.yaml and data/)
 TRUSS_DIR = Path(__file__).resolve().parent.parent
@@ -29,11 +33,18 @@ class Model:
     async def is_healthy(self) -> bool:
         return await self._service.is_healthy()
 
-    async def predict(self, request: dict, http_request: fastapi.Request) -> Any:
-        return await self._service.predict(request, http_request)
+    async def _body(self, http_request: fastapi.Request) -> Any:
+        return await read_json_body(http_request, max_bytes=self._service.limits.max_body_bytes)
 
-    async def chat_completions(self, request: dict, http_request: fastapi.Request) -> Any:
-        return await self._service.chat_completions(request, http_request)
+    async def predict(self, http_request: fastapi.Request) -> Any:
+        return await self._service.predict(await self._body(http_request), http_request)
 
-    async def completions(self, request: dict, http_request: fastapi.Request) -> Any:
-        return await self._service.completions(request, http_request)
+    async def chat_completions(self, http_request: fastapi.Request) -> Any:
+        with openai_error_shape():
+            body = await self._body(http_request)
+        return await self._service.chat_completions(body, http_request)
+
+    async def completions(self, http_request: fastapi.Request) -> Any:
+        with openai_error_shape():
+            body = await self._body(http_request)
+        return await self._service.completions(body, http_request)
