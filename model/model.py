@@ -15,7 +15,8 @@ from typing import Any
 import fastapi
 
 from trtllm_truss.api.body import read_json_body
-from trtllm_truss.service import LLMService, openai_error_shape
+from trtllm_truss.api.errors import error_response
+from trtllm_truss.service import LLMService
 
 # model/model.py -> the truss directory (holds config.yaml and data/)
 TRUSS_DIR = Path(__file__).resolve().parent.parent
@@ -33,18 +34,20 @@ class Model:
     async def is_healthy(self) -> bool:
         return await self._service.is_healthy()
 
-    async def _body(self, http_request: fastapi.Request) -> Any:
-        return await read_json_body(http_request, max_bytes=self._service.limits.max_body_bytes)
+    async def _answer(self, http_request: fastapi.Request, handle: Any, *, openai: bool) -> Any:
+        """Read the body ourselves (refusals answered in the route's error shape), then hand the
+        parsed body and the request to the service."""
+        try:
+            body = await read_json_body(http_request, max_bytes=self._service.limits.max_body_bytes)
+        except fastapi.HTTPException as exc:
+            return error_response(exc.status_code, str(exc.detail), openai=openai)
+        return await handle(body, http_request)
 
     async def predict(self, http_request: fastapi.Request) -> Any:
-        return await self._service.predict(await self._body(http_request), http_request)
+        return await self._answer(http_request, self._service.predict, openai=False)
 
     async def chat_completions(self, http_request: fastapi.Request) -> Any:
-        with openai_error_shape():
-            body = await self._body(http_request)
-        return await self._service.chat_completions(body, http_request)
+        return await self._answer(http_request, self._service.chat_completions, openai=True)
 
     async def completions(self, http_request: fastapi.Request) -> Any:
-        with openai_error_shape():
-            body = await self._body(http_request)
-        return await self._service.completions(body, http_request)
+        return await self._answer(http_request, self._service.completions, openai=True)

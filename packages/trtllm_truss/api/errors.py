@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi import HTTPException
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 # 422 for a body that does not match the schema (FastAPI's own convention), 400 for a well-formed
@@ -59,3 +60,14 @@ def from_validation_error(exc: ValidationError) -> HTTPException:
             problems.append(f"{where}: {message} (got {_short_repr(error.get('input'))})")
     problems = list(dict.fromkeys(problems))  # a union reports the same problem once per member
     return HTTPException(status_code=SCHEMA_ERROR_STATUS, detail=encodable("invalid request: " + "; ".join(problems)))
+
+
+def error_response(status: int, message: str, *, openai: bool) -> JSONResponse:
+    """The body truss itself gives an HTTPException, `{"error": message}`, or on the OpenAI routes
+    OpenAI's `{"error": {"message": ...}}` (which the `openai` client shows). Returned rather than
+    raised: truss logs a traceback for every raised one."""
+    detail: object = encodable(message)
+    if openai:
+        error_type = "invalid_request_error" if status < 500 else "server_error"
+        detail = {"message": detail, "type": error_type, "param": None, "code": status}
+    return JSONResponse(status_code=status, content={"error": detail})
