@@ -337,3 +337,15 @@ def test_ten_megabyte_prompt_is_refused_within_a_second_while_another_request_co
     assert refused_after < 1.0, f"the 10 MB prompt took {refused_after:.2f} s to refuse"
     assert normal.status_code == 200, normal.text
     assert normal.json()["usage"]["completion_tokens"] == 16
+
+
+@pytest.mark.parametrize("route", [PREDICT, CHAT, COMPLETIONS])
+def test_prompt_over_the_byte_bound_but_within_the_body_cap_is_400_naming_the_field(server: TrussServer, route):
+    # max_input_len 512 (the embedded default) x 256 bytes: 128 KiB; the body cap is ~1.8 MB.
+    text = "word " * 60_000
+    body = {"messages": [{"role": "user", "content": text}]} if route == CHAT else {"prompt": text}
+    answer = httpx.post(server.url + route, json={**body, "max_tokens": 2, "stream": False}, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    message = error["message"] if route != PREDICT else error
+    assert message.startswith("invalid request: " + ("messages" if route == CHAT else "prompt") + ": the prompt is"), message

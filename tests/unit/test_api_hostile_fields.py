@@ -11,7 +11,13 @@ from fastapi import HTTPException
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import PredictRequest
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
-from trtllm_truss.api.sampling import FP32_MIN_NORMAL, INT32_MAX, UINT64_MAX, check_prompt_bytes
+from trtllm_truss.api.sampling import (
+    FP32_MIN_NORMAL,
+    INT32_MAX,
+    UINT64_MAX,
+    check_prompt_bytes,
+    to_generation_params,
+)
 from trtllm_truss.service import parse_request
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -137,3 +143,26 @@ def test_body_bound_covers_a_prompt_at_the_bound_fully_escaped():
     limits = RequestLimits(max_input_len=512, max_output_len=16)
     worst_case = json.dumps({"prompt": "\x01" * limits.max_prompt_bytes}).encode()
     assert len(worst_case) <= limits.max_body_bytes
+
+
+@pytest.mark.parametrize(
+    "model, body, field",
+    [
+        (PredictRequest, {"prompt": "ab" * 17}, "prompt"),
+        (PredictRequest, {"messages": [{"role": "user", "content": "a" * 20}, {"role": "user", "content": "b" * 20}]}, "messages"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 33}]}]}, "messages"),
+        (CompletionRequest, {"prompt": ["y" * 33]}, "prompt"),
+    ],
+)
+def test_generation_params_refuse_a_prompt_over_the_byte_bound(model, body, field):
+    limits = RequestLimits(max_input_len=4, max_output_len=4, max_token_bytes=8)  # 32 bytes
+    req = parse_request(model, body)
+    with pytest.raises(HTTPException) as caught:
+        to_generation_params(req, text_input="", max_tokens=2, limits=limits)
+    assert caught.value.status_code == 400 and f"{field}: the prompt is" in caught.value.detail
+
+
+def test_generation_params_accept_a_prompt_at_the_byte_bound():
+    limits = RequestLimits(max_input_len=4, max_output_len=4, max_token_bytes=8)
+    req = parse_request(CompletionRequest, {"prompt": "é" * 16})
+    assert to_generation_params(req, text_input="", max_tokens=2, limits=limits).max_tokens == 2

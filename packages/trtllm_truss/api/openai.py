@@ -62,6 +62,9 @@ class ChatCompletionRequest(_OpenAIRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="newer name of max_tokens")
     logprobs: Literal[False] | None = Field(None, description="log probabilities are not returned")
 
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        return "messages", "".join(message.text() for message in self.messages)
+
     def requested_max_tokens(self) -> tuple[str, int | None]:
         if self.max_completion_tokens is not None:
             return "max_completion_tokens", self.max_completion_tokens
@@ -84,6 +87,9 @@ class CompletionRequest(_OpenAIRequest):
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        return "prompt", self.prompt_text()
 
 
 # --- responses ------------------------------------------------------------------------------------

@@ -85,6 +85,11 @@ class SamplingFields(StrictModel):
     )
     ignore_eos: bool = Field(False, description="keep generating past the end token until max_tokens")
 
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        """(field, text) of the client's prompt text, for the cheap byte bound; the request
+        schemas say where their prompt is."""
+        return None
+
 
 def resolve_max_tokens(field: str, requested: int | None, default: int, limits: RequestLimits) -> int:
     if requested is None:
@@ -97,6 +102,8 @@ def resolve_max_tokens(field: str, requested: int | None, default: int, limits: 
 def check_prompt_bytes(field: str, text: str, limits: RequestLimits) -> None:
     """The cheap bound, before any tokenization: a prompt longer in UTF-8 than `max_input_len`
     tokens of the longest token can cover cannot fit, whatever the tokenizer makes of it."""
+    if len(text) * 4 <= limits.max_prompt_bytes:  # 4 bytes per character at most: no need to encode
+        return
     size = len(text.encode("utf-8"))
     if size > limits.max_prompt_bytes:
         raise field_error(
@@ -127,6 +134,9 @@ def to_generation_params(
     beam_width: int | None = None,
 ) -> GenerationParams:
     """The ensemble request for validated fields; raises HTTP 400 naming the field on a limit breach."""
+    prompt = sampling.prompt_for_bound()
+    if prompt is not None:
+        check_prompt_bytes(*prompt, limits)
     if sampling.min_tokens is not None and sampling.min_tokens > max_tokens:
         raise field_error("min_tokens", f"{sampling.min_tokens} is above max_tokens ({max_tokens})")
     if beam_width is not None and beam_width > limits.max_beam_width:
