@@ -88,8 +88,7 @@ async def read_json_body(request: Request, *, max_bytes: int) -> Any:
 
 
 def parse_json(raw: bytes) -> Any:
-    if raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8) :]
+    raw = raw.removeprefix(codecs.BOM_UTF8)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
