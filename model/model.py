@@ -3,6 +3,9 @@
 truss's model server calls `load()` once in a background thread (readiness answers 503 until it
 returns), then routes `/v1/models/model:predict`, `/v1/chat/completions` and `/v1/completions` to
 the methods below. All logic lives in `packages/trtllm_truss`.
+
+The three methods take only the raw request: truss then leaves the body unparsed (its own parsing
+answers hostile bodies with 500s) and `trtllm_truss.api.body` reads it, every problem a 4xx.
 """
 
 # No `from __future__ import annotations`: truss inspects the `fastapi.Request` annotation objects.
@@ -11,6 +14,8 @@ from typing import Any
 
 import fastapi
 
+from trtllm_truss.api.body import read_json_body
+from trtllm_truss.api.errors import error_response
 from trtllm_truss.service import LLMService
 
 # model/model.py -> the truss directory (holds config.yaml and data/)
@@ -29,11 +34,20 @@ class Model:
     async def is_healthy(self) -> bool:
         return await self._service.is_healthy()
 
-    async def predict(self, request: dict, http_request: fastapi.Request) -> Any:
-        return await self._service.predict(request, http_request)
+    async def _answer(self, http_request: fastapi.Request, handle: Any, *, openai: bool) -> Any:
+        """Read the body ourselves (refusals answered in the route's error shape), then hand the
+        parsed body and the request to the service."""
+        try:
+            body = await read_json_body(http_request, max_bytes=self._service.limits.max_body_bytes)
+        except fastapi.HTTPException as exc:
+            return error_response(exc.status_code, str(exc.detail), openai=openai)
+        return await handle(body, http_request)
 
-    async def chat_completions(self, request: dict, http_request: fastapi.Request) -> Any:
-        return await self._service.chat_completions(request, http_request)
+    async def predict(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.predict, openai=False)
 
-    async def completions(self, request: dict, http_request: fastapi.Request) -> Any:
-        return await self._service.completions(request, http_request)
+    async def chat_completions(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.chat_completions, openai=True)
+
+    async def completions(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.completions, openai=True)

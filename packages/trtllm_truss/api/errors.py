@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi import HTTPException
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 # 422 for a body that does not match the schema (FastAPI's own convention), 400 for a well-formed
@@ -14,13 +15,22 @@ LIMIT_ERROR_STATUS = 400
 _MAX_VALUE_REPR = 60
 
 
+def encodable(text: str) -> str:
+    """`text` with anything UTF-8 cannot encode (lone surrogates from a hostile body, echoed in a
+    message as a key or a value) written as a `\\udXXX` escape: the error answer itself must encode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def field_error(field: str, message: str, status_code: int = LIMIT_ERROR_STATUS) -> HTTPException:
-    return HTTPException(status_code=status_code, detail=f"invalid request: {field}: {message}")
+    return HTTPException(status_code=status_code, detail=encodable(f"invalid request: {field}: {message}"))
 
 
 # pydantic puts the tried member of a union into the location ("str", "list[TextPart]", "TextPart");
 # field names here are lower snake case, so such tags are told apart and left out of the path.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|[A-Z]\w*(\[.*\])?)$")
+# Annotated members with a validator are tagged "function-after[utf8_text(), str]".
+_UNION_TAG = re.compile(
+    r"^(str|int|float|bool|none|constrained-str|list\[.*\]|dict\[.*\]|literal\[.*\]|function-\w+\[.*\]|[A-Z]\w*(\[.*\])?)$"
+)
 
 
 def _dotted(loc: tuple[str | int, ...]) -> str:
@@ -49,4 +59,15 @@ def from_validation_error(exc: ValidationError) -> HTTPException:
         else:
             problems.append(f"{where}: {message} (got {_short_repr(error.get('input'))})")
     problems = list(dict.fromkeys(problems))  # a union reports the same problem once per member
-    return HTTPException(status_code=SCHEMA_ERROR_STATUS, detail="invalid request: " + "; ".join(problems))
+    return HTTPException(status_code=SCHEMA_ERROR_STATUS, detail=encodable("invalid request: " + "; ".join(problems)))
+
+
+def error_response(status: int, message: str, *, openai: bool) -> JSONResponse:
+    """The body truss itself gives an HTTPException, `{"error": message}`, or on the OpenAI routes
+    OpenAI's `{"error": {"message": ...}}` (which the `openai` client shows). Returned rather than
+    raised: truss logs a traceback for every raised one."""
+    detail: object = encodable(message)
+    if openai:
+        error_type = "invalid_request_error" if status < 500 else "server_error"
+        detail = {"message": detail, "type": error_type, "param": None, "code": status}
+    return JSONResponse(status_code=status, content={"error": detail})

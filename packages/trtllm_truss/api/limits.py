@@ -6,6 +6,14 @@ from dataclasses import dataclass
 
 from trtllm_truss.plan import ServingPlan
 
+# Bytes of text one token is assumed to cover at most (a generous bound: long tokens are runs of
+# spaces or punctuation): `max_input_len` times this bounds a prompt that can fit, before tokenizing.
+MAX_TOKEN_BYTES = 256
+# A JSON string escape is at most 6 bytes per UTF-8 byte (`\u0001`), so a body holding a prompt that
+# fits is at most this many times the prompt's bytes, plus room for the other fields.
+JSON_ESCAPE_FACTOR = 6
+BODY_OVERHEAD_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -13,6 +21,17 @@ class RequestLimits:
     max_output_len: int
     max_beam_width: int = 1
     vocab_size: int | None = None  # bounds `end_id` when known
+    max_token_bytes: int = MAX_TOKEN_BYTES  # the tokenizer's longest token in bytes, when known
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        """A prompt longer than this in UTF-8 cannot be `max_input_len` tokens or fewer."""
+        return self.max_input_len * self.max_token_bytes
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Request bodies above this are refused (413) before they are parsed."""
+        return JSON_ESCAPE_FACTOR * self.max_prompt_bytes + BODY_OVERHEAD_BYTES
 
     @classmethod
     def from_plan(cls, plan: ServingPlan, vocab_size: int | None = None) -> RequestLimits:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from trtllm_truss.api.sampling import SamplingFields, StrictModel, WordList
+from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, StrictModel, Text, WordList
 
 DEFAULT_MAX_TOKENS = 50
 FinishReason = Literal["stop", "length"]
@@ -19,13 +19,13 @@ FinishReason = Literal["stop", "length"]
 
 class TextPart(StrictModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(StrictModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -34,12 +34,12 @@ class ChatMessage(StrictModel):
 
 
 class PredictRequest(SamplingFields):
-    prompt: str | None = Field(None, description="text to complete (or give `messages`)")
+    prompt: Text | None = Field(None, description="text to complete (or give `messages`)")
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="chat turns, formatted with the tokenizer's chat template"
     )
-    max_tokens: int | None = Field(None, ge=1, description=f"tokens to generate (default {DEFAULT_MAX_TOKENS})")
-    beam_width: int | None = Field(None, ge=1, description="beam search width; > 1 needs stream=false")
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description=f"tokens to generate (default {DEFAULT_MAX_TOKENS})")
+    beam_width: int | None = Field(None, ge=1, le=INT32_MAX, description="beam search width; > 1 needs stream=false")
     stop_words_list: WordList = Field(default_factory=list, description="generation ends at any of these")
     bad_words_list: WordList = Field(default_factory=list, description="these never appear in the output")
     stream: bool = Field(True, description="stream text chunks (true) or answer once with JSON (false)")
@@ -51,6 +51,11 @@ class PredictRequest(SamplingFields):
         if self.beam_width is not None and self.beam_width > 1 and self.stream:
             raise ValueError("beam_width: beam search (beam_width > 1) needs stream=false")
         return self
+
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        if self.prompt is not None:
+            return "prompt", self.prompt
+        return "messages", "".join(message.text() for message in self.messages or [])
 
 
 class Usage(StrictModel):

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from trtllm_truss.api.native import ChatMessage, FinishReason, Usage
-from trtllm_truss.api.sampling import MAX_WORDS, SamplingFields, StrictModel
+from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, StrictModel, Text
 
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
@@ -25,13 +25,13 @@ class StreamOptions(StrictModel):
 
 
 class _OpenAIRequest(SamplingFields):
-    model: str | None = Field(None, description="accepted and echoed; this deployment serves one model")
-    max_tokens: int | None = Field(None, ge=1)
+    model: Text | None = Field(None, description="accepted and echoed; this deployment serves one model")
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     n: int = Field(1, description="only 1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="up to 32 stop strings")
-    user: str | None = None
+    stop: Text | list[Text] | None = Field(None, description="up to 32 stop strings")
+    user: Text | None = None
 
     @field_validator("n")
     @classmethod
@@ -59,8 +59,11 @@ class _OpenAIRequest(SamplingFields):
 
 class ChatCompletionRequest(_OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="newer name of max_tokens")
     logprobs: Literal[False] | None = Field(None, description="log probabilities are not returned")
+
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        return "messages", "".join(message.text() for message in self.messages)
 
     def requested_max_tokens(self) -> tuple[str, int | None]:
         if self.max_completion_tokens is not None:
@@ -69,7 +72,7 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 
 class CompletionRequest(_OpenAIRequest):
-    prompt: str | list[str] = Field(description="one prompt (a list must hold exactly one)")
+    prompt: Text | list[Text] = Field(description="one prompt (a list must hold exactly one)")
     echo: Literal[False] = False
     logprobs: None = Field(None, description="log probabilities are not returned")
     best_of: int | None = Field(None, ge=1, le=1)
@@ -84,6 +87,9 @@ class CompletionRequest(_OpenAIRequest):
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        return "prompt", self.prompt_text()
 
 
 # --- responses ------------------------------------------------------------------------------------

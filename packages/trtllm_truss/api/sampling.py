@@ -1,6 +1,9 @@
 """Sampling fields shared by the native and the OpenAI schemas, and their translation to the ensemble.
 
-Ranges follow OpenAI where OpenAI defines the field and TensorRT-LLM's `SamplingConfig` elsewhere.
+Ranges follow OpenAI where OpenAI defines the field and TensorRT-LLM's `SamplingConfig` elsewhere,
+and never exceed what the field's tensor holds (INT32, UINT64 for the seed, FP32): a value the
+tensor cannot carry as sent is a field error here, not a failure when the tensor is built.
+Every string must be text that UTF-8 can encode (no lone surrogates such as `"\\ud800"`).
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.limits import RequestLimits
@@ -18,7 +21,44 @@ from trtllm_truss.client import GenerationParams
 IGNORE_EOS_END_ID = -1
 MAX_WORDS = 32
 
-Word = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+# What the ensemble's input tensors hold (client.py builds INT32, UINT64 and FP32 tensors).
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+FP32_MAX = 3.4028234663852886e38
+# The smallest normal FP32 magnitude: below it a value loses precision or becomes 0.0 (1e-320 as a
+# repetition penalty would reach the engine as 0, 1e-50 as top_p too).
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+
+
+def utf8_text(value: str) -> str:
+    """Refuse strings UTF-8 cannot encode: JSON's `\\ud800` escape yields a lone surrogate, which
+    would fail later when the text is encoded for the tokenizer or for the answer."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # repr() escapes the surrogate, so the message itself stays encodable.
+        raise ValueError(
+            f"is not valid Unicode text: lone surrogate {value[exc.start]!r} at character {exc.start}"
+        ) from None
+    return value
+
+
+def fp32_value(value: float) -> float:
+    """Refuse floats that the FP32 tensor would not carry as sent (0 stays 0)."""
+    magnitude = abs(value)
+    if magnitude != 0.0 and magnitude < FP32_MIN_NORMAL:
+        raise ValueError(
+            f"{value!r} is too close to 0 for a 32-bit float (nonzero values need a magnitude of at "
+            f"least {FP32_MIN_NORMAL:.8g})"
+        )
+    if magnitude > FP32_MAX:
+        raise ValueError(f"{value!r} is beyond the 32-bit float range (+-{FP32_MAX:.8g})")
+    return value
+
+
+Text = Annotated[str, AfterValidator(utf8_text)]
+Float32 = Annotated[float, AfterValidator(fp32_value)]
+Word = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(utf8_text)]
 WordList = Annotated[list[Word], Field(max_length=MAX_WORDS)]
 
 
@@ -29,19 +69,26 @@ class StrictModel(BaseModel):
 
 
 class SamplingFields(StrictModel):
-    temperature: float | None = Field(
+    temperature: Float32 | None = Field(
         None, ge=0.0, le=2.0, description="0 selects greedy decoding; unset uses the engine default"
     )
-    top_k: int | None = Field(None, ge=0, description="0 disables top-k filtering")
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**64 - 1, description="random seed for reproducible sampling")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    length_penalty: float | None = Field(None, ge=-10.0, le=10.0, description="beam search only")
-    min_tokens: int | None = Field(None, ge=0, description="generate at least this many tokens")
-    end_id: int | None = Field(None, ge=0, description="token id that ends generation (default: the tokenizer's eos)")
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX, description="0 disables top-k filtering")
+    top_p: Float32 | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=UINT64_MAX, description="random seed for reproducible sampling")
+    repetition_penalty: Float32 | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: Float32 | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Float32 | None = Field(None, ge=-2.0, le=2.0)
+    length_penalty: Float32 | None = Field(None, ge=-10.0, le=10.0, description="beam search only")
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX, description="generate at least this many tokens")
+    end_id: int | None = Field(
+        None, ge=0, le=INT32_MAX, description="token id that ends generation (default: the tokenizer's eos)"
+    )
     ignore_eos: bool = Field(False, description="keep generating past the end token until max_tokens")
+
+    def prompt_for_bound(self) -> tuple[str, str] | None:
+        """(field, text) of the client's prompt text, for the cheap byte bound; the request
+        schemas say where their prompt is."""
+        return None
 
 
 def resolve_max_tokens(field: str, requested: int | None, default: int, limits: RequestLimits) -> int:
@@ -50,6 +97,20 @@ def resolve_max_tokens(field: str, requested: int | None, default: int, limits: 
     if requested > limits.max_output_len:
         raise field_error(field, f"{requested} is above this deployment's max_output_len ({limits.max_output_len})")
     return requested
+
+
+def check_prompt_bytes(field: str, text: str, limits: RequestLimits) -> None:
+    """The cheap bound, before any tokenization: a prompt longer in UTF-8 than `max_input_len`
+    tokens of the longest token can cover cannot fit, whatever the tokenizer makes of it."""
+    if len(text) * 4 <= limits.max_prompt_bytes:  # 4 bytes per character at most: no need to encode
+        return
+    size = len(text.encode("utf-8"))
+    if size > limits.max_prompt_bytes:
+        raise field_error(
+            field,
+            f"the prompt is {size} bytes, more than this deployment's max_input_len ({limits.max_input_len} "
+            f"tokens) can hold (at most {limits.max_prompt_bytes} bytes)",
+        )
 
 
 def check_prompt_length(field: str, prompt_tokens: int, limits: RequestLimits) -> None:
@@ -73,6 +134,9 @@ def to_generation_params(
     beam_width: int | None = None,
 ) -> GenerationParams:
     """The ensemble request for validated fields; raises HTTP 400 naming the field on a limit breach."""
+    prompt = sampling.prompt_for_bound()
+    if prompt is not None:
+        check_prompt_bytes(*prompt, limits)
     if sampling.min_tokens is not None and sampling.min_tokens > max_tokens:
         raise field_error("min_tokens", f"{sampling.min_tokens} is above max_tokens ({max_tokens})")
     if beam_width is not None and beam_width > limits.max_beam_width:
