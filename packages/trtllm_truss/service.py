@@ -153,7 +153,10 @@ class LLMService:
         except BaseException:
             self._stack.stop()
             raise
-        self._limits = RequestLimits.from_plan(plan, vocab_size=self._pool.vocab_size)
+        info = self._pool.info
+        self._limits = RequestLimits.from_plan(
+            plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes
+        )
         from trtllm_truss.client import EngineClient
 
         self._engine_probe = EngineClient(self._stack.server.grpc_url)
@@ -182,13 +185,13 @@ class LLMService:
     @property
     def pool(self) -> StreamPool:
         if self._pool is None:
-            raise _Refused(503, "the model is still loading")
+            raise HTTPException(status_code=503, detail="the model is still loading")
         return self._pool
 
     @property
     def limits(self) -> RequestLimits:
         if self._limits is None:
-            raise _Refused(503, "the model is still loading")
+            raise HTTPException(status_code=503, detail="the model is still loading")
         return self._limits
 
     # --- native predict --------------------------------------------------------------------------

@@ -34,10 +34,13 @@ class RequestLimits:
         return JSON_ESCAPE_FACTOR * self.max_prompt_bytes + BODY_OVERHEAD_BYTES
 
     @classmethod
-    def from_plan(cls, plan: ServingPlan, vocab_size: int | None = None) -> RequestLimits:
+    def from_plan(
+        cls, plan: ServingPlan, vocab_size: int | None = None, max_token_bytes: int | None = None
+    ) -> RequestLimits:
         return cls(
             max_input_len=plan.max_input_len,
             max_output_len=plan.max_output_len,
             max_beam_width=plan.max_beam_width,
             vocab_size=vocab_size,
+            max_token_bytes=max_token_bytes or MAX_TOKEN_BYTES,
         )

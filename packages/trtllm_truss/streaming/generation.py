@@ -67,8 +67,8 @@ class WorkerModel:
         self.decoder = TokenDecoder(self.tokenizer, skip_special_tokens=True)
         # No token covers more bytes than the longest one in the vocabulary: a prompt longer than
         # max_input_len such tokens is over the limit without being tokenized.
-        longest = max(len(b) for b in TokenDecoder(self.tokenizer, skip_special_tokens=False).token_bytes_table())
-        self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * max(longest, 1)
+        self.max_token_bytes = max(1, max(len(b) for b in TokenDecoder(self.tokenizer, skip_special_tokens=False).token_bytes_table()))
+        self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * self.max_token_bytes
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
 
@@ -83,7 +83,11 @@ class WorkerModel:
     def info(self) -> WorkerInfo:
         import os
 
-        return WorkerInfo(pid=os.getpid(), vocab_size=self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True))
+        return WorkerInfo(
+            pid=os.getpid(),
+            vocab_size=self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True),
+            max_token_bytes=self.max_token_bytes,
+        )
 
     async def close(self) -> None:
         await self.engine.close()

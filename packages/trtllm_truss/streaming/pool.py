@@ -135,6 +135,7 @@ class _Worker:
         self.info: WorkerInfo | None = None
         self._sock: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
+        self._attaching: asyncio.Future | None = None
 
     @property
     def running(self) -> bool:
@@ -165,11 +166,19 @@ class _Worker:
         logger.info("stream worker %d ready (pid %d)", self.index, process.pid)
 
     async def attach(self) -> None:
-        """Hand the socket to the serving event loop (the one truss's requests arrive on)."""
-        if self._transport is None and self._sock is not None:
+        """Hand the socket to the serving event loop (the one truss's requests arrive on); requests
+        arriving while that happens wait for it."""
+        if self._attaching is not None:
+            await asyncio.shield(self._attaching)
+        elif self._transport is None and self._sock is not None:
             loop = asyncio.get_running_loop()
             sock, self._sock = self._sock, None
-            self._transport, _ = await loop.create_unix_connection(lambda: _WorkerProtocol(self), sock=sock)
+            self._attaching = loop.create_future()
+            try:
+                self._transport, _ = await loop.create_unix_connection(lambda: _WorkerProtocol(self), sock=sock)
+            finally:
+                self._attaching.set_result(None)
+                self._attaching = None
 
     def send(self, message: tuple) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -246,9 +255,9 @@ class StreamPool:
         self._stopping = False
 
     @property
-    def vocab_size(self) -> int | None:
-        infos = [w.info for w in self._workers if w.info is not None]
-        return infos[0].vocab_size if infos else None
+    def info(self) -> WorkerInfo | None:
+        """What the workers know of the tokenizer (they all load the same one)."""
+        return next((w.info for w in self._workers if w.info is not None), None)
 
     @property
     def pids(self) -> list[int]:

@@ -50,6 +50,7 @@ class StreamEnd:
 class WorkerInfo:
     pid: int
     vocab_size: int
+    max_token_bytes: int  # the longest token's bytes: bounds a prompt's bytes before tokenizing
 
 
 def encode_frame(messages: list) -> bytes:
