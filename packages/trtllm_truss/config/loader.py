@@ -118,6 +118,8 @@ def _format_validation_error(exc: ValidationError, origins: Mapping[KeyPath, Sou
             shown_value = False
         elif kind == "missing":
             message, shown_value = "required", False
+        elif kind == "string_type":
+            message = "expected a string (quote the value in config.yaml)"
         elif kind in ("model_type", "dict_type", "model_attributes_type"):
             message = "expected a mapping of keys"
         elif kind == "value_error":
