@@ -26,6 +26,8 @@ def child_environment(base: Mapping[str, str] | None = None, *, secrets: Iterabl
     has remembered (load_config remembers the declared secrets' values; see config/secrets.py). Everything
     else (PATH, PYTHONPATH, LD_LIBRARY_PATH, HF_HOME, CUDA_*, ...) is kept; callers add what they need.
     """
+    if isinstance(secrets, Mapping):  # truss's mapping iterates names (or raises), never values
+        raise TypeError("child_environment(secrets=...) takes secret values; use config.secrets.secret_values()")
     env = os.environ if base is None else base
     values = known_secret_values().union(secrets)
     stripped = {value.strip() for value in values if value and value.strip()}

@@ -164,3 +164,5 @@ def test_child_environment_drops_credentials_and_copies_of_secret_values(tmp_pat
     assert env == {"PATH": "/usr/bin", "HF_HOME": "/cache/hf", "AWS_REGION": "us-east-1"}
     # default: the process environment
     assert "TRUSS_SECRET_db_password" in os.environ and "TRUSS_SECRET_db_password" not in child_environment()
+    with pytest.raises(TypeError, match="secret values"):
+        child_environment(base, secrets=Secrets({"db_password": None}))  # names are not values
