@@ -70,8 +70,8 @@ def start_stack(
     """Bring the stack up and return it once the ensemble is ready.
 
     `environ` is what the configuration's environment overrides are read from (default: os.environ);
-    tritonserver inherits the process environment minus every credential (trtllm_truss.child_env). `repository_dir` defaults to a fresh
-    temporary directory removed by `RunningStack.stop()`. Errors of every stage propagate with their own
+    tritonserver inherits the process environment minus every credential (trtllm_truss.child_env).
+    `repository_dir` defaults to a fresh temporary directory removed by `RunningStack.stop()`. Errors of every stage propagate with their own
     message (ConfigError, PlanError, FetchError, RepositoryError, TritonInstallError, TritonStartupError).
     """
     # Imported here: each stage pulls in its own dependencies, and `validate` never needs them.
