@@ -12,7 +12,11 @@ import os
 from collections.abc import Iterable, Mapping
 
 from trtllm_truss.config.errors import known_secret_values
-from trtllm_truss.config.secrets import CREDENTIAL_VARIABLES, SECRET_ENV_PREFIX, is_credential_variable
+from trtllm_truss.config.secrets import (
+    CREDENTIAL_VARIABLES,
+    SECRET_ENV_PREFIX,
+    is_credential_variable,
+)
 
 __all__ = ["CREDENTIAL_VARIABLES", "SECRET_ENV_PREFIX", "child_environment", "is_credential_variable"]
 

@@ -13,7 +13,6 @@ import psutil
 import pytest
 import yaml
 from test_supervisor_server import make_tiny_repository, stream_words
-
 from trtllm_truss.config import load_config
 from trtllm_truss.config import secrets as config_secrets
 from trtllm_truss.config.errors import forget_secret_values

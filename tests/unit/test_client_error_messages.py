@@ -8,8 +8,12 @@ import socket
 
 import grpc
 import pytest
-
-from trtllm_truss.client import EngineClient, EnsembleClient, UpstreamError, _describe_rpc_error
+from trtllm_truss.client import (
+    EngineClient,
+    EnsembleClient,
+    UpstreamError,
+    _describe_rpc_error,
+)
 
 
 def _closed_port() -> int:

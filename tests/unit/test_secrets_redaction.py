@@ -10,14 +10,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from truss.templates.shared.secrets_resolver import Secrets  # truss's own mapping, as a model receives it
-
 from trtllm_truss.child_env import child_environment
 from trtllm_truss.cli import main
 from trtllm_truss.config import ConfigError, load_config
 from trtllm_truss.config import secrets as config_secrets
-from trtllm_truss.config.errors import RedactingFilter, forget_secret_values, known_secret_values, redact
+from trtllm_truss.config.errors import (
+    RedactingFilter,
+    forget_secret_values,
+    known_secret_values,
+    redact,
+)
 from trtllm_truss.config.secrets import secret_values
+from truss.templates.shared.secrets_resolver import (
+    Secrets,  # truss's own mapping, as a model receives it
+)
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 

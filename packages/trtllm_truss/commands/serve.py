@@ -82,6 +82,7 @@ def _describe(exc: BaseException) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+
     from trtllm_truss.stack import start_stack
 
     # Piped output (CI logs, tests) gets long lines instead of 80 columns of wrapped log records.

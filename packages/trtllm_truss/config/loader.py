@@ -23,8 +23,13 @@ from trtllm_truss.config.errors import (
     show_value,
 )
 from trtllm_truss.config.locations import RepositoryLocation, resolve_repository
+from trtllm_truss.config.schema import (
+    BuildConfig,
+    RuntimeConfig,
+    ServeConfig,
+    TrtLlmConfig,
+)
 from trtllm_truss.config.secrets import declared_secret_names, secret_values
-from trtllm_truss.config.schema import BuildConfig, RuntimeConfig, ServeConfig, TrtLlmConfig
 from trtllm_truss.config.sources import (
     DEFAULT,
     KeyPath,
