@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import struct
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -332,7 +333,9 @@ class EnsembleClient:
                         self.model_name, as_json=True, client_timeout=self._connect_timeout_s
                     )
                 except InferenceServerException as exc:
-                    raise UpstreamError(f"Triton at {self.grpc_url} is unavailable: {exc.message()}") from exc
+                    # The address is for the operator's log; the client's message names none.
+                    logger.warning("Triton at %s: model config of %s unavailable: %s", self.grpc_url, self.model_name, exc)
+                    raise UpstreamError("the engine is unavailable") from exc
                 config = config.get("config", config)
                 interface = EnsembleInterface(
                     batched=int(config.get("max_batch_size", 0)) > 0,
@@ -341,8 +344,9 @@ class EnsembleClient:
                 )
                 if TEXT_OUTPUT not in interface.outputs and not (IDS_OUTPUT in interface.outputs and self._decoder):
                     needs = f"{TEXT_OUTPUT!r}" + (f" or {IDS_OUTPUT!r}" if self._decoder else "")
+                    logger.error("Triton at %s: model %s has no output %s", self.grpc_url, self.model_name, needs)
                     raise UpstreamError(
-                        f"model {self.model_name!r} at {self.grpc_url} has no output {needs}; "
+                        f"model {self.model_name!r} has no output {needs}; "
                         f"it has: {', '.join(sorted(interface.outputs))}"
                     )
                 self._interface = interface
@@ -420,11 +424,27 @@ async def _reconnected(triton: InferenceServerClient) -> bool:
         return False
 
 
+# What gRPC and the python backend put in error details that a client must not see: addresses
+# (`ipv4:127.0.0.1:41719`, `[::1]:8001`, `unix:/path`) and absolute paths (a model.py in a traceback).
+_INTERNAL_DETAIL = re.compile(
+    r"(?:ipv[46]:)?(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:.]+\]|localhost)(?::\d+)?"
+    r"|unix:\S+"
+    r"|(?<![\w.~])/(?:[^/\s\"']+/)+[^/\s\"':,]*"
+)
+
+
+def client_safe(text: str) -> str:
+    """`text` without internal addresses or paths, for messages that can reach an HTTP client."""
+    return _INTERNAL_DETAIL.sub("<internal>", text)
+
+
 def _describe_rpc_error(url: str, exc: grpc.aio.AioRpcError) -> str:
+    """The message for the client (no address, no path); the full details go to the log with `url`."""
     code = exc.code()
+    logger.warning("Triton at %s: %s: %s", url, code.name, exc.details())
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return f"Triton at {url} is unavailable ({code.name}): {exc.details()}"
-    return f"Triton error {code.name}: {exc.details()}"
+        return f"the engine is unavailable ({code.name})"
+    return f"Triton error {code.name}: {client_safe(exc.details() or '')}"
 
 
 # GenerationParams field -> NVIDIA `tensorrt_llm` input (name, Triton datatype, protobuf contents field).

@@ -70,8 +70,8 @@ def start_stack(
     """Bring the stack up and return it once the ensemble is ready.
 
     `environ` is what the configuration's environment overrides are read from (default: os.environ);
-    tritonserver itself always inherits the process environment. `repository_dir` defaults to a fresh
-    temporary directory removed by `RunningStack.stop()`. Errors of every stage propagate with their own
+    tritonserver inherits the process environment minus every credential (trtllm_truss.child_env).
+    `repository_dir` defaults to a fresh temporary directory removed by `RunningStack.stop()`. Errors of every stage propagate with their own
     message (ConfigError, PlanError, FetchError, RepositoryError, TritonInstallError, TritonStartupError).
     """
     # Imported here: each stage pulls in its own dependencies, and `validate` never needs them.
@@ -83,6 +83,11 @@ def start_stack(
 
     progress("reading the configuration")
     resolved = load_config(Path(truss_dir), environ)
+    if secrets is not None:  # truss's mapping can hold values load_config could not see (e.g. a local run's)
+        from trtllm_truss.config.errors import remember_secret_values
+        from trtllm_truss.config.secrets import secret_values
+
+        remember_secret_values(secret_values(resolved.secrets, secrets=secrets, environ=environ))
     if facts is None:
         progress("probing GPUs and TensorRT-LLM")
         facts = probe_facts()

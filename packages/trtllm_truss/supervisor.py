@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
+from trtllm_truss import child_env
 from trtllm_truss.tritonserver_install import (
     BinaryCandidate,
     TritonInstallation,
@@ -398,6 +399,7 @@ class TritonServer:
         mpirun: str = "mpirun",
         check_numpy: bool = True,
         on_exit: Callable[[ServerExit], None] | None = None,
+        secrets: Iterable[str] = (),
     ) -> None:
         self.repository = Path(repository).resolve()
         self.world_size = world_size
@@ -407,6 +409,7 @@ class TritonServer:
         self.log_prefix = log_prefix
         self._binary_setting = binary
         self._env_overrides = dict(env or {})
+        self._secret_values = tuple(secrets)  # besides those load_config remembered; see child_env
         self._ports = ports
         self._work_dir = work_dir
         self._owns_work_dir = work_dir is None
@@ -518,7 +521,11 @@ class TritonServer:
         if self._work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="trtllm-truss-triton-"))
         self._installation = prepare_installation(located, self._work_dir)
-        self._child_env = child_environment(self._installation, base_env)
+        # No credential reaches tritonserver, its MPI ranks (mpirun hands them its environment) or the python
+        # backend stubs (forked by tritonserver): all of them can be read in /proc/<pid>/environ.
+        self._child_env = child_environment(
+            self._installation, child_env.child_environment(base_env, secrets=self._secret_values)
+        )
         if self._check_numpy:
             verify_stub_environment(self._child_env, self._installation)
         if self.world_size > 1 and shutil.which(self._mpirun, path=self._child_env.get("PATH")) is None:

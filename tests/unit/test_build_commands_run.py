@@ -96,13 +96,22 @@ def test_missing_program_is_a_step_error(tmp_path: Path, fake_toolchain) -> None
         run_build_plan(plan, sink=lambda line: None)
 
 
-def test_token_is_redacted_from_build_logs(tmp_path: Path, fake_toolchain) -> None:
+@pytest.mark.parametrize("echoed", ["HF_TOKEN", "COPIED_TOKEN", "TOKEN_IN_TEXT"])
+def test_token_is_kept_from_build_steps_and_redacted_from_build_logs(tmp_path: Path, fake_toolchain, echoed) -> None:
     token = "hf_abcdefghijklmnopqrstuvwxyz012345"
     lines: list[str] = []
-    env = {**os.environ, "HF_TOKEN": token, "FAKE_TRTLLM_ECHO_ENV": "HF_TOKEN", "FAKE_TRTLLM_FAIL": "trtllm-build"}
+    env = {
+        **os.environ,
+        "HF_TOKEN": token,
+        "COPIED_TOKEN": token,  # a secret's value under another name is stripped too
+        "TOKEN_IN_TEXT": f"prefix-{token}",  # kept (not a secret's value), but redacted when printed
+        "FAKE_TRTLLM_ECHO_ENV": echoed,
+        "FAKE_TRTLLM_FAIL": "trtllm-build",
+    }
     with pytest.raises(BuildStepError) as failure:
         run_build_plan(_plan(tmp_path, fake_toolchain), env=env, sink=lines.append, secrets=(token,))
-    assert any("HF_TOKEN=***" in line for line in lines)
+    expected = {"HF_TOKEN": "HF_TOKEN=", "COPIED_TOKEN": "COPIED_TOKEN=", "TOKEN_IN_TEXT": "TOKEN_IN_TEXT=prefix-***"}
+    assert any(line.endswith(expected[echoed]) for line in lines), lines
     assert token not in "\n".join(lines) and token not in str(failure.value)
 
 

@@ -371,6 +371,28 @@ CASES = [
         accelerator="H100:4",
     ),
     Case("nothing-at-all", {"other": 1}, f"{S}:", "exactly one of build"),
+    # YAML reads unquoted numbers as numbers: a repository or revision must be given as a string (quoted),
+    # never coerced (`12345` would otherwise become the repo id "12345", `1e3` the revision "1000.0").
+    Case("repository-int", build(huggingface_ckpt_repository=12345), f"{S}.build.huggingface_ckpt_repository", "string"),
+    Case("revision-int", build(huggingface_ckpt_revision=1234567), f"{S}.build.huggingface_ckpt_revision", "string"),
+    Case("revision-float", build(huggingface_ckpt_revision=1e3), f"{S}.build.huggingface_ckpt_revision", "string"),
+    Case("publish-int", build(publish_repository=7), f"{S}.build.publish_repository", "string"),
+    Case("engine-repository-int", serve(engine_repository=42), f"{S}.serve.engine_repository", "string"),
+    Case("engine-revision-int", serve(engine_revision=7), f"{S}.serve.engine_revision", "string"),
+    Case("tokenizer-repository-int", serve(tokenizer_repository=1), f"{S}.serve.tokenizer_repository", "string"),
+    Case("tokenizer-revision-bool", serve(tokenizer_revision=True), f"{S}.serve.tokenizer_revision", "string"),
+    Case(
+        "tritonserver-path-int",
+        with_runtime(serve(), tritonserver_path=5),
+        f"{S}.runtime.tritonserver_path",
+        "string",
+    ),
+    Case(
+        "pytorch-model-int",
+        with_runtime(build(), pytorch={"model": 3}),
+        f"{S}.runtime.pytorch.model",
+        "expected a string (quote the value in config.yaml)",
+    ),
 ]
 
 

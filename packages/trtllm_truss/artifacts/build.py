@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Mapping, Protocol, TextIO
 
+from trtllm_truss.child_env import child_environment
+from trtllm_truss.config.errors import redact
 from trtllm_truss.config.schema import (
     Architecture,
     AwqFormat,
@@ -512,16 +514,14 @@ def run_build_plan(
 ) -> None:
     """Run each step with its output streamed line by line (prefixed); stop at the first failure.
 
-    `secrets` are replaced by '***' in every forwarded line and in the error's log tail.
+    `secrets` (and every secret value load_config remembered) are replaced by '***' in every forwarded
+    line and in the error's log tail; the steps' environment has no credential (child_env).
     """
     emit = sink or _stderr_sink(sys.stderr)
-    base_env = dict(os.environ if env is None else env)
+    base_env = child_environment(os.environ if env is None else env, secrets=secrets)
 
     def clean(line: str) -> str:
-        for secret in secrets:
-            if secret:
-                line = line.replace(secret, "***")
-        return line
+        return redact(line, secrets)
 
     for number, step in enumerate(plan.steps, start=1):
         emit(clean(f"{log_prefix}step {number}/{len(plan.steps)} {step.name}: {step.shell_command()}"))

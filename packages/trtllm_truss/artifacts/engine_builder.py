@@ -18,6 +18,7 @@ from typing import Any, Literal, Mapping
 from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, LineSink, engine_create_fn, plan_build
 from trtllm_truss.artifacts.cache import EngineCache, HubEngineStore, decide_remote_use
 from trtllm_truss.artifacts.engine_config import write_build_record
+from trtllm_truss.child_env import child_environment
 from trtllm_truss.plan import ServingPlan, engine_cache_key_inputs
 
 logger = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class EngineBuilder:
             examples_dir=examples_dir,
             python=self.python,
             trtllm_build=self.trtllm_build,
-            env=_without_secrets(self.environ),
+            env=child_environment(self.environ, secrets=(token,) if token else ()),
             sink=self.sink,
             secrets=(token,) if token else (),
         )
@@ -201,11 +202,6 @@ class EngineBuilder:
             file_count=len(result.manifest.files),
         )
         return self.last_acquisition
-
-
-def _without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
-    """The build steps read a checkpoint already on disk: they get no credentials at all."""
-    return {k: v for k, v in environ.items() if k != "HF_TOKEN" and not k.startswith("TRUSS_SECRET_")}
 
 
 def _require_build_plan(plan: ServingPlan):

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 HELP = "build or fetch the engine now; print the cache key, location, sizes and time"
 
@@ -41,13 +42,19 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
+def _say(text: str, file: TextIO | None = None) -> None:
+    """print, with every declared secret's value (and URL user-info, hf_ tokens) hidden."""
+    from trtllm_truss.config.errors import redact
+
+    print(redact(text), file=file or sys.stdout)
+
+
 def run(args: argparse.Namespace) -> int:
     from trtllm_truss.artifacts.build import BuildPlanError, BuildStepError
     from trtllm_truss.artifacts.engine_builder import EngineBuilder
     from trtllm_truss.artifacts.prepare import prepare_artifacts
     from trtllm_truss.artifacts.sources import FetchError
     from trtllm_truss.config import ConfigError, load_config
-    from trtllm_truss.config.errors import redact
     from trtllm_truss.plan import PlanError, make_plan
     from trtllm_truss.probe import probe_facts
 
@@ -55,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         resolved = load_config(args.truss_dir)
     except ConfigError as exc:
-        print(f"{args.truss_dir / 'config.yaml'}: {len(exc.problems)} problem(s)", file=err)
+        _say(f"{args.truss_dir / 'config.yaml'}: {len(exc.problems)} problem(s)", file=err)
         for problem in exc.problems:
-            print(redact(problem), file=err)
+            _say(problem, file=err)
         return 1
 
     facts = probe_facts()
@@ -76,20 +83,20 @@ def run(args: argparse.Namespace) -> int:
         acquisition = builder.last_acquisition
         assert acquisition is not None
         for result in results:
-            print(f"{result.kind}: {result.path} ({_human(result.total_bytes)})", file=out)
+            _say(f"{result.kind}: {result.path} ({_human(result.total_bytes)})", file=out)
     except (PlanError, BuildPlanError, FetchError, ValueError) as exc:  # ValueError: engine verification
-        print(f"error: {redact(str(exc))}", file=err)
+        _say(f"error: {exc}", file=err)
         return 1
     except BuildStepError as exc:
-        print(f"error: {redact(str(exc))}", file=err)
+        _say(f"error: {exc}", file=err)
         return 2
 
     verb = {"local": "found in the cache", "built": "built", "remote": "downloaded from the shared store"}[acquisition.source]
-    print(f"engine {verb}", file=out)
-    print(f"  cache key : {acquisition.key}", file=out)
-    print(f"  location  : {acquisition.engine_dir}", file=out)
-    print(f"  size      : {_human(acquisition.total_bytes)} in {acquisition.file_count} files", file=out)
-    print(f"  time      : {acquisition.seconds:.1f} s", file=out)
+    _say(f"engine {verb}", file=out)
+    _say(f"  cache key : {acquisition.key}", file=out)
+    _say(f"  location  : {acquisition.engine_dir}", file=out)
+    _say(f"  size      : {_human(acquisition.total_bytes)} in {acquisition.file_count} files", file=out)
+    _say(f"  time      : {acquisition.seconds:.1f} s", file=out)
     return 0
 
 
@@ -99,8 +106,8 @@ def _print_plan(plan, builder, facts, resolved, args: argparse.Namespace) -> int
     build = resolved.trt_llm.build
     version = args.trtllm_version or facts.trtllm_version or DEFAULT_PLAN_VERSION
     if plan.backend != "tensorrtllm":
-        print(f"no engine is built on this machine: {plan.backend_reason}")
-        print(f"a GPU machine with TensorRT-LLM {version} would run the commands below")
+        _say(f"no engine is built on this machine: {plan.backend_reason}")
+        _say(f"a GPU machine with TensorRT-LLM {version} would run the commands below")
     location = resolve_repository(build.huggingface_ckpt_repository, resolved.truss_dir)
     checkpoint_dir = plan.checkpoint.dest if plan.checkpoint is not None else (
         location.local_path if location.kind == "local" else Path("<artifacts>/checkpoint")
@@ -110,11 +117,11 @@ def _print_plan(plan, builder, facts, resolved, args: argparse.Namespace) -> int
             build, source=build.huggingface_ckpt_repository, revision=build.huggingface_ckpt_revision,
             location=location.kind, facts=facts, truss_dir=resolved.truss_dir,
         )
-        print(f"cache key (this machine's TensorRT-LLM/GPU facts): {key}")
-        print("key inputs: " + json.dumps(inputs, sort_keys=True))
+        _say(f"cache key (this machine's TensorRT-LLM/GPU facts): {key}")
+        _say("key inputs: " + json.dumps(inputs, sort_keys=True))
     except Exception as exc:  # noqa: BLE001 - the key needs the checkpoint revision; show why it is unknown
-        print(f"cache key: unknown until the checkpoint revision resolves ({type(exc).__name__}: {exc})")
-    print(builder.build_plan_for(build, Path(checkpoint_dir), version).describe())
+        _say(f"cache key: unknown until the checkpoint revision resolves ({type(exc).__name__}: {exc})")
+    _say(builder.build_plan_for(build, Path(checkpoint_dir), version).describe())
     return 0
 
 
@@ -123,13 +130,13 @@ def _fetch_serve_artifacts(plan, args: argparse.Namespace, started: float) -> in
 
     if args.dry_run:
         for request in plan.fetches:
-            print(f"would fetch {request.role}: {request.source}@{request.revision or 'main'} -> {request.dest}")
+            _say(f"would fetch {request.role}: {request.source}@{request.revision or 'main'} -> {request.dest}")
         return 0
     _, results = prepare_artifacts(plan)
     for result in results:
-        print(f"{result.kind}: {result.path} ({len(result.files)} files, {_human(result.total_bytes)}, "
+        _say(f"{result.kind}: {result.path} ({len(result.files)} files, {_human(result.total_bytes)}, "
               f"revision {result.resolved_revision[:16]}, {'downloaded' if result.downloaded else 'reused'})")
-    print(f"time: {time.monotonic() - started:.1f} s")
+    _say(f"time: {time.monotonic() - started:.1f} s")
     return 0
 
 

@@ -54,6 +54,9 @@ def _configure_logging(console, verbose: bool) -> None:
 
     handler = RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False)
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler], force=True)
+    from trtllm_truss.config.errors import install_log_redaction
+
+    install_log_redaction()  # no declared secret's value in any log line, whatever logged it
     # Triton's own log is long; without -v only its warnings and errors show.
     logging.getLogger("trtllm_truss.tritonserver").setLevel(logging.INFO if verbose else logging.WARNING)
 
@@ -74,11 +77,12 @@ def _describe(exc: BaseException) -> str:
 
     if isinstance(exc, ConfigError):
         return "\n".join(redact(problem) for problem in exc.problems)
-    return str(exc)
+    return redact(str(exc))
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+
     from trtllm_truss.stack import start_stack
 
     # Piped output (CI logs, tests) gets long lines instead of 80 columns of wrapped log records.

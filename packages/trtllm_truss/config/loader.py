@@ -14,9 +14,22 @@ from pydantic import BaseModel, ValidationError
 
 from trtllm_truss.config.accelerator import Accelerator, parse_accelerator
 from trtllm_truss.config.checks import hardware_problems
-from trtllm_truss.config.errors import SECTION_PATH, ConfigError, did_you_mean, dotted, show_value
+from trtllm_truss.config.errors import (
+    SECTION_PATH,
+    ConfigError,
+    did_you_mean,
+    dotted,
+    remember_secret_values,
+    show_value,
+)
 from trtllm_truss.config.locations import RepositoryLocation, resolve_repository
-from trtllm_truss.config.schema import BuildConfig, RuntimeConfig, ServeConfig, TrtLlmConfig
+from trtllm_truss.config.schema import (
+    BuildConfig,
+    RuntimeConfig,
+    ServeConfig,
+    TrtLlmConfig,
+)
+from trtllm_truss.config.secrets import declared_secret_names, secret_values
 from trtllm_truss.config.sources import (
     DEFAULT,
     KeyPath,
@@ -44,7 +57,7 @@ class ResolvedConfig:
     accelerator: Accelerator | None
     sources: dict[str, Source]  # full dotted key ("model_metadata.trt_llm.build.dtype") -> origin
     truss_dir: Path
-    secrets: list[str]  # declared secret names; values are never read here
+    secrets: list[str]  # declared secret names; their values are only remembered for redaction
     warnings: list[str] = field(default_factory=list)
     model_name: str | None = None
 
@@ -118,6 +131,8 @@ def _format_validation_error(exc: ValidationError, origins: Mapping[KeyPath, Sou
             shown_value = False
         elif kind == "missing":
             message, shown_value = "required", False
+        elif kind == "string_type":
+            message = "expected a string (quote the value in config.yaml)"
         elif kind in ("model_type", "dict_type", "model_attributes_type"):
             message = "expected a mapping of keys"
         elif kind == "value_error":
@@ -180,6 +195,10 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
     truss_dir = Path(truss_dir).resolve()
     truss_config = _read_truss_config(truss_dir)
     env, env_labels = _effective_environ(truss_config, os.environ if environ is None else environ)
+    declared_secrets = declared_secret_names(truss_config)
+    secrets = list(declared_secrets)
+    # Before any value is validated: from here on no error, table or log line can show a secret's value.
+    remember_secret_values(secret_values(declared_secrets, environ=env))
     raw = RawSection()
 
     resources = truss_config.get("resources") or {}
@@ -189,10 +208,8 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
     except ValueError as exc:
         raw.problems.append(f"resources.accelerator: {exc}")
 
-    secrets_section = truss_config.get("secrets") or {}
-    secrets = [str(name) for name in secrets_section] if isinstance(secrets_section, dict) else []
     for name in secrets:
-        if secrets_section[name] not in (None, ""):
+        if declared_secrets[name] not in (None, ""):
             raw.warnings.append(
                 f"secrets.{name}: config.yaml holds a value (not shown); keep it null here and store the value"
                 " as a secret of the deployment"

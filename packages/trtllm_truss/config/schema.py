@@ -24,7 +24,7 @@ def field_problem(field: str, detail: str) -> PydanticCustomError:
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 # --- enums with every accepted spelling ---------------------------------------------------------
@@ -183,7 +183,9 @@ BaichuanVersionName = Annotated[BaichuanModelVersion, _enum_parser(BaichuanModel
 AwqFormatName = Annotated[AwqFormat, _enum_parser(AwqFormat)]
 DeviceName = Annotated[Device, _enum_parser(Device)]
 
-NonEmptyStr = Annotated[str, Field(min_length=1)]
+# Strict: YAML reads an unquoted `12345` or `1e3` as a number; a repository or revision given that way is
+# an error naming the key, never silently coerced into a different string ("1000.0").
+NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
 SequenceLen = Annotated[int, Field(ge=1, le=MAX_SEQUENCE_LEN)]
 ParallelCount = Annotated[int, Field(ge=1, le=64)]
 

@@ -1,0 +1,69 @@
+"""Messages that can reach an HTTP client name no internal address or path; the log keeps the address."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import grpc
+import pytest
+from trtllm_truss.client import (
+    EngineClient,
+    EnsembleClient,
+    UpstreamError,
+    _describe_rpc_error,
+)
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): connecting is refused at once."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+@pytest.mark.parametrize("client_class", [EnsembleClient, EngineClient])
+def test_unreachable_triton_error_names_no_address(client_class, caplog: pytest.LogCaptureFixture):
+    port = _closed_port()
+    url = f"127.0.0.1:{port}"
+
+    async def read_interface() -> str:
+        client = client_class(url, connect_timeout_s=5.0)
+        try:
+            with pytest.raises(UpstreamError) as info:
+                await client.interface()
+            return str(info.value)
+        finally:
+            await client.close()
+
+    with caplog.at_level(logging.WARNING, logger="trtllm_truss.client"):
+        message = asyncio.run(read_interface())
+    assert "unavailable" in message
+    assert "127.0.0.1" not in message and str(port) not in message, message
+    # The operator still learns where the proxy looked.
+    assert any(url in record.getMessage() for record in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_rpc_error_description_hides_address_and_paths(caplog: pytest.LogCaptureFixture):
+    unavailable = _rpc_error(
+        grpc.StatusCode.UNAVAILABLE,
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:41719: Connection refused",
+    )
+    with caplog.at_level(logging.WARNING, logger="trtllm_truss.client"):
+        message = _describe_rpc_error("127.0.0.1:41719", unavailable)
+    assert message == "the engine is unavailable (UNAVAILABLE)"
+    assert any("127.0.0.1:41719" in record.getMessage() for record in caplog.records)
+
+    internal = _rpc_error(
+        grpc.StatusCode.INTERNAL,
+        "Failed to process the request(s) for model 'tensorrt_llm', message: Traceback: "
+        'File "/tmp/trtllm-truss-stack-abc/model_repository/tensorrt_llm/1/model.py", line 3: boom',
+    )
+    message = _describe_rpc_error("127.0.0.1:41719", internal)
+    assert message.startswith("Triton error INTERNAL: ") and "boom" in message
+    assert "/tmp/" not in message and "model_repository" not in message, message
