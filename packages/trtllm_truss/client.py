@@ -378,7 +378,7 @@ class EnsembleClient:
                 if message is grpc.aio.EOF:
                     raise UpstreamError(f"Triton closed the stream of request {request.id} before it finished")
                 if message.error_message:
-                    raise EngineRefusedError(f"the engine refused the request: {message.error_message}")
+                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
                 delta = parse_response(message.infer_response, detokenizer)
                 if delta.text or delta.token_count:
                     yield delta
@@ -574,7 +574,7 @@ class EngineClient:
                 if message is grpc.aio.EOF:
                     raise UpstreamError("the engine closed the stream before the request finished")
                 if message.error_message:
-                    raise EngineRefusedError(f"the engine refused the request: {message.error_message}")
+                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
                 response = message.infer_response
                 ids: list[int] = []
                 count: int | None = None

@@ -140,15 +140,17 @@ class LLMService:
 
         `progress` receives a short description of each stage as it starts.
         """
+        from trtllm_truss.config.errors import install_log_redaction
         from trtllm_truss.stack import start_stack  # imported here: the heavy part of startup
 
+        install_log_redaction()  # truss has configured logging by now: no secret value in its records
         progress = progress or (lambda _: None)
         started = time.monotonic()
         self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
         try:
             progress("starting the stream workers")
-            self._pool = stream_pool(plan, self._stack.server.grpc_url, self._secrets)
+            self._pool = stream_pool(plan, self._stack.server.grpc_url)
             self._pool.start()
         except BaseException:
             self._stack.stop()
@@ -434,7 +436,7 @@ async def _texts_then_end(stream: ResponseStream, first: str | None) -> AsyncIte
         stream.close()
 
 
-def stream_pool(plan: ServingPlan, grpc_url: str, secrets: Mapping[str, Any] | None = None) -> StreamPool:
+def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
     """The stream workers `plan.runtime` asks for, on the engine (or the text ensemble)."""
     import os
 
@@ -457,7 +459,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str, secrets: Mapping[str, Any] | N
         settings,
         workers=runtime.stream_workers or default_worker_count(),
         max_in_flight=plan.max_batch_size + queued,
-        environment=worker_environment(os.environ, secrets),
+        environment=worker_environment(os.environ),
     )
 
 

@@ -61,11 +61,6 @@ def test_tritonserver_and_stubs_inherit_no_secret(server: TrussServer):
         assert _leaks(pid) == [], children[pid]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stream workers take streaming/environment.py's list (no AWS_ACCESS_KEY_ID, no copies of secret"
-    " values) until it calls trtllm_truss.child_env.child_environment",
-)
 def test_stream_workers_inherit_no_secret(server: TrussServer):
     children = _children(server)
     workers = [pid for pid, cmd in children.items() if "trtllm_truss.streaming" in cmd]
