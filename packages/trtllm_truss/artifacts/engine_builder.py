@@ -8,9 +8,12 @@ checkpoint commit, TensorRT-LLM / TensorRT versions, GPU, TP/PP); the token is n
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -104,18 +107,35 @@ class EngineBuilder:
         return self.key_for(
             plan.build, source=checkpoint.source, revision=checkpoint.revision, location=checkpoint.location,
             facts=plan.facts, truss_dir=plan.truss_dir, token=token,
+            record_dir=self._cache(plan).root / REVISIONS_SUBDIR,
         )
 
     def key_for(
         self, build: Any, *, source: str, revision: str | None, location: str, facts: Any,
-        truss_dir: Path | None, token: str | None = None,
+        truss_dir: Path | None, token: str | None = None, record_dir: Path | None = None,
     ) -> tuple[str, dict[str, Any]]:
+        """`record_dir`: where each hub revision, once resolved, is recorded, so a replica whose engine is
+        cached starts while the hub is unreachable (the key needs the checkpoint's commit)."""
         from trtllm_truss.artifacts.fetch import resolve_revision
+        from trtllm_truss.artifacts.hub import HubUnreachableError
         from trtllm_truss.plan import engine_cache_key
 
-        resolved = resolve_revision(
-            source, revision=revision, kind="checkpoint", token=token, environ=self.environ, base_dir=truss_dir
-        )
+        try:
+            resolved = resolve_revision(
+                source, revision=revision, kind="checkpoint", token=token, environ=self.environ, base_dir=truss_dir
+            )
+        except HubUnreachableError:
+            recorded = _read_revision_record(record_dir, source, revision) if location == "hub" else None
+            if recorded is None:
+                raise
+            logger.warning(
+                "hub unreachable: using the recorded revision %s of %s@%s for the engine cache key",
+                recorded[:16], source, revision or "main",
+            )
+            resolved = recorded
+        else:
+            if location == "hub":
+                _write_revision_record(record_dir, source, revision, resolved)
         kwargs = dict(checkpoint_revision=resolved, facts=facts, checkpoint_repo_id=source if location == "hub" else None)
         return engine_cache_key(build, **kwargs), engine_cache_key_inputs(build, **kwargs)
 
@@ -150,7 +170,11 @@ class EngineBuilder:
         local_hit = cache.lookup(key) is not None
         decision = decide_remote_use(getattr(plan.build, "publish_repository", None), local_hit=local_hit)
         remote = None
-        if decision.look_up_remote:
+        if decision.look_up_remote and plan.build.publish_repository.startswith("s3://"):
+            from trtllm_truss.artifacts.remote_store import S3EngineStore
+
+            remote = S3EngineStore(plan.build.publish_repository, environ=self.environ)
+        elif decision.look_up_remote:
             from trtllm_truss.artifacts.hub import hub_endpoint
 
             remote = HubEngineStore(plan.build.publish_repository, token=token, endpoint=hub_endpoint(self.environ))
@@ -201,6 +225,43 @@ class EngineBuilder:
             file_count=len(result.manifest.files),
         )
         return self.last_acquisition
+
+
+REVISIONS_SUBDIR = "revisions"
+
+
+def _revision_record_path(record_dir: Path, source: str, revision: str | None) -> Path:
+    digest = hashlib.sha256(f"{source}@{revision or ''}".encode()).hexdigest()[:32]
+    return record_dir / f"{digest}.json"
+
+
+def _read_revision_record(record_dir: Path | None, source: str, revision: str | None) -> str | None:
+    if record_dir is None:
+        return None
+    try:
+        record = json.loads(_revision_record_path(record_dir, source, revision).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if record.get("source") != source or record.get("revision") != revision:
+        return None
+    resolved = record.get("resolved")
+    return resolved if isinstance(resolved, str) and resolved else None
+
+
+def _write_revision_record(record_dir: Path | None, source: str, revision: str | None, resolved: str) -> None:
+    if record_dir is None:
+        return
+    path = _revision_record_path(record_dir, source, revision)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        scratch.write_text(
+            json.dumps({"source": source, "revision": revision, "resolved": resolved, "recorded_at": time.time()}),
+            encoding="utf-8",
+        )
+        os.replace(scratch, path)  # readers see the old or the new record, never half of one
+    except OSError as exc:  # recording is an optimisation for outages; never fail a start on it
+        logger.warning("cannot record the resolved revision of %s: %s", source, exc)
 
 
 def _without_secrets(environ: Mapping[str, str]) -> dict[str, str]:

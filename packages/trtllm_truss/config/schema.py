@@ -7,6 +7,7 @@ Checks that need facts from outside the section (the GPUs in `resources.accelera
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -225,6 +226,22 @@ class PluginConfiguration(StrictModel):
         return self
 
 
+_HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _publish_repository_problem(value: str) -> str | None:
+    """Why `value` is not a place to publish engines (None when it is)."""
+    if value.startswith("s3://"):
+        bucket = value[len("s3://") :].partition("/")[0]
+        if not _S3_BUCKET.match(bucket):
+            return f"{value!r}: {bucket!r} is not an S3 bucket name; expected s3://BUCKET/PREFIX"
+        return None
+    if "://" in value or not _HUB_REPO_ID.match(value):
+        return f"{value!r} is neither a hub repo id (owner/name) nor an s3://BUCKET/PREFIX URL"
+    return None
+
+
 class BuildConfig(StrictModel):
     base_model_architecture: ArchitectureName = Field(description="Model family of the checkpoint.")
     huggingface_ckpt_repository: NonEmptyStr = Field(
@@ -252,7 +269,11 @@ class BuildConfig(StrictModel):
     plugin_configuration: PluginConfiguration = Field(default_factory=PluginConfiguration)
     chatglm_model_version: ChatglmVersionName | None = Field(None, description="Required for chatglm.")
     baichuan_model_version: BaichuanVersionName | None = Field(None, description="Required for baichuan.")
-    publish_repository: NonEmptyStr | None = Field(None, description="Hub repo id to upload the built engine to.")
+    publish_repository: NonEmptyStr | None = Field(
+        None,
+        description="Where the fleet shares built engines: a hub repo id (owner/name) or s3://BUCKET/PREFIX."
+        " One replica builds each engine and publishes it; the others download it.",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> BuildConfig:
@@ -285,6 +306,10 @@ class BuildConfig(StrictModel):
                 f"options only apply with quantization_type smooth_quant (it is"
                 f" {self.quantization_type.value}); remove them or set quantization_type: smooth_quant",
             )
+        if self.publish_repository is not None:
+            problem = _publish_repository_problem(self.publish_repository)
+            if problem:
+                raise field_problem("publish_repository", problem)
         if self.expert_parallel_count is not None:
             world = self.tensor_parallel_count * self.pipeline_parallel_count
             if world % self.expert_parallel_count:
