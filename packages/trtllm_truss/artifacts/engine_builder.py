@@ -181,11 +181,7 @@ class EngineBuilder:
         logger.info("engine cache key %s (%s)", key, decision.reason)
 
         examples_dir = self.examples_dir or find_examples_dir(self.environ)
-        if examples_dir is None and not version.startswith(("1.", "2.")):
-            raise BuildPlanError(
-                f"TensorRT-LLM {version} builds with NVIDIA's examples/ scripts; set {EXAMPLES_DIR_ENV} to the "
-                f"examples directory of that release (looked in {', '.join(map(str, EXAMPLES_DIR_CANDIDATES))})"
-            )
+        examples_missing = examples_dir is None and not version.startswith(("1.", "2."))
 
         resolved_revision = inputs["checkpoint"]["revision"]
 
@@ -211,6 +207,14 @@ class EngineBuilder:
             secrets=(token,) if token else (),
         )
         def create_with_build_record(dest: Path) -> None:
+            # Checked only when a build really runs: an engine in the cache or the fleet's store needs no scripts.
+            if examples_missing:
+                raise BuildPlanError(
+                    f"TensorRT-LLM {version} builds with NVIDIA's examples/ scripts, which this image does not have"
+                    f" (looked in {', '.join(map(str, EXAMPLES_DIR_CANDIDATES))}); set {EXAMPLES_DIR_ENV} to the"
+                    " examples directory of that release (a checkout of NVIDIA/TensorRT-LLM at its tag), or serve a"
+                    " prebuilt engine (serve.engine_repository)"
+                )
             create(dest)
             write_build_record(dest, plan.facts.gpus[0] if plan.facts.gpus else None, trtllm_version=version, cache_key=key)
 
