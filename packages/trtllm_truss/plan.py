@@ -99,6 +99,13 @@ class ServingPlan:
     def world_size(self) -> int:
         return self.tensor_parallel_count * self.pipeline_parallel_count
 
+    @property
+    def tritonserver_ranks(self) -> int:
+        """tritonserver processes to launch: one per rank for NVIDIA's C++ backend (leader mode under
+        mpirun); one for NVIDIA's llmapi model, whose LLM API starts its own TP/PP workers (NVIDIA's
+        model.py clears inherited MPI job variables for that), and one for the stand-in."""
+        return self.world_size if self.backend == "tensorrtllm" else 1
+
     def with_engine(self, engine_dir: Path, info: EngineInfo) -> ServingPlan:
         """The plan once a verified engine is in place: its directory and its own limits."""
         return dataclasses.replace(

@@ -165,3 +165,10 @@ def test_settings_that_would_do_nothing_are_refused_per_backend_and_version(tmp_
     on_012 = backend_setting_problems(trt, "tensorrtllm", "0.12.0")  # both were trtllm-build flags then
     assert [p.split(":")[0].rsplit(".", 1)[1] for p in on_012] == ["max_num_sequences"]
     assert backend_setting_problems(trt, "pytorch", "0.16.0") == []  # the stand-in reads max_num_sequences
+
+
+def test_llmapi_runs_one_tritonserver_process_whatever_the_world_size(tmp_path):
+    plan = make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a")
+    assert plan.world_size == 2 and plan.tritonserver_ranks == 1
+    engine = make_plan(resolved(tmp_path), facts("0.16.0"), artifacts_dir=tmp_path / "a")
+    assert engine.tritonserver_ranks == 2
