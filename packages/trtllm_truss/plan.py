@@ -315,8 +315,12 @@ def make_plan(
     *,
     artifacts_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    check_backend_files: bool = True,
 ) -> ServingPlan:
-    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds)."""
+    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds).
+
+    `check_backend_files`: with backend llmapi, require NVIDIA's llmapi model files now, before any
+    checkpoint download (off for dry runs that plan for another machine)."""
     trt = resolved.trt_llm
     runtime = trt.runtime
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
@@ -362,6 +366,14 @@ def make_plan(
             model = dataclasses.replace(model, role="model")
             return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), **limits, **common)
         if backend == "llmapi":
+            if check_backend_files:
+                from trtllm_truss.repository.llmapi import find_model_source
+                from trtllm_truss.repository.models import RepositoryError
+
+                try:
+                    find_model_source(runtime, environ)
+                except RepositoryError as exc:
+                    raise PlanError(str(exc)) from None
             # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
             model = dataclasses.replace(checkpoint, role="model")
             return ServingPlan(

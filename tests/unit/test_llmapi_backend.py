@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 from trtllm_truss.config import load_config
-from trtllm_truss.plan import PlanError, backend_setting_problems, choose_backend, make_plan
+from trtllm_truss.plan import PlanError, backend_setting_problems, choose_backend
+from trtllm_truss.plan import make_plan as _make_plan
 from trtllm_truss.probe import GpuInfo, RuntimeFacts
-from trtllm_truss.repository.llmapi import find_model_source, model_yaml_document
+from trtllm_truss.repository.llmapi import IMAGE_MODEL_SOURCE_DIRS, find_model_source, model_yaml_document
 from trtllm_truss.repository.models import RepositoryError
 from trtllm_truss.repository.render import render_repository
 
@@ -55,6 +56,15 @@ build:
 def resolved(tmp_path: Path, extra: str = "", build_extra: str = ""):
     text = BUILD + "".join(f"  {line}\n" for line in build_extra.strip().splitlines()) + extra
     return load_config(truss(tmp_path, text), environ={})
+
+
+def make_plan(config, facts, *, artifacts_dir, **kwargs):
+    """make_plan with NVIDIA's llmapi model files present (a stand-in directory, see fake_nvidia_model_dir)."""
+    source = Path(artifacts_dir) / "nvidia-llmapi"
+    if not source.exists():
+        fake_nvidia_model_dir(source)
+    kwargs.setdefault("environ", {"TRTLLM_LLMAPI_MODEL_DIR": str(source)})
+    return _make_plan(config, facts, artifacts_dir=artifacts_dir, **kwargs)
 
 
 def test_auto_picks_llmapi_on_trtllm_1x_for_a_checkpoint_it_can_load(tmp_path):
@@ -137,6 +147,15 @@ def test_rendered_repository_is_nvidias_model_with_our_model_yaml(tmp_path):
     rendered = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert rendered["model"] == str((tmp_path / "ckpt").resolve())
     assert rendered == model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, plan.model_dir)
+
+
+def test_llmapi_without_nvidias_model_files_fails_at_plan_time_naming_the_setting(tmp_path):
+    if any((c / "config.pbtxt").is_file() for c in IMAGE_MODEL_SOURCE_DIRS):
+        pytest.skip("this machine has NVIDIA's llmapi model in a known place")
+    with pytest.raises(PlanError, match=r"set model_metadata\.trt_llm\.runtime\.llmapi\.model_source_dir"):
+        _make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a", environ={})
+    plan = _make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a", environ={}, check_backend_files=False)
+    assert plan.backend == "llmapi"
 
 
 def test_missing_nvidia_model_dir_names_the_setting(tmp_path):

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.dry_run and (not facts.trtllm_usable or args.trtllm_version):
             facts = _target_machine(facts, resolved, args.trtllm_version or facts.trtllm_version or DEFAULT_PLAN_VERSION)
-        plan = make_plan(resolved, facts)
+        # A dry run plans for the target machine: NVIDIA's llmapi model files need not be here.
+        plan = make_plan(resolved, facts, check_backend_files=not args.dry_run)
         if plan.mode == "serve":
             return _fetch_serve_artifacts(plan, args, started)
         builder = EngineBuilder(
