@@ -49,7 +49,7 @@ def llm_args(build: BuildConfig, runtime: RuntimeConfig, model_dir: str | Path) 
     """The `LLM(...)` keyword arguments (model.yaml minus triton_config) for this configuration."""
     args: dict[str, Any] = {
         "model": str(model_dir),
-        "backend": "pytorch",  # NVIDIA's model.yaml template names it; LLM() defaults to it on 1.x
+        "backend": "pytorch",  # older llmapi model.py builds the TensorRT-engine LLM without it
         "dtype": build.dtype.value,
         "tensor_parallel_size": build.tensor_parallel_count,
         "pipeline_parallel_size": build.pipeline_parallel_count,
