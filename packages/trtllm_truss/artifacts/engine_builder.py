@@ -8,12 +8,9 @@ checkpoint commit, TensorRT-LLM / TensorRT versions, GPU, TP/PP); the token is n
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -21,6 +18,7 @@ from typing import Any, Literal, Mapping
 from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, LineSink, engine_create_fn, plan_build
 from trtllm_truss.artifacts.cache import EngineCache, HubEngineStore, decide_remote_use
 from trtllm_truss.artifacts.engine_config import write_build_record
+from trtllm_truss.artifacts.revision_record import REVISIONS_SUBDIR, read_revision_record, write_revision_record
 from trtllm_truss.plan import ServingPlan, engine_cache_key_inputs
 
 logger = logging.getLogger(__name__)
@@ -125,7 +123,7 @@ class EngineBuilder:
                 source, revision=revision, kind="checkpoint", token=token, environ=self.environ, base_dir=truss_dir
             )
         except HubUnreachableError:
-            recorded = _read_revision_record(record_dir, source, revision) if location == "hub" else None
+            recorded = read_revision_record(record_dir, source, revision) if location == "hub" else None
             if recorded is None:
                 raise
             logger.warning(
@@ -135,7 +133,7 @@ class EngineBuilder:
             resolved = recorded
         else:
             if location == "hub":
-                _write_revision_record(record_dir, source, revision, resolved)
+                write_revision_record(record_dir, source, revision, resolved)
         kwargs = dict(checkpoint_revision=resolved, facts=facts, checkpoint_repo_id=source if location == "hub" else None)
         return engine_cache_key(build, **kwargs), engine_cache_key_inputs(build, **kwargs)
 
@@ -229,43 +227,6 @@ class EngineBuilder:
             file_count=len(result.manifest.files),
         )
         return self.last_acquisition
-
-
-REVISIONS_SUBDIR = "revisions"
-
-
-def _revision_record_path(record_dir: Path, source: str, revision: str | None) -> Path:
-    digest = hashlib.sha256(f"{source}@{revision or ''}".encode()).hexdigest()[:32]
-    return record_dir / f"{digest}.json"
-
-
-def _read_revision_record(record_dir: Path | None, source: str, revision: str | None) -> str | None:
-    if record_dir is None:
-        return None
-    try:
-        record = json.loads(_revision_record_path(record_dir, source, revision).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if record.get("source") != source or record.get("revision") != revision:
-        return None
-    resolved = record.get("resolved")
-    return resolved if isinstance(resolved, str) and resolved else None
-
-
-def _write_revision_record(record_dir: Path | None, source: str, revision: str | None, resolved: str) -> None:
-    if record_dir is None:
-        return
-    path = _revision_record_path(record_dir, source, revision)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        scratch.write_text(
-            json.dumps({"source": source, "revision": revision, "resolved": resolved, "recorded_at": time.time()}),
-            encoding="utf-8",
-        )
-        os.replace(scratch, path)  # readers see the old or the new record, never half of one
-    except OSError as exc:  # recording is an optimisation for outages; never fail a start on it
-        logger.warning("cannot record the resolved revision of %s: %s", source, exc)
 
 
 def _without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
