@@ -18,7 +18,6 @@ from typing import Any, Literal, Mapping
 from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, LineSink, engine_create_fn, plan_build
 from trtllm_truss.artifacts.cache import EngineCache, HubEngineStore, decide_remote_use
 from trtllm_truss.artifacts.engine_config import write_build_record
-from trtllm_truss.artifacts.revision_record import REVISIONS_SUBDIR, read_revision_record, write_revision_record
 from trtllm_truss.plan import ServingPlan, engine_cache_key_inputs
 
 logger = logging.getLogger(__name__)
@@ -101,6 +100,8 @@ class EngineBuilder:
 
     def cache_key(self, plan: ServingPlan, *, token: str | None = None) -> tuple[str, dict[str, Any]]:
         """(key, the inputs it hashes); resolves the checkpoint revision to a commit/fingerprint."""
+        from trtllm_truss.artifacts.revision_record import REVISIONS_SUBDIR
+
         checkpoint = _require_build_plan(plan)
         return self.key_for(
             plan.build, source=checkpoint.source, revision=checkpoint.revision, location=checkpoint.location,
@@ -116,6 +117,7 @@ class EngineBuilder:
         cached starts while the hub is unreachable (the key needs the checkpoint's commit)."""
         from trtllm_truss.artifacts.fetch import resolve_revision
         from trtllm_truss.artifacts.hub import HubUnreachableError
+        from trtllm_truss.artifacts.revision_record import read_revision_record, write_revision_record
         from trtllm_truss.plan import engine_cache_key
 
         try:
