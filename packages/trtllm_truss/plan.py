@@ -10,6 +10,8 @@ Paths in the plan:
 - serve + tensorrtllm: `engine_dir` / `tokenizer_dir` are the download directories (or the local dirs).
 - build + tensorrtllm: `engine_dir` is None until the build stage publishes the engine into the cache
   under `engine_cache_key(...)`; `tokenizer_dir` is the checkpoint's tokenizer files.
+- build + llmapi: `model_dir` is the Hugging Face checkpoint NVIDIA's LLM API loads (no engine build),
+  `tokenizer_dir` the same folder; `build` is the section the model.yaml is rendered from.
 - pytorch (the stand-in): `model_dir` is the checkpoint it runs (the build checkpoint, or
   `runtime.pytorch.model`, which serve mode requires), and the tokenizer comes with it in build mode.
 """
@@ -32,7 +34,10 @@ if TYPE_CHECKING:
     from trtllm_truss.artifacts.engine_config import EngineInfo
     from trtllm_truss.config import ResolvedConfig, RuntimeConfig
 
-Backend = Literal["tensorrtllm", "pytorch"]
+# tensorrtllm: a TensorRT engine behind NVIDIA's C++ backend (ensemble layout); llmapi: NVIDIA's LLM API
+# (PyTorch backend, TensorRT-LLM >= 1.0) behind NVIDIA's `llmapi` python model; pytorch: our stand-in.
+Backend = Literal["tensorrtllm", "llmapi", "pytorch"]
+LLMAPI_SINCE = (1, 0)
 ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint"]
 ArtifactKind = Literal["engine", "tokenizer", "checkpoint"]
 
@@ -94,6 +99,13 @@ class ServingPlan:
     def world_size(self) -> int:
         return self.tensor_parallel_count * self.pipeline_parallel_count
 
+    @property
+    def tritonserver_ranks(self) -> int:
+        """tritonserver processes to launch: one per rank for NVIDIA's C++ backend (leader mode under
+        mpirun); one for NVIDIA's llmapi model, whose LLM API starts its own TP/PP workers (NVIDIA's
+        model.py clears inherited MPI job variables for that), and one for the stand-in."""
+        return self.world_size if self.backend == "tensorrtllm" else 1
+
     def with_engine(self, engine_dir: Path, info: EngineInfo) -> ServingPlan:
         """The plan once a verified engine is in place: its directory and its own limits."""
         return dataclasses.replace(
@@ -110,33 +122,149 @@ class ServingPlan:
 # --- backend choice ------------------------------------------------------------------------------
 
 
-def choose_backend(requested: str, facts: RuntimeFacts, world_size: int) -> tuple[Backend, str]:
-    """Resolve `runtime.backend`: `auto` -> tensorrtllm only when TensorRT-LLM and enough GPUs are really there."""
+def _version_tuple(version: str | None) -> tuple[int, int]:
+    match = re.match(r"^\s*v?(\d+)\.(\d+)", version or "")
+    return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
+def llmapi_version_ok(version: str | None) -> bool:
+    return _version_tuple(version) >= LLMAPI_SINCE
+
+
+def llmapi_incompatibility(build: Any) -> str | None:
+    """Why NVIDIA's LLM API cannot serve this build section as is (None: it can).
+
+    The PyTorch backend loads a checkpoint as it is: it reads a pre-quantized checkpoint's own
+    quantization (ModelOpt FP8/NVFP4, `hf_quant_config.json`) but runs no calibration; only the KV-cache
+    dtype is a load-time choice (`kv_cache_config.dtype: fp8`).
+    """
+    if build is None:
+        return "serve mode names a prebuilt engine; the LLM API backend loads checkpoints"
+    quantization = getattr(build.quantization_type, "value", build.quantization_type)
+    if quantization not in ("no_quant", "fp8_kv"):
+        return (
+            f"build.quantization_type {quantization} needs a calibration/engine build; the LLM API backend loads a"
+            " checkpoint as is (use quantization_type no_quant with a pre-quantized FP8/NVFP4 checkpoint, or fp8_kv)"
+        )
+    return None
+
+
+def choose_backend(
+    requested: str, facts: RuntimeFacts, world_size: int, *, build: Any = None, mode: str = "build"
+) -> tuple[Backend, str]:
+    """Resolve `runtime.backend`: `auto` -> llmapi (TensorRT-LLM >= 1.0, build mode, a checkpoint it can load as
+    is) or tensorrtllm, only when TensorRT-LLM and enough GPUs are really there; else the pytorch stand-in."""
     requested = getattr(requested, "value", requested)
     if requested == "pytorch":
-        return "pytorch", "runtime.backend is pytorch"
-    if requested == "tensorrtllm":
+        return "pytorch", "runtime.backend is pytorch (the stand-in engine)"
+    if requested in ("tensorrtllm", "llmapi"):
         if not facts.trtllm_usable:
             raise PlanError(
-                f"runtime.backend is tensorrtllm but {facts.trtllm_unavailable_reason}; "
+                f"runtime.backend is {requested} but {facts.trtllm_unavailable_reason}; "
                 "set runtime.backend: auto (or pytorch) to run the PyTorch stand-in on this machine"
             )
         if facts.gpu_count < world_size:
             raise PlanError(
-                f"runtime.backend is tensorrtllm with world size {world_size} (tensor x pipeline parallel) but "
+                f"runtime.backend is {requested} with world size {world_size} (tensor x pipeline parallel) but "
                 f"{facts.gpu_count} GPU(s) are visible; lower tensor_parallel_count/pipeline_parallel_count "
                 f"or run on {world_size} GPUs"
             )
+        if requested == "llmapi":
+            if not llmapi_version_ok(facts.trtllm_version):
+                raise PlanError(
+                    f"runtime.backend is llmapi but TensorRT-LLM {facts.trtllm_version} is installed; NVIDIA's LLM API"
+                    " backend (all_models/llmapi) needs TensorRT-LLM >= 1.0: use runtime.backend: tensorrtllm or auto"
+                )
+            problem = llmapi_incompatibility(build if mode == "build" else None)
+            if problem is not None:
+                raise PlanError(f"runtime.backend is llmapi but {problem}; or set runtime.backend: tensorrtllm")
+            return "llmapi", f"runtime.backend is llmapi (TensorRT-LLM {facts.trtllm_version} LLM API)"
         return "tensorrtllm", f"runtime.backend is tensorrtllm (TensorRT-LLM {facts.trtllm_version})"
     if requested != "auto":
-        raise PlanError(f"runtime.backend is {requested!r}; allowed values: auto, tensorrtllm, pytorch")
+        raise PlanError(f"runtime.backend is {requested!r}; allowed values: auto, tensorrtllm, llmapi, pytorch")
     if not facts.trtllm_usable:
         return "pytorch", f"backend auto -> pytorch: {facts.trtllm_unavailable_reason}"
     if facts.gpu_count < world_size:
         return "pytorch", (
             f"backend auto -> pytorch: world size {world_size} needs {world_size} GPUs, {facts.gpu_count} visible"
         )
+    if llmapi_version_ok(facts.trtllm_version):
+        problem = llmapi_incompatibility(build if mode == "build" else None)
+        if problem is None:
+            return "llmapi", (
+                f"backend auto -> llmapi: TensorRT-LLM {facts.trtllm_version} LLM API (PyTorch backend) on {facts.gpu_model}"
+            )
+        return "tensorrtllm", f"backend auto -> tensorrtllm (an engine): {problem}"
     return "tensorrtllm", f"backend auto -> tensorrtllm: TensorRT-LLM {facts.trtllm_version} on {facts.gpu_model}"
+
+
+# --- settings that would do nothing on the backend that runs --------------------------------------
+
+# Releases after which an engine build flag stopped existing (trtllm-build of each tag).
+_MULTI_BLOCK_RUNTIME_SINCE = (0, 13)
+_CUSTOM_ALL_REDUCE_FLAG_UNTIL = (0, 14)
+# Set explicitly, these do nothing with NVIDIA's llmapi model: it has no ensemble, no Triton batcher
+# (triton_config.max_batch_size is 0) and builds no engine.
+_LLMAPI_IGNORED_RUNTIME = (
+    "max_num_sequences",
+    "max_queue_size",
+    "max_queue_delay_microseconds",
+    "preprocessing_instance_count",
+    "postprocessing_instance_count",
+    "detokenize_in",
+)
+
+
+def _explicit(model: Any, name: str) -> bool:
+    return name in getattr(model, "model_fields_set", ())
+
+
+def backend_setting_problems(trt: Any, backend: str, trtllm_version: str | None) -> list[str]:
+    """Settings given explicitly that the chosen backend (at this TensorRT-LLM version) would silently ignore,
+    each as one line naming the key. Empty when everything given reaches the backend."""
+    problems: list[str] = []
+    runtime, build = trt.runtime, trt.build
+    plugins = build.plugin_configuration if build is not None else None
+    version = _version_tuple(trtllm_version)
+    if backend == "llmapi":
+        for name in _LLMAPI_IGNORED_RUNTIME:
+            if _explicit(runtime, name):
+                problems.append(
+                    f"model_metadata.trt_llm.runtime.{name}: not used by backend llmapi (NVIDIA's LLM API model has"
+                    " no ensemble or Triton batcher; its batch is build.max_batch_size); remove it"
+                )
+        if plugins is not None and build is not None and _explicit(build, "plugin_configuration"):
+            for name in sorted(plugins.model_fields_set):
+                problems.append(
+                    f"model_metadata.trt_llm.build.plugin_configuration.{name}: a TensorRT engine build option;"
+                    " backend llmapi builds no engine; remove it (or set runtime.backend: tensorrtllm)"
+                )
+    if backend == "tensorrtllm":
+        if build is not None and build.expert_parallel_count is not None:
+            problems.append(
+                "model_metadata.trt_llm.build.expert_parallel_count: only reaches backend llmapi"
+                " (LLM(moe_expert_parallel_size=...)); the engine build path does not take it; remove it"
+            )
+        if _explicit(runtime, "max_num_sequences"):
+            problems.append(
+                "model_metadata.trt_llm.runtime.max_num_sequences: NVIDIA's tensorrtllm backend has no such setting"
+                " (the batch manager takes its limit from the engine); set build.max_batch_size instead"
+            )
+        if plugins is not None and version >= _MULTI_BLOCK_RUNTIME_SINCE and _explicit(plugins, "multi_block_mode"):
+            problems.append(
+                f"model_metadata.trt_llm.build.plugin_configuration.multi_block_mode: not a build option on TensorRT-LLM"
+                f" {trtllm_version} (a runtime option since 0.13, on by default); remove it"
+            )
+        if (
+            plugins is not None
+            and version >= _CUSTOM_ALL_REDUCE_FLAG_UNTIL
+            and _explicit(plugins, "use_custom_all_reduce")
+        ):
+            problems.append(
+                f"model_metadata.trt_llm.build.plugin_configuration.use_custom_all_reduce: not a build option on"
+                f" TensorRT-LLM {trtllm_version} (the all-reduce strategy is chosen at runtime since 0.14); remove it"
+            )
+    return problems
 
 
 # --- artifact locations --------------------------------------------------------------------------
@@ -187,12 +315,19 @@ def make_plan(
     *,
     artifacts_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    check_backend_files: bool = True,
 ) -> ServingPlan:
-    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds)."""
+    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds).
+
+    `check_backend_files`: with backend llmapi, require NVIDIA's llmapi model files now, before any
+    checkpoint download (off for dry runs that plan for another machine)."""
     trt = resolved.trt_llm
     runtime = trt.runtime
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
-    backend, reason = choose_backend(runtime.backend, facts, trt.world_size)
+    backend, reason = choose_backend(runtime.backend, facts, trt.world_size, build=trt.build, mode=trt.mode)
+    problems = backend_setting_problems(trt, backend, facts.trtllm_version)
+    if problems:
+        raise PlanError("; ".join(problems))
     common: dict[str, Any] = {
         "backend": backend,
         "backend_reason": reason,
@@ -202,8 +337,8 @@ def make_plan(
         "artifacts_dir": root,
         "truss_dir": resolved.truss_dir,
         # The stand-in is one process whatever TP/PP the engine it stands in for would use.
-        "tensor_parallel_count": trt.tensor_parallel_count if backend == "tensorrtllm" else 1,
-        "pipeline_parallel_count": trt.pipeline_parallel_count if backend == "tensorrtllm" else 1,
+        "tensor_parallel_count": trt.tensor_parallel_count if backend != "pytorch" else 1,
+        "pipeline_parallel_count": trt.pipeline_parallel_count if backend != "pytorch" else 1,
     }
     model_override = runtime.pytorch.model
 
@@ -230,6 +365,20 @@ def make_plan(
                 model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
             model = dataclasses.replace(model, role="model")
             return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), **limits, **common)
+        if backend == "llmapi":
+            if check_backend_files:
+                from trtllm_truss.repository.llmapi import find_model_source
+                from trtllm_truss.repository.models import RepositoryError
+
+                try:
+                    find_model_source(runtime, environ)
+                except RepositoryError as exc:
+                    raise PlanError(str(exc)) from None
+            # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
+            model = dataclasses.replace(checkpoint, role="model")
+            return ServingPlan(
+                tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), build=build, **limits, **common
+            )
         # tensorrtllm: the tokenizer comes from the checkpoint; the weights only on a cache miss.
         tokenizer = dataclasses.replace(
             checkpoint, role="tokenizer", kind="tokenizer", dest=_tokenizer_dest(checkpoint, root)

@@ -238,11 +238,13 @@ def test_example_dir_found_in_the_release_wins_over_the_version_rule(tmp_path: P
 
 def test_recorded_flag_files_are_well_formed() -> None:
     files = sorted(FLAGS_DIR.glob("*/*.json"))
-    assert {p.parent.name for p in files} == {"0.11.0", "0.21.0", "1.2.0"}
+    assert {p.parent.name for p in files} >= {"0.11.0", "0.21.0", "1.0.0", "1.2.0"}
     for path in files:
         doc = json.loads(path.read_text())
         assert doc["trtllm_version"] == path.parent.name, path
-        assert doc["source"]["repository"] == "NVIDIA/TensorRT-LLM" and doc["source"]["path"] and doc["source"]["commit"], path
+        assert doc["source"]["repository"] == "NVIDIA/TensorRT-LLM" and doc["source"]["path"], path
+        # A commit, or (where the code index does not expose it) the index id and a version_basis saying so.
+        assert doc["source"].get("commit") or (doc["source"].get("index_id") and doc["version_basis"]), path
         for flag, spec in doc.get("flags", {}).items():
             assert flag.startswith("-") and isinstance(spec["takes_value"], bool), (path, flag)
             assert spec["choices"] is None or all(isinstance(c, str) for c in spec["choices"]), (path, flag)
@@ -276,3 +278,44 @@ def test_flag_extractor_reads_argparse_calls(tmp_path: Path) -> None:
     assert flags["--variant"]["choices_unresolved"] == "[None] + VERSIONS"
     assert flags["--embedding_sharding_dim"]["choices"] == ["0", "1"]
     assert "positional" not in flags
+
+
+# The TensorRT-LLM release inside each NVIDIA image a shipped example names (NVIDIA's framework
+# support matrix: Triton 24.12 trtllm-python-py3 carries TensorRT-LLM 0.16.0; tensorrtllm_backend
+# tag v0.16.0 pins that TensorRT-LLM commit).
+IMAGE_TRTLLM_VERSION = {"nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3": "0.16.0"}
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _shipped_build_examples() -> list[Path]:
+    return sorted(p for p in EXAMPLES_DIR.glob("*/config.yaml") if "build:" in p.read_text())
+
+
+@pytest.mark.parametrize("config_path", _shipped_build_examples(), ids=lambda p: p.parent.name)
+def test_shipped_examples_build_with_flags_of_their_images_release(config_path: Path) -> None:
+    """Each example's trtllm-build command uses only options recorded for the TensorRT-LLM of its image;
+    settings that release would ignore are refused (none in the shipped examples)."""
+    import yaml
+
+    from trtllm_truss.config.schema import TrtLlmConfig
+    from trtllm_truss.plan import backend_setting_problems
+
+    raw = yaml.safe_load(config_path.read_text())
+    version = IMAGE_TRTLLM_VERSION[raw["base_image"]["image"]]
+    config = TrtLlmConfig.model_validate(raw["model_metadata"]["trt_llm"])
+    assert backend_setting_problems(config, "tensorrtllm", version) == []
+    build = make_plan(config.build, version).steps[1]
+    core = load_flags(version, "trtllm-build")
+    plugins = load_flags(version, "trtllm-build.plugin_args")
+    assert build.argv[0] == "trtllm-build"
+    assert flag_problems(build.argv[1:], {**core["flags"], **plugins["flags"]}, ["--checkpoint_dir", "--output_dir"]) == []
+    assert "--kv_cache_type" in build.argv and "--multi_block_mode" not in build.argv
+
+
+def test_0_16_records_catch_options_that_release_does_not_have() -> None:
+    core = load_flags("0.16.0", "trtllm-build")["flags"]
+    plugins = load_flags("0.16.0", "trtllm-build.plugin_args")["flags"]
+    accepted = {**core, **plugins}
+    assert flag_problems(("--multi_block_mode",), accepted, []) == ["--multi_block_mode is not a flag of this version"]
+    assert flag_problems(("--max_output_len",), accepted, []) == ["--max_output_len is not a flag of this version"]
+    assert flag_problems(("--kv_cache_type", "paged", "--use_fused_mlp", "enable"), accepted, []) == []

@@ -199,6 +199,12 @@ def test_cli_dry_run_prints_the_commands(tmp_path: Path, capsys) -> None:
     assert main(["build", str(truss), "--dry-run", "--trtllm-version", "0.21.0"]) == 0
     out = capsys.readouterr().out
     assert "cache key" in out and "convert_checkpoint.py --model_dir" in out and "trtllm-build --checkpoint_dir" in out
+    # 1.x with backend auto: NVIDIA's LLM API loads the checkpoint; the dry run prints the model.yaml.
+    assert main(["build", str(truss), "--dry-run", "--trtllm-version", "1.2.0"]) == 0
+    out = capsys.readouterr().out
+    assert "(llmapi): no engine build" in out and "tensor_parallel_size:" in out and "triton_config:" in out
+    # 1.x with an engine asked for: the LLM API engine build.
+    (truss / "config.yaml").write_text((truss / "config.yaml").read_text().replace("backend: auto", "backend: tensorrtllm"))
     assert main(["build", str(truss), "--dry-run", "--trtllm-version", "1.2.0"]) == 0
     assert "trtllm_truss.artifacts.llmapi_build" in capsys.readouterr().out
 
@@ -299,3 +305,26 @@ def test_cli_builds_then_reuses(tmp_path: Path, fake_toolchain, monkeypatch, cap
     assert "engine found in the cache" in second
     key = lambda text: next(line for line in text.splitlines() if "cache key" in line)  # noqa: E731
     assert key(first) == key(second)
+
+
+def test_missing_examples_fail_only_when_a_build_must_run_and_name_the_setting(tmp_path: Path, fake_toolchain) -> None:
+    """An image without NVIDIA's examples/ (Triton 24.12, tensorrtllm_backend issue 739) cannot build on
+    0.x: the error names TRTLLM_EXAMPLES_DIR. An engine already in the cache starts without them."""
+    from trtllm_truss.artifacts.build import BuildPlanError
+    from trtllm_truss.artifacts.engine_builder import EXAMPLES_DIR_CANDIDATES
+    from trtllm_truss.config import load_config
+    from trtllm_truss.plan import make_plan
+
+    if any(path.is_dir() for path in EXAMPLES_DIR_CANDIDATES):
+        pytest.skip("this machine has NVIDIA's examples in a known place")
+    examples, trtllm_build = fake_toolchain
+    truss = _truss(tmp_path, tp=1)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "TRUSS_SECRET_hf_access_token", "TRTLLM_EXAMPLES_DIR")}
+    plan = make_plan(load_config(truss, environ=env), _facts(1), artifacts_dir=tmp_path / "artifacts", environ=env)
+    no_examples = EngineBuilder(environ=env, trtllm_build=str(trtllm_build), sink=lambda line: None)
+    with pytest.raises(BuildPlanError, match=r"set TRTLLM_EXAMPLES_DIR to the examples directory"):
+        no_examples.acquire(plan)
+    built = EngineBuilder(environ=env, examples_dir=examples, trtllm_build=str(trtllm_build), sink=lambda line: None)
+    assert built.acquire(plan).source == "built"
+    cached = EngineBuilder(environ=env, trtllm_build=str(trtllm_build), sink=lambda line: None).acquire(plan)
+    assert cached.source == "local"

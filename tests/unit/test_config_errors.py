@@ -171,7 +171,7 @@ CASES = [
         "runtime-backend",
         with_runtime(build(), backend="vllm"),
         f"{S}.runtime.backend",
-        "allowed values: auto, tensorrtllm, pytorch",
+        "allowed values: auto, tensorrtllm, llmapi, pytorch",
     ),
     Case(
         "runtime-fraction",

@@ -39,6 +39,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "awq": ({"quantization_type": "awq"}, {"quantization_type": "awq", "awq": {"calib_size": 64}}),
     "tensor_parallel_count": ({}, {"tensor_parallel_count": 2}),
     "pipeline_parallel_count": ({}, {"pipeline_parallel_count": 2}),
+    "expert_parallel_count": ({"tensor_parallel_count": 2}, {"tensor_parallel_count": 2, "expert_parallel_count": 2}),
     "plugin_configuration": ({}, {"plugin_configuration": {"multi_block_mode": True}}),
     "chatglm_model_version": (
         {"base_model_architecture": "chatglm", "chatglm_model_version": "chatglm2_6b"},
@@ -136,7 +137,7 @@ def test_through_the_config_runtime_knobs_keep_the_key_and_build_overrides_chang
     base = plan_key({})
     runtime_only = {
         "TRTLLM_RUNTIME__KV_CACHE_FREE_GPU_MEM_FRACTION": "0.5",
-        "TRTLLM_RUNTIME__MAX_NUM_SEQUENCES": "16",
+        "TRTLLM_RUNTIME__ENABLE_KV_CACHE_REUSE": "true",
         "TRTLLM_RUNTIME__EXCLUDE_INPUT_IN_OUTPUT": "false",
         "TRTLLM_RUNTIME__PREPROCESSING_INSTANCE_COUNT": "4",
     }

@@ -113,6 +113,9 @@ class RemoteEngineStore(Protocol):
 
     def publish(self, key: str, engine_dir: Path) -> None: ...
 
+    # Optional (see S3EngineStore): `try_claim(key) -> bool` makes one replica of the fleet the builder
+    # of `key`; the others wait for its publish and download. `release_claim(key)` after publishing.
+
 
 @dataclass
 class _Lease:
@@ -190,8 +193,13 @@ class EngineCache:
         *,
         lock_timeout_s: float = 6 * 3600.0,
         verify_sizes_on_hit: bool = True,
+        remote_wait_s: float = 6 * 3600.0,
+        remote_poll_s: float = 2.0,
     ) -> None:
         self.root = Path(root).resolve()
+        # How long a replica waits for another replica's claimed build to be published, polling.
+        self.remote_wait_s = remote_wait_s
+        self.remote_poll_s = remote_poll_s
         self.max_bytes = max_bytes
         self.lock_timeout_s = lock_timeout_s
         self.verify_sizes_on_hit = verify_sizes_on_hit
@@ -293,12 +301,16 @@ class EngineCache:
                 return CacheResult(key, self.engine_dir(key), "local", time.monotonic() - started, manifest)
             self._discard_broken_entry(key)
             self._clean_scratch(key)  # we hold the key's lock: any scratch of this key is stale
-            source, manifest = self._build_and_publish(key, create_fn, remote)
+            source, manifest, claimed = self._build_and_publish(key, create_fn, remote)
             self._acquire_lease(key)
         finally:
             lock.release()
         if source == "built" and remote is not None:
-            self._publish_remote(remote, key)
+            try:
+                self._publish_remote(remote, key)
+            finally:
+                if claimed:
+                    self._release_claim(remote, key)
         self.clean_stale_scratch()  # leftovers of builders that died on other keys
         if self.max_bytes is not None:
             self.evict(keep=key)
@@ -306,16 +318,16 @@ class EngineCache:
 
     def _build_and_publish(
         self, key: str, create_fn: Callable[[Path], None], remote: RemoteEngineStore | None
-    ) -> tuple[Literal["built", "remote"], CacheManifest]:
+    ) -> tuple[Literal["built", "remote"], CacheManifest, bool]:
         scratch = self.scratch_dir / f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         engine = scratch / ENGINE_SUBDIR
         engine.mkdir(parents=True)
         source: Literal["built", "remote"] = "built"
+        claimed = False
         try:
-            if remote is not None and self._remote_has(remote, key):
-                remote.download(key, engine)
-                source = "remote"
-            else:
+            if remote is not None:
+                source, claimed = self._download_or_claim(remote, key, engine)
+            if source == "built":
                 create_fn(engine)
             files = _fsync_tree_and_describe(engine)
             if not files:
@@ -328,8 +340,50 @@ class EngineCache:
             _fsync_path(self.entries_dir)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
+            if claimed and remote is not None:
+                self._release_claim(remote, key)  # let another replica build instead
             raise
-        return source, manifest
+        return source, manifest, claimed
+
+    def _download_or_claim(
+        self, remote: RemoteEngineStore, key: str, engine: Path
+    ) -> tuple[Literal["built", "remote"], bool]:
+        """Download `key` when the fleet has it; else become its one builder ("built", claimed) or wait for
+        the replica that is. Stores without claims: build when absent (each replica may then build)."""
+        try_claim = getattr(remote, "try_claim", None)
+        deadline = time.monotonic() + self.remote_wait_s
+        while True:
+            if self._remote_has(remote, key):
+                remote.download(key, engine)
+                return "remote", False
+            if try_claim is None:
+                return "built", False
+            try:
+                won = try_claim(key)
+            except Exception as exc:  # an outage of the store must not stop a local build
+                logger.warning("engine cache: claiming %s in the remote store failed (%s); building locally", key, exc)
+                return "built", False
+            if won:
+                if self._remote_has(remote, key):  # published between our look and our claim
+                    self._release_claim(remote, key)
+                    remote.download(key, engine)
+                    return "remote", False
+                return "built", True
+            if time.monotonic() > deadline:
+                raise EngineCacheError(
+                    f"waited {self.remote_wait_s:.0f}s for another replica to publish cache key {key}; "
+                    "its build claim is still held (raise remote_wait_s, or delete the claim if its builder died)"
+                )
+            time.sleep(self.remote_poll_s)  # another replica holds the claim: poll for its publish
+
+    @staticmethod
+    def _release_claim(remote: RemoteEngineStore, key: str) -> None:
+        release = getattr(remote, "release_claim", None)
+        if release is not None:
+            try:
+                release(key)
+            except Exception as exc:  # noqa: BLE001 - the claim expires anyway
+                logger.warning("engine cache: releasing the claim on %s failed: %s", key, exc)
 
     @staticmethod
     def _remote_has(remote: RemoteEngineStore, key: str) -> bool:

@@ -101,22 +101,42 @@ class EngineBuilder:
 
     def cache_key(self, plan: ServingPlan, *, token: str | None = None) -> tuple[str, dict[str, Any]]:
         """(key, the inputs it hashes); resolves the checkpoint revision to a commit/fingerprint."""
+        from trtllm_truss.artifacts.revision_record import REVISIONS_SUBDIR
+
         checkpoint = _require_build_plan(plan)
         return self.key_for(
             plan.build, source=checkpoint.source, revision=checkpoint.revision, location=checkpoint.location,
             facts=plan.facts, truss_dir=plan.truss_dir, token=token,
+            record_dir=self._cache(plan).root / REVISIONS_SUBDIR,
         )
 
     def key_for(
         self, build: Any, *, source: str, revision: str | None, location: str, facts: Any,
-        truss_dir: Path | None, token: str | None = None,
+        truss_dir: Path | None, token: str | None = None, record_dir: Path | None = None,
     ) -> tuple[str, dict[str, Any]]:
+        """`record_dir`: where each hub revision, once resolved, is recorded, so a replica whose engine is
+        cached starts while the hub is unreachable (the key needs the checkpoint's commit)."""
         from trtllm_truss.artifacts.fetch import resolve_revision
+        from trtllm_truss.artifacts.hub import HubUnreachableError
+        from trtllm_truss.artifacts.revision_record import read_revision_record, write_revision_record
         from trtllm_truss.plan import engine_cache_key
 
-        resolved = resolve_revision(
-            source, revision=revision, kind="checkpoint", token=token, environ=self.environ, base_dir=truss_dir
-        )
+        try:
+            resolved = resolve_revision(
+                source, revision=revision, kind="checkpoint", token=token, environ=self.environ, base_dir=truss_dir
+            )
+        except HubUnreachableError:
+            recorded = read_revision_record(record_dir, source, revision) if location == "hub" else None
+            if recorded is None:
+                raise
+            logger.warning(
+                "hub unreachable: using the recorded revision %s of %s@%s for the engine cache key",
+                recorded[:16], source, revision or "main",
+            )
+            resolved = recorded
+        else:
+            if location == "hub":
+                write_revision_record(record_dir, source, revision, resolved)
         kwargs = dict(checkpoint_revision=resolved, facts=facts, checkpoint_repo_id=source if location == "hub" else None)
         return engine_cache_key(build, **kwargs), engine_cache_key_inputs(build, **kwargs)
 
@@ -151,18 +171,18 @@ class EngineBuilder:
         local_hit = cache.lookup(key) is not None
         decision = decide_remote_use(getattr(plan.build, "publish_repository", None), local_hit=local_hit)
         remote = None
-        if decision.look_up_remote:
+        if decision.look_up_remote and plan.build.publish_repository.startswith("s3://"):
+            from trtllm_truss.artifacts.remote_store import S3EngineStore
+
+            remote = S3EngineStore(plan.build.publish_repository, environ=self.environ)
+        elif decision.look_up_remote:
             from trtllm_truss.artifacts.hub import hub_endpoint
 
             remote = HubEngineStore(plan.build.publish_repository, token=token, endpoint=hub_endpoint(self.environ))
         logger.info("engine cache key %s (%s)", key, decision.reason)
 
         examples_dir = self.examples_dir or find_examples_dir(self.environ)
-        if examples_dir is None and not version.startswith(("1.", "2.")):
-            raise BuildPlanError(
-                f"TensorRT-LLM {version} builds with NVIDIA's examples/ scripts; set {EXAMPLES_DIR_ENV} to the "
-                f"examples directory of that release (looked in {', '.join(map(str, EXAMPLES_DIR_CANDIDATES))})"
-            )
+        examples_missing = examples_dir is None and not version.startswith(("1.", "2."))
 
         resolved_revision = inputs["checkpoint"]["revision"]
 
@@ -188,6 +208,14 @@ class EngineBuilder:
             secrets=(token,) if token else (),
         )
         def create_with_build_record(dest: Path) -> None:
+            # Checked only when a build really runs: an engine in the cache or the fleet's store needs no scripts.
+            if examples_missing:
+                raise BuildPlanError(
+                    f"TensorRT-LLM {version} builds with NVIDIA's examples/ scripts, which this image does not have"
+                    f" (looked in {', '.join(map(str, EXAMPLES_DIR_CANDIDATES))}); set {EXAMPLES_DIR_ENV} to the"
+                    " examples directory of that release (a checkout of NVIDIA/TensorRT-LLM at its tag), or serve a"
+                    " prebuilt engine (serve.engine_repository)"
+                )
             create(dest)
             write_build_record(dest, plan.facts.gpus[0] if plan.facts.gpus else None, trtllm_version=version, cache_key=key)
 

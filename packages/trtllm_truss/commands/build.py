@@ -70,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
     facts = probe_facts()
     started = time.monotonic()
     try:
-        plan = make_plan(resolved, facts)
+        if args.dry_run and (not facts.trtllm_usable or args.trtllm_version):
+            facts = _target_machine(facts, resolved, args.trtllm_version or facts.trtllm_version or DEFAULT_PLAN_VERSION)
+        # A dry run plans for the target machine: NVIDIA's llmapi model files need not be here.
+        plan = make_plan(resolved, facts, check_backend_files=not args.dry_run)
         if plan.mode == "serve":
             return _fetch_serve_artifacts(plan, args, started)
         builder = EngineBuilder(
@@ -100,11 +103,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _target_machine(facts, resolved, version: str):
+    """The GPU machine a dry run plans for: TensorRT-LLM `version` and as many GPUs as the world size
+    (named after resources.accelerator), so the plan shows what that machine would run."""
+    from trtllm_truss.probe import GpuInfo, RuntimeFacts
+
+    name = str(resolved.accelerator or "GPU").split(":")[0]
+    return RuntimeFacts(
+        gpus=tuple(GpuInfo(name=name) for _ in range(resolved.trt_llm.world_size)),
+        trtllm_version=version,
+        tensorrt_version=facts.tensorrt_version,
+        trtllm_unavailable_reason=None,
+        notes=(f"dry run: planned for TensorRT-LLM {version} on {resolved.trt_llm.world_size} x {name}",),
+    )
+
+
 def _print_plan(plan, builder, facts, resolved, args: argparse.Namespace) -> int:
     from trtllm_truss.config import resolve_repository
+    from trtllm_truss.plan import backend_setting_problems, llmapi_incompatibility, llmapi_version_ok
 
     build = resolved.trt_llm.build
     version = args.trtllm_version or facts.trtllm_version or DEFAULT_PLAN_VERSION
+    requested = resolved.trt_llm.runtime.backend.value
+    # The backend a GPU machine with `version` would choose (the same rule as choose_backend's auto).
+    target = plan.backend if plan.backend != "pytorch" else (
+        "llmapi"
+        if requested in ("auto", "llmapi") and llmapi_version_ok(version) and llmapi_incompatibility(build) is None
+        else "tensorrtllm"
+    )
+    problems = backend_setting_problems(resolved.trt_llm, target, version)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    if target == "llmapi":
+        return _print_llmapi(plan, build, resolved, version)
     if plan.backend != "tensorrtllm":
         _say(f"no engine is built on this machine: {plan.backend_reason}")
         _say(f"a GPU machine with TensorRT-LLM {version} would run the commands below")
@@ -122,6 +155,18 @@ def _print_plan(plan, builder, facts, resolved, args: argparse.Namespace) -> int
     except Exception as exc:  # noqa: BLE001 - the key needs the checkpoint revision; show why it is unknown
         _say(f"cache key: unknown until the checkpoint revision resolves ({type(exc).__name__}: {exc})")
     _say(builder.build_plan_for(build, Path(checkpoint_dir), version).describe())
+    return 0
+
+
+def _print_llmapi(plan, build, resolved, version: str) -> int:
+    from trtllm_truss.repository.llmapi import MODEL_NAME, render_model_yaml
+
+    if plan.backend != "llmapi":
+        print(f"no model is loaded on this machine: {plan.backend_reason}")
+    model_dir = plan.model_dir if plan.backend == "llmapi" else "<the checkpoint folder after download>"
+    print(f"# TensorRT-LLM {version} (llmapi): no engine build; NVIDIA's LLM API loads the checkpoint")
+    print(f"# {MODEL_NAME}/1/model.yaml of the Triton repository:")
+    print(render_model_yaml(build, resolved.trt_llm.runtime, model_dir), end="")
     return 0
 
 

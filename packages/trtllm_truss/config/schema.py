@@ -7,6 +7,7 @@ Checks that need facts from outside the section (the GPUs in `resources.accelera
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -71,8 +72,13 @@ class Dtype(str, enum.Enum):
 
 
 class Backend(str, enum.Enum):
+    """What runs the model. `llmapi` is NVIDIA's LLM API (its PyTorch backend, TensorRT-LLM >= 1.0) behind
+    NVIDIA's `triton_backend/all_models/llmapi` python model; `pytorch` is *our* CPU/GPU stand-in engine
+    (Hugging Face transformers), not NVIDIA's PyTorch backend."""
+
     AUTO = "auto"
     TENSORRTLLM = "tensorrtllm"
+    LLMAPI = "llmapi"
     PYTORCH = "pytorch"
 
 
@@ -222,6 +228,22 @@ class PluginConfiguration(StrictModel):
         return self
 
 
+_HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _publish_repository_problem(value: str) -> str | None:
+    """Why `value` is not a place to publish engines (None when it is)."""
+    if value.startswith("s3://"):
+        bucket = value[len("s3://") :].partition("/")[0]
+        if not _S3_BUCKET.match(bucket):
+            return f"{value!r}: {bucket!r} is not an S3 bucket name; expected s3://BUCKET/PREFIX"
+        return None
+    if "://" in value or not _HUB_REPO_ID.match(value):
+        return f"{value!r} is neither a hub repo id (owner/name) nor an s3://BUCKET/PREFIX URL"
+    return None
+
+
 class BuildConfig(StrictModel):
     base_model_architecture: ArchitectureName = Field(description="Model family of the checkpoint.")
     huggingface_ckpt_repository: NonEmptyStr = Field(
@@ -241,10 +263,19 @@ class BuildConfig(StrictModel):
     awq: AwqOptions = Field(default_factory=AwqOptions, description="Only with awq.")
     tensor_parallel_count: ParallelCount = Field(1, description="GPUs each layer is split across.")
     pipeline_parallel_count: ParallelCount = Field(1, description="Pipeline stages.")
+    expert_parallel_count: ParallelCount | None = Field(
+        None,
+        description="MoE expert parallelism (backend llmapi: LLM(moe_expert_parallel_size=...); None: TensorRT-LLM"
+        " decides). Must divide tensor_parallel_count x pipeline_parallel_count.",
+    )
     plugin_configuration: PluginConfiguration = Field(default_factory=PluginConfiguration)
     chatglm_model_version: ChatglmVersionName | None = Field(None, description="Required for chatglm.")
     baichuan_model_version: BaichuanVersionName | None = Field(None, description="Required for baichuan.")
-    publish_repository: NonEmptyStr | None = Field(None, description="Hub repo id to upload the built engine to.")
+    publish_repository: NonEmptyStr | None = Field(
+        None,
+        description="Where the fleet shares built engines: a hub repo id (owner/name) or s3://BUCKET/PREFIX."
+        " One replica builds each engine and publishes it; the others download it.",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> BuildConfig:
@@ -277,6 +308,18 @@ class BuildConfig(StrictModel):
                 f"options only apply with quantization_type smooth_quant (it is"
                 f" {self.quantization_type.value}); remove them or set quantization_type: smooth_quant",
             )
+        if self.publish_repository is not None:
+            problem = _publish_repository_problem(self.publish_repository)
+            if problem:
+                raise field_problem("publish_repository", problem)
+        if self.expert_parallel_count is not None:
+            world = self.tensor_parallel_count * self.pipeline_parallel_count
+            if world % self.expert_parallel_count:
+                raise field_problem(
+                    "expert_parallel_count",
+                    f"{self.expert_parallel_count} does not divide the world size {world}"
+                    " (tensor_parallel_count x pipeline_parallel_count)",
+                )
         if "awq" in self.model_fields_set and self.quantization_type is not Quantization.AWQ:
             raise field_problem(
                 "awq",
@@ -343,9 +386,31 @@ class PytorchEngineConfig(StrictModel):
     synthetic: SyntheticEngineConfig | None = Field(None, description="Set to emit tokens at no model cost.")
 
 
+class LlmApiRuntimeConfig(StrictModel):
+    """Backend llmapi: where NVIDIA's `llmapi` Triton model comes from (it is not part of this package)."""
+
+    model_source_dir: NonEmptyStr | None = Field(
+        None,
+        description="NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm directory (config.pbtxt, 1/model.py,"
+        " 1/helpers.py) of the TensorRT-LLM version installed (None: $TRTLLM_LLMAPI_MODEL_DIR, then the image's"
+        " known locations).",
+    )
+    decoupled: bool = Field(True, description="Triton decoupled mode (needed for streaming responses).")
+
+
+class HealthProbeConfig(StrictModel):
+    """A one-token generation sent straight to the engine model, so a hung engine reads unhealthy."""
+
+    enabled: bool = Field(True, description="Probe the engine model on an interval.")
+    interval_s: float = Field(10.0, gt=0.0, le=3600.0, description="Seconds between probes.")
+    timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="A probe not answered within this is a failure.")
+
+
 class RuntimeConfig(StrictModel):
     backend: BackendName = Field(
-        Backend.AUTO, description="auto: tensorrtllm where it can run, else the pytorch stand-in."
+        Backend.AUTO,
+        description="auto: llmapi (NVIDIA's LLM API) for build mode on TensorRT-LLM >= 1.0, tensorrtllm (an engine)"
+        " on older versions and for serve mode, else the pytorch stand-in (our Hugging Face engine, no GPU needed).",
     )
     kv_cache_free_gpu_mem_fraction: float = Field(
         0.9, gt=0.0, le=1.0, description="Share of free GPU memory for the KV cache."
@@ -393,6 +458,8 @@ class RuntimeConfig(StrictModel):
         None, description="tritonserver binary (None: found on PATH / pytriton)."
     )
     pytorch: PytorchEngineConfig = Field(default_factory=PytorchEngineConfig)
+    llmapi: LlmApiRuntimeConfig = Field(default_factory=lambda: LlmApiRuntimeConfig())
+    health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
 
 
 # --- the section --------------------------------------------------------------------------------

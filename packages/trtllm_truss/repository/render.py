@@ -86,6 +86,12 @@ def _write(
     window_relay: bool | None,
     import_path: Sequence[str],
 ) -> None:
+    if plan.backend == "llmapi":  # NVIDIA's single llmapi model, configured by model.yaml
+        from trtllm_truss.repository.llmapi import write_llmapi_repository
+
+        write_llmapi_repository(repo, plan)
+        (repo / MARKER_FILE).write_text(f"backend={plan.backend}\n", encoding="utf-8")
+        return
     configs = repository_configs(plan, window_relay=window_relay)
     sources = python_model_sources(plan, engine_model_source)
     if WINDOW_RELAY in configs:

@@ -1,0 +1,129 @@
+"""EngineProbe against a real tritonserver whose `tensorrt_llm` model (a TEST DOUBLE) stops answering.
+
+The double answers one-token generations until a file appears, then holds requests unanswered, as a
+wedged engine does while Triton still reports the model ready. The probe must report unhealthy
+within interval + timeout of the hang, say why, and recover once the engine answers again.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from trtllm_truss.health import EngineProbe
+
+pytestmark = pytest.mark.triton
+
+HANG_DOUBLE = Path(__file__).resolve().parent / "triton_models" / "tensorrt_llm_hang_double" / "model.py"
+INTERVAL_S = 0.5
+TIMEOUT_S = 1.5
+# Scheduling slack on a 2-core machine shared with other test servers; the bound stays interval+timeout+slack.
+SLACK_S = 2.0
+
+CONFIG = """
+name: "tensorrt_llm"
+backend: "python"
+max_batch_size: 1
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] }},
+  {{ name: "input_lengths" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "request_output_len" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "streaming" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}
+]
+output [
+  {{ name: "output_ids" data_type: TYPE_INT32 dims: [ -1, -1 ] }},
+  {{ name: "sequence_length" data_type: TYPE_INT32 dims: [ -1 ] }}
+]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "hang_file" value: {{ string_value: "{hang_file}" }} }}
+"""
+
+
+def wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> float:
+    """Poll `predicate` until true; return the seconds it took (fails the test on timeout)."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            pytest.fail(f"condition not reached within {timeout_s} s")
+        time.sleep(step_s)
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def hang_server(tmp_path_factory):
+    from trtllm_truss.supervisor import TritonServer
+
+    root = tmp_path_factory.mktemp("hang")
+    hang_file = root / "hang"
+    model = root / "repo" / "tensorrt_llm"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(CONFIG.format(hang_file=hang_file))
+    (model / "1" / "model.py").write_text(HANG_DOUBLE.read_text())
+    server = TritonServer(root / "repo", startup_timeout_s=180.0)
+    server.start()
+    try:
+        server.wait_ready(180.0, models=["tensorrt_llm"])
+        yield server, hang_file
+    finally:
+        server.stop()
+
+
+def test_a_hung_engine_reads_unhealthy_within_interval_plus_timeout_and_recovers(hang_server):
+    server, hang_file = hang_server
+    with EngineProbe(server.grpc_url, interval_s=INTERVAL_S, timeout_s=TIMEOUT_S) as probe:
+        wait_for(lambda: probe.healthy, 30.0)
+        assert probe.last_error is None
+        hang_file.touch()
+        try:
+            took = wait_for(lambda: not probe.healthy, 30.0)
+            assert took <= INTERVAL_S + TIMEOUT_S + SLACK_S, f"unhealthy only after {took:.2f} s"
+            assert "did not answer a one-token generation within 1.5 s" in (probe.last_error or "")
+        finally:
+            hang_file.unlink()
+        wait_for(lambda: probe.healthy, 30.0)
+        assert probe.last_error is None and probe.failure_count >= 1
+
+
+def test_an_unreachable_server_is_unhealthy_with_the_reason():
+    with EngineProbe("127.0.0.1:9", interval_s=INTERVAL_S, timeout_s=TIMEOUT_S) as probe:
+        wait_for(lambda: probe.probe_count >= 1, 30.0)
+        assert not probe.healthy and probe.last_error
+        assert "tensorrt_llm" in probe.last_error
+
+
+# NVIDIA's llmapi config.pbtxt names, types and dims for the inputs the probe sends (max_batch_size 0,
+# as model.yaml's triton_config sets it); see tests/data/trtllm_flags/1.0.0/llmapi_model.json.
+LLMAPI_CONFIG = """
+name: "tensorrt_llm"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "streaming" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
+  { name: "sampling_param_max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+LLMAPI_DOUBLE = Path(__file__).resolve().parent / "triton_models" / "llmapi_text_double" / "model.py"
+
+
+def test_text_probe_matches_nvidias_llmapi_interface(tmp_path):
+    from trtllm_truss.supervisor import TritonServer
+
+    model = tmp_path / "repo" / "tensorrt_llm"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(LLMAPI_CONFIG)
+    (model / "1" / "model.py").write_text(LLMAPI_DOUBLE.read_text())
+    server = TritonServer(tmp_path / "repo", startup_timeout_s=180.0)
+    server.start()
+    try:
+        server.wait_ready(180.0, models=["tensorrt_llm"])
+        with EngineProbe(server.grpc_url, interval_s=INTERVAL_S, timeout_s=TIMEOUT_S, interface="text") as probe:
+            wait_for(lambda: probe.probe_count >= 2, 30.0)
+            assert probe.healthy and probe.failure_count == 0, probe.last_error
+    finally:
+        server.stop()

@@ -1,0 +1,193 @@
+"""Backend llmapi (NVIDIA's LLM API / PyTorch backend behind its `llmapi` Triton model): backend choice,
+the plan, the rendered model.yaml checked against the names NVIDIA's sources accept
+(tests/data/trtllm_flags/1.0.0/llmapi_model.json), and settings refused where they would do nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from trtllm_truss.config import load_config
+from trtllm_truss.plan import PlanError, backend_setting_problems, choose_backend
+from trtllm_truss.plan import make_plan as _make_plan
+from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.repository.llmapi import IMAGE_MODEL_SOURCE_DIRS, find_model_source, model_yaml_document
+from trtllm_truss.repository.models import RepositoryError
+from trtllm_truss.repository.render import render_repository
+
+NAMES = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / "trtllm_flags" / "1.0.0" / "llmapi_model.json").read_text()
+)
+
+
+def facts(version: str, gpus: int = 2) -> RuntimeFacts:
+    return RuntimeFacts(
+        gpus=(GpuInfo("NVIDIA H100 80GB HBM3", "9.0", 81559),) * gpus,
+        trtllm_version=version,
+        trtllm_unavailable_reason=None,
+    )
+
+
+def truss(tmp_path: Path, trt_llm_yaml: str) -> Path:
+    body = "".join(f"    {line}\n" for line in trt_llm_yaml.strip().splitlines())
+    (tmp_path / "config.yaml").write_text(
+        f"model_name: t\nresources:\n  accelerator: H100:2\n  use_gpu: true\nmodel_metadata:\n  trt_llm:\n{body}"
+    )
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    return tmp_path
+
+
+BUILD = """
+build:
+  base_model_architecture: mixtral
+  huggingface_ckpt_repository: ckpt
+  dtype: bfloat16
+  max_input_len: 3000
+  max_output_len: 1000
+  max_batch_size: 48
+  tensor_parallel_count: 2
+"""
+
+
+def resolved(tmp_path: Path, extra: str = "", build_extra: str = ""):
+    text = BUILD + "".join(f"  {line}\n" for line in build_extra.strip().splitlines()) + extra
+    return load_config(truss(tmp_path, text), environ={})
+
+
+def make_plan(config, facts, *, artifacts_dir, **kwargs):
+    """make_plan with NVIDIA's llmapi model files present (a stand-in directory, see fake_nvidia_model_dir)."""
+    source = Path(artifacts_dir) / "nvidia-llmapi"
+    if not source.exists():
+        fake_nvidia_model_dir(source)
+    kwargs.setdefault("environ", {"TRTLLM_LLMAPI_MODEL_DIR": str(source)})
+    return _make_plan(config, facts, artifacts_dir=artifacts_dir, **kwargs)
+
+
+def test_auto_picks_llmapi_on_trtllm_1x_for_a_checkpoint_it_can_load(tmp_path):
+    plan = make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a")
+    assert plan.backend == "llmapi" and "LLM API" in plan.backend_reason
+    assert plan.model_dir == (tmp_path / "ckpt").resolve() == plan.tokenizer_dir
+    assert plan.engine_dir is None and plan.build is not None and plan.limits_final
+    assert [(f.role, f.kind) for f in plan.fetches] == [("model", "checkpoint")]
+    assert (plan.tensor_parallel_count, plan.max_batch_size) == (2, 48)
+
+
+def test_auto_keeps_the_engine_path_on_0x_and_for_calibrated_quantization(tmp_path):
+    assert make_plan(resolved(tmp_path), facts("0.16.0"), artifacts_dir=tmp_path / "a").backend == "tensorrtllm"
+    plan = make_plan(resolved(tmp_path, build_extra="quantization_type: fp8"), facts("1.0.0"), artifacts_dir=tmp_path)
+    assert plan.backend == "tensorrtllm" and "quantization_type fp8" in plan.backend_reason
+
+
+def test_llmapi_requested_where_it_cannot_run_is_refused_with_the_setting():
+    with pytest.raises(PlanError, match=r"needs TensorRT-LLM >= 1\.0.*runtime\.backend: tensorrtllm"):
+        choose_backend("llmapi", facts("0.16.0"), 2)
+    with pytest.raises(PlanError, match="prebuilt engine"):
+        choose_backend("llmapi", facts("1.0.0"), 2, mode="serve")
+
+
+@pytest.mark.parametrize(
+    "build_extra, extra",
+    [
+        ("", ""),
+        ("quantization_type: fp8_kv\nmax_num_tokens: 8192\nexpert_parallel_count: 2", ""),
+        ("", "runtime:\n  enable_kv_cache_reuse: true\n  enable_chunked_context: true\n"
+             "  max_tokens_in_paged_kv_cache: 50000\n  batch_scheduler_policy: max_utilization\n"),
+    ],
+)
+def test_model_yaml_uses_only_names_nvidias_llm_api_accepts(tmp_path, build_extra, extra):
+    config = resolved(tmp_path, extra, build_extra)
+    document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/models/ckpt")
+    triton = document.pop("triton_config")
+    assert set(document) <= set(NAMES["llm_args"]), set(document) - set(NAMES["llm_args"])
+    assert set(document["kv_cache_config"]) <= set(NAMES["kv_cache_config_fields"])
+    assert document["kv_cache_config"].get("dtype", "auto") in NAMES["kv_cache_dtype_values"]
+    assert set(document["scheduler_config"]) <= set(NAMES["scheduler_config_fields"])
+    assert document["scheduler_config"]["capacity_scheduler_policy"] in NAMES["capacity_scheduler_policy_members"]
+    assert document["dtype"] in NAMES["dtype_values"] and document["backend"] in NAMES["backend_values"]
+    keys = NAMES["triton_config_keys"]
+    assert set(keys["required"]) <= set(triton) <= set(keys["required"] + keys["optional"])
+    assert triton["max_batch_size"] == NAMES["triton_config_max_batch_size"]
+    assert document["max_seq_len"] == 4000 and document["tensor_parallel_size"] == 2
+
+
+def test_model_yaml_carries_the_typed_settings(tmp_path):
+    config = resolved(
+        tmp_path,
+        "runtime:\n  enable_kv_cache_reuse: true\n  kv_cache_free_gpu_mem_fraction: 0.75\n",
+        "quantization_type: fp8_kv\nexpert_parallel_count: 2\nmax_num_tokens: 4096",
+    )
+    document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/m")
+    assert document["kv_cache_config"] == {"free_gpu_memory_fraction": 0.75, "enable_block_reuse": True, "dtype": "fp8"}
+    assert (document["moe_expert_parallel_size"], document["max_num_tokens"]) == (2, 4096)
+    assert document["triton_config"]["decoupled"] is True
+
+
+def fake_nvidia_model_dir(root: Path) -> Path:
+    """A stand-in for NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm (their code is not shipped here)."""
+    (root / "1").mkdir(parents=True)
+    (root / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "python"\n')
+    (root / "1" / "model.py").write_text("# NVIDIA's model.py would be here\n")
+    (root / "1" / "helpers.py").write_text("# helpers\n")
+    (root / "1" / "model.yaml").write_text("model: TinyLlama/TinyLlama-1.1B-Chat-v1.0\n")
+    return root
+
+
+def test_rendered_repository_is_nvidias_model_with_our_model_yaml(tmp_path):
+    source = fake_nvidia_model_dir(tmp_path / "nvidia")
+    config = resolved(tmp_path, f"runtime:\n  llmapi:\n    model_source_dir: {source}\n")
+    plan = make_plan(config, facts("1.0.0"), artifacts_dir=tmp_path / "a")
+    repo = render_repository(plan, tmp_path / "repo")
+    assert sorted(p.name for p in repo.iterdir() if not p.name.startswith(".")) == ["tensorrt_llm"]
+    assert (repo / "tensorrt_llm" / "config.pbtxt").read_text() == (source / "config.pbtxt").read_text()
+    assert (repo / "tensorrt_llm" / "1" / "helpers.py").is_file()
+    rendered = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert rendered["model"] == str((tmp_path / "ckpt").resolve())
+    assert rendered == model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, plan.model_dir)
+
+
+def test_llmapi_without_nvidias_model_files_fails_at_plan_time_naming_the_setting(tmp_path):
+    if any((c / "config.pbtxt").is_file() for c in IMAGE_MODEL_SOURCE_DIRS):
+        pytest.skip("this machine has NVIDIA's llmapi model in a known place")
+    with pytest.raises(PlanError, match=r"set model_metadata\.trt_llm\.runtime\.llmapi\.model_source_dir"):
+        _make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a", environ={})
+    plan = _make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a", environ={}, check_backend_files=False)
+    assert plan.backend == "llmapi"
+
+
+def test_missing_nvidia_model_dir_names_the_setting(tmp_path):
+    config = resolved(tmp_path)
+    with pytest.raises(RepositoryError, match=r"runtime\.llmapi\.model_source_dir or \$TRTLLM_LLMAPI_MODEL_DIR"):
+        find_model_source(config.trt_llm.runtime, environ={}, candidates=(tmp_path / "nope",))
+    bad = resolved(tmp_path, f"runtime:\n  llmapi:\n    model_source_dir: {tmp_path}\n")
+    with pytest.raises(RepositoryError, match=r"model_source_dir: .*\(missing config\.pbtxt"):
+        find_model_source(bad.trt_llm.runtime, environ={})
+
+
+def test_settings_that_would_do_nothing_are_refused_per_backend_and_version(tmp_path):
+    with pytest.raises(PlanError, match=r"runtime\.preprocessing_instance_count: not used by backend llmapi"):
+        make_plan(resolved(tmp_path, "runtime:\n  preprocessing_instance_count: 4\n"), facts("1.0.0"), artifacts_dir=tmp_path)
+    with pytest.raises(PlanError, match=r"plugin_configuration\.tokens_per_block: a TensorRT engine build option"):
+        make_plan(
+            resolved(tmp_path, build_extra="plugin_configuration:\n  tokens_per_block: 32"), facts("1.0.0"),
+            artifacts_dir=tmp_path,
+        )
+    trt = resolved(tmp_path, "runtime:\n  max_num_sequences: 8\n", "plugin_configuration:\n  multi_block_mode: true\n"
+                   "  use_custom_all_reduce: true").trt_llm
+    on_016 = backend_setting_problems(trt, "tensorrtllm", "0.16.0")
+    assert [p.split(":")[0].rsplit(".", 1)[1] for p in on_016] == [
+        "max_num_sequences", "multi_block_mode", "use_custom_all_reduce"
+    ]
+    on_012 = backend_setting_problems(trt, "tensorrtllm", "0.12.0")  # both were trtllm-build flags then
+    assert [p.split(":")[0].rsplit(".", 1)[1] for p in on_012] == ["max_num_sequences"]
+    assert backend_setting_problems(trt, "pytorch", "0.16.0") == []  # the stand-in reads max_num_sequences
+
+
+def test_llmapi_runs_one_tritonserver_process_whatever_the_world_size(tmp_path):
+    plan = make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a")
+    assert plan.world_size == 2 and plan.tritonserver_ranks == 1
+    engine = make_plan(resolved(tmp_path), facts("0.16.0"), artifacts_dir=tmp_path / "a")
+    assert engine.tritonserver_ranks == 2
