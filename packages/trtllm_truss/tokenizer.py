@@ -15,6 +15,7 @@ transformers' slow tokenizer (`LoadedTokenizer.slow`); detokenize.py decodes it 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,26 @@ def load_transformers_tokenizer(tokenizer_dir: Path | str, *, trust_remote_code:
         raise TokenizerLoadError(f"{tokenizer_dir}: transformers cannot build this tokenizer: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise TokenizerLoadError(f"{tokenizer_dir}: transformers cannot load this tokenizer: {exc}") from exc
+
+
+def ensure_tokenizer_json(tokenizer_dir: Path | str, *, trust_remote_code: bool = False) -> bool:
+    """Write `tokenizer.json` into a directory that has none but whose tokenizer transformers can
+    build as a fast one (a sentencepiece `tokenizer.model`, or remote code with a fast class), so
+    that every later load (each Triton python-backend instance, each stream worker) is a
+    millisecond `tokenizers` load instead of a conversion. Returns whether the directory now has
+    `tokenizer.json` (False: a slow-only remote-code tokenizer, served through `LoadedTokenizer.slow`)."""
+    tokenizer_dir = Path(tokenizer_dir)
+    target = tokenizer_dir / "tokenizer.json"
+    if target.is_file():
+        return True
+    built = load_transformers_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
+    backend = getattr(built, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    partial = target.with_name(f".tokenizer.json.{os.getpid()}.tmp")
+    backend.save(str(partial))
+    os.replace(partial, target)  # atomic: a concurrent reader sees no file or the whole file
+    return True
 
 
 def load_tokenizer(tokenizer_dir: Path | str, *, trust_remote_code: bool = False) -> LoadedTokenizer:

@@ -15,7 +15,7 @@ from tokenizer_dirs import EMBEDDED_TOKENIZER_DIR, mistral_dir, remote_code_dir
 
 from trtllm_truss.api.prompt import PromptTokenizer
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder, UnsupportedTokenizerError
-from trtllm_truss.tokenizer import TRUST_REMOTE_CODE_KEY, TokenizerLoadError, load_tokenizer
+from trtllm_truss.tokenizer import TRUST_REMOTE_CODE_KEY, TokenizerLoadError, ensure_tokenizer_json, load_tokenizer
 
 TEXTS = [
     "Hello there, how are you today?",
@@ -153,3 +153,20 @@ def test_a_directory_with_nothing_to_build_from_names_what_is_missing(tmp_path: 
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(TokenizerLoadError, match="no tokenizer.json, no sentencepiece tokenizer.model"):
         load_tokenizer(tmp_path)
+
+
+def test_a_converted_tokenizer_is_written_once_as_tokenizer_json(tmp_path: Path, modules_cache: Path) -> None:
+    directory = mistral_dir(tmp_path)
+    converted = load_tokenizer(directory)
+    chat_before = PromptTokenizer.load(directory).chat_ids([("user", "Hello there </s>")])
+    assert ensure_tokenizer_json(directory)
+    assert (directory / "tokenizer.json").is_file()
+    reloaded = load_tokenizer(directory)
+    for text in TEXTS:
+        assert reloaded.encode(text, add_special_tokens=True) == converted.encode(text, add_special_tokens=True)
+    assert (reloaded.bos_id, reloaded.eos_id, reloaded.pad_id) == (converted.bos_id, converted.eos_id, converted.pad_id)
+    assert PromptTokenizer.load(directory).chat_ids([("user", "Hello there </s>")]) == chat_before
+    # A slow-only remote-code tokenizer has nothing to write.
+    remote = remote_code_dir(tmp_path)
+    assert not ensure_tokenizer_json(remote, trust_remote_code=True)
+    assert not (remote / "tokenizer.json").exists()
