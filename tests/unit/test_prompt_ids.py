@@ -147,3 +147,18 @@ def test_raw_prompt_without_special_text_is_the_tokenizers_either_way(llama3: Pr
         text = "The quick brown fox, ünïcödé ☃ 你好 <s"
         expected = list(prompt.tokenizer(text)["input_ids"])  # special tokens added: one BOS
         assert prompt.prompt_ids(text) == prompt.prompt_ids(text, literal_special_tokens=False) == expected
+
+
+def test_control_text_detection_finds_exactly_the_added_tokens() -> None:
+    import re
+
+    from trtllm_truss.api.prompt import _trie_pattern
+
+    tokens = ["<|eot_id|>", "<|end_header_id|>", "<|end_of_text|>", "<s>", "</s>", "<pad>", "\U000f0000"]
+    tokens += [f"<|reserved_special_token_{i}|>" for i in range(40)]
+    pattern = re.compile(_trie_pattern(tokens))
+    probes = [*tokens, "a<s>b", "<|reserved_special_token_3|>x", "<|reserved_special_token_|>", "<", "<|eot_id", "</s",
+              "< s>", "<|end_", "plain text", "", "<pad", "x\U000f0000"]
+    for probe in probes:
+        assert (pattern.search(probe) is not None) == any(token in probe for token in tokens), probe
+    assert re.compile(_trie_pattern([])).search("anything") is None
