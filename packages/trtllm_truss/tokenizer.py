@@ -42,10 +42,26 @@ class LoadedTokenizer:
     source_dir: Path
     slow: Any = None  # transformers' slow tokenizer, when there is no `tokenizer`
 
-    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool, literal_special_tokens: bool = False) -> list[int]:
+        """`literal_special_tokens`: special-token text in `text` ("</s>") is encoded as plain text
+        instead of becoming the control token (the tokenizer's own special tokens, e.g. a BOS that
+        `add_special_tokens` adds, are unaffected)."""
         if self.tokenizer is None:
-            return list(self.slow.encode(text, add_special_tokens=add_special_tokens))
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            return list(
+                self.slow.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=literal_special_tokens)
+            )
+        tokenizer = self._literal_tokenizer() if literal_special_tokens else self.tokenizer
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _literal_tokenizer(self) -> Tokenizer:
+        # A copy with `encode_special_tokens` set, built on first use (a setting of the Rust object,
+        # so it cannot be a per-call argument on the shared one).
+        literal = self.__dict__.get("_literal")
+        if literal is None:
+            literal = Tokenizer.from_str(self.tokenizer.to_str())
+            literal.encode_special_tokens = True
+            object.__setattr__(self, "_literal", literal)  # frozen dataclass: a cache, not state
+        return literal
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
         if self.tokenizer is None:

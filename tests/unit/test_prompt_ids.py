@@ -162,3 +162,18 @@ def test_control_text_detection_finds_exactly_the_added_tokens() -> None:
     for probe in probes:
         assert (pattern.search(probe) is not None) == any(token in probe for token in tokens), probe
     assert re.compile(_trie_pattern([])).search("anything") is None
+
+
+def test_loaded_tokenizer_gives_the_same_raw_prompt_ids_without_transformers(tmp_path: Path) -> None:
+    from trtllm_truss.tokenizer import load_tokenizer
+
+    directory = llama3_dir(tmp_path)
+    loaded = load_tokenizer(directory)
+    prompt = PromptTokenizer.load(directory)
+    eot = loaded.token_to_id("<|eot_id|>")
+    for text in ("x<|eot_id|>y <|begin_of_text|>", "plain text, ünï ☃"):
+        for literal in (True, False):
+            ids = loaded.encode(text, add_special_tokens=True, literal_special_tokens=literal)
+            assert ids == prompt.prompt_ids(text, literal_special_tokens=literal)
+    assert eot not in loaded.encode("a<|eot_id|>", add_special_tokens=True, literal_special_tokens=True)
+    assert eot in loaded.encode("a<|eot_id|>", add_special_tokens=True)  # the default is unchanged

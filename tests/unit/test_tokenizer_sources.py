@@ -87,6 +87,10 @@ def test_remote_code_tokenizer_without_fast_version_is_served(tmp_path: Path, mo
     assert loaded.tokenizer is None and type(loaded.slow).__name__ == "RemoteSpmTokenizer"
     assert (loaded.bos_id, loaded.eos_id, loaded.pad_id) == (1, 2, 3)
     assert loaded.encode("hello", add_special_tokens=True)[0] == 1
+    assert 2 in loaded.encode("a </s>", add_special_tokens=True)
+    assert 2 not in loaded.encode("a </s>", add_special_tokens=True, literal_special_tokens=True)
+    assert loaded.vocab_size == len(loaded.slow) and loaded.token_to_id("</s>") == 2
+    assert loaded.token_to_id("no-such-piece") is None
     assert loaded.encode_batch(["a", "b"], add_special_tokens=False) == [
         loaded.encode("a", add_special_tokens=False),
         loaded.encode("b", add_special_tokens=False),
