@@ -20,6 +20,11 @@ Because the held-back tail is at most 3 bytes and a window is up to 8 tokens, th
 "already emitted" and "new" is the same whether computed from the window or from the whole history,
 so the concatenation of streamed chunks equals `decode(all_ids)` — with no state kept between
 calls, which is what lets several postprocessing instances serve one stream.
+
+A remote-code tokenizer with no fast version (`LoadedTokenizer.slow`) has no decoder description to
+build the byte table from. It is decoded by windows instead (`_WindowedText`): the text of the
+tokens since the last emitted piece, decoded with the tokens just before them, minus the text of
+those tokens alone; a window whose text ends in U+FFFD (an incomplete character) waits for more.
 """
 
 from __future__ import annotations
@@ -144,12 +149,35 @@ class TokenDecoder:
     """Turns token ids into text, statelessly and identically for streamed and whole sequences."""
 
     def __init__(self, loaded: LoadedTokenizer, *, skip_special_tokens: bool = True) -> None:
+        self._slow = None
+        self._skip_special_tokens = skip_special_tokens
+        if loaded.tokenizer is None:  # a slow remote-code tokenizer: decoded by windows
+            self._slow = loaded.slow
+            self._table: list[bytes] = []
+            self._strip_leading_space = False
+            self._anchor_ids = _anchor_ids(loaded.slow)
+            self._max_token_bytes = _slow_max_token_bytes(loaded.slow)
+            return
         spec = _decoder_spec(json.loads(loaded.tokenizer.to_str()))
         self._table = _token_bytes_table(loaded, spec, skip_special_tokens=skip_special_tokens)
         self._strip_leading_space = spec.strip_leading_space
+        self._max_token_bytes = max((len(b) for b in self._table), default=1)
+
+    @property
+    def windowed(self) -> bool:
+        """True for a tokenizer without a byte table (decoded by windows of text, see module doc)."""
+        return self._slow is not None
+
+    @property
+    def max_token_bytes(self) -> int:
+        """An upper bound of the UTF-8 bytes any one token stands for (a prompt of more than
+        `n * max_token_bytes` bytes has more than `n` tokens)."""
+        return max(self._max_token_bytes, 1)
 
     def token_bytes_table(self) -> list[bytes]:
-        """The bytes of every token id, by id."""
+        """The bytes of every token id, by id (not for a `windowed` decoder)."""
+        if self._slow is not None:
+            raise UnsupportedTokenizerError("a slow remote-code tokenizer has no byte table; use max_token_bytes")
         return list(self._table)
 
     @property
@@ -180,14 +208,17 @@ class StreamDetokenizer:
     until the response that completes it, and a sentencepiece leading space dropped only at the very
     start of the text, i.e. never when the output continues a prompt (`continues_prompt`)."""
 
-    __slots__ = ("_decoder", "_utf8", "_at_start")
+    __slots__ = ("_decoder", "_utf8", "_at_start", "_windowed")
 
     def __init__(self, decoder: TokenDecoder, *, continues_prompt: bool) -> None:
         self._decoder = decoder
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._at_start = not continues_prompt
+        self._windowed = _WindowedText(decoder, continues_prompt) if decoder.windowed else None
 
     def feed(self, new_ids: Sequence[int]) -> str:
+        if self._windowed is not None:
+            return self._windowed.feed(new_ids)
         data = self._decoder.token_bytes(new_ids)
         # Sentencepiece decoders drop the prefix space of the first (non-special) piece only.
         if self._at_start and data:
@@ -195,3 +226,55 @@ class StreamDetokenizer:
             if self._decoder.strips_leading_space and data.startswith(b" "):
                 data = data[1:]
         return self._utf8.decode(data, final=False)
+
+
+def _anchor_ids(slow: Any) -> list[int]:
+    """Ids of a short plain text decoded ahead of a stream that continues a prompt, so that the
+    first token keeps the leading space a sentencepiece decoder drops at the start of a text."""
+    return list(slow.encode("a", add_special_tokens=False))
+
+
+def _slow_max_token_bytes(slow: Any) -> int:
+    # A token's piece is at least as long in UTF-8 as the text it decodes to ("▁" -> " ",
+    # "<0x41>" -> "A"); tiktoken-style tokenizers give bytes.
+    longest = 1
+    for piece in slow.convert_ids_to_tokens(list(range(len(slow)))):
+        if isinstance(piece, bytes):
+            longest = max(longest, len(piece))
+        elif isinstance(piece, str):
+            longest = max(longest, len(piece.encode("utf-8")))
+    return longest
+
+
+class _WindowedText:
+    """Incremental text of one stream from a tokenizer that can only decode whole id lists.
+
+    Decodes `ids[prefix:]` and `ids[prefix:read]` (the last emitted window and what came since) and
+    emits the difference, so per-token decoding quirks at a window's start cancel out. Text ending
+    in U+FFFD (a character split over tokens) is held until a later token completes it; at the end
+    of a stream such a tail is dropped, as the byte decoder drops a trailing incomplete character.
+    """
+
+    __slots__ = ("_slow", "_skip", "_ids", "_prefix", "_read")
+
+    def __init__(self, decoder: TokenDecoder, continues_prompt: bool) -> None:
+        self._slow = decoder._slow
+        self._skip = decoder._skip_special_tokens
+        self._ids: list[int] = list(decoder._anchor_ids) if continues_prompt else []
+        self._prefix = 0
+        self._read = len(self._ids)
+
+    def feed(self, new_ids: Sequence[int]) -> str:
+        if not new_ids:
+            return ""
+        self._ids.extend(int(i) for i in new_ids)
+        decode = self._slow.decode
+        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
+        text = decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        del self._ids[: self._prefix]  # only the last window is needed from now on
+        self._read -= self._prefix
+        self._prefix = 0
+        return text[len(before) :]

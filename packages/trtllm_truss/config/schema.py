@@ -449,6 +449,12 @@ class RuntimeConfig(StrictModel):
         description="Requests admitted beyond the engine's batch (max_batch_size) before new ones get HTTP 429"
         " with Retry-After (None: 2 x max_batch_size).",
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the tokenizer code a checkpoint ships (tokenizer_config.json auto_map.AutoTokenizer,"
+        " e.g. ChatGLM, Baichuan, InternLM v1) when it has no tokenizer.json. Off: such a tokenizer is refused"
+        " with an error naming this key.",
+    )
     max_queue_delay_microseconds: int = Field(0, ge=0, le=60_000_000, description="Dynamic-batching wait.")
     max_queue_size: int | None = Field(
         None, ge=1, description="Requests queued before Triton rejects (None: unbounded)."
