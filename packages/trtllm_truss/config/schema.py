@@ -339,6 +339,21 @@ class PytorchEngineConfig(StrictModel):
     device: DeviceName = Field(Device.AUTO, description="auto: cuda when available, else cpu.")
     num_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads (None: torch default).")
     synthetic: SyntheticEngineConfig | None = Field(None, description="Set to emit tokens at no model cost.")
+    instance_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Engine instances (Triton stub processes, each with its own engine and a share of "
+        "max_batch_size). None: 1 for a model; for the synthetic engine one per 4 CPU cores (1..8).",
+    )
+    sender_threads: int = Field(
+        2, ge=1, le=32, description="Response sender threads per instance (each send is an IPC round trip)."
+    )
+    merge_responses: bool = Field(
+        False,
+        description="false (as NVIDIA's engine): one response per token per step, queued in order when the "
+        "sender falls behind; true: merge the tokens waiting for a request into one response.",
+    )
 
 
 class RuntimeConfig(StrictModel):

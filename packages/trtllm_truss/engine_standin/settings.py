@@ -31,6 +31,11 @@ class StandinSettings:
     num_threads: int | None = None
     synthetic_step_time_ms: float | None = None  # set: the synthetic engine, with this step time
     exclude_input_in_output: bool = True  # default when the request does not say
+    # False (NVIDIA's behaviour): one response per request per engine step, queued in order when
+    # the sender falls behind. True: a sender that fell behind merges the waiting tokens of a
+    # request into one response (not what a real engine does; kept for comparisons).
+    merge_responses: bool = False
+    sender_threads: int = 2  # per instance; each request's responses always leave from one thread
 
     @property
     def synthetic(self) -> bool:
@@ -107,6 +112,8 @@ class StandinSettings:
             num_threads=integer("num_threads", 1) if threads_raw else None,
             synthetic_step_time_ms=step,
             exclude_input_in_output=boolean("exclude_input_in_output", True),
+            merge_responses=boolean("merge_responses", False),
+            sender_threads=integer("sender_threads", 2),
         )
         if problems:
             raise SettingsError("; ".join(problems))

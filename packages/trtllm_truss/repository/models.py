@@ -10,6 +10,7 @@ path, or our python-backend stand-in (`backend: pytorch`).
 from __future__ import annotations
 
 import enum
+import os
 from typing import TYPE_CHECKING, Any
 
 from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
@@ -129,6 +130,23 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
+def standin_instance_count(plan: ServingPlan) -> int:
+    """Engine instances of the stand-in: as configured, else 1 for a model (each would load it) and
+    one per 4 cores (1..8) for the synthetic engine, whose cap is the IPC cost of each response
+    (docs/design.md, "The engine stand-in"). Never more than max_batch_size (each needs a slot)."""
+    pytorch = plan.runtime.pytorch
+    count = pytorch.instance_count
+    if count is None:
+        count = max(1, min(8, (os.cpu_count() or 1) // 4)) if pytorch.synthetic is not None else 1
+        return min(count, plan.max_batch_size)
+    if count > plan.max_batch_size:
+        raise RepositoryError(
+            f"runtime.pytorch.instance_count: {count} exceeds max_batch_size {plan.max_batch_size}"
+            " (each instance runs a share of the batch)"
+        )
+    return count
+
+
 def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
     """The python-backend stand-in (triton_models/tensorrt_llm_pytorch/model.py)."""
     model_dir = plan.model_dir
@@ -145,8 +163,8 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         dynamic_batching=_queue(plan, preferred=False),
         inputs=nv.engine_inputs(cpp_backend=False),
         outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
-        # One instance: it batches continuously across all in-flight requests itself.
-        instance_groups=(InstanceGroup(1),),
+        # Each instance batches continuously across its requests, with its share of max_batch_size.
+        instance_groups=(InstanceGroup(standin_instance_count(plan)),),
         parameters=_parameters(
             ("model_dir", str(model_dir)),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
@@ -161,6 +179,8 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("synthetic", synthetic is not None),
             ("synthetic_step_time_ms", synthetic.step_time_ms if synthetic is not None else None),
             ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
+            ("sender_threads", pytorch.sender_threads),
+            ("merge_responses", pytorch.merge_responses),
         ),
     )
 
