@@ -155,7 +155,6 @@ def ensemble_client(grpc_url: str, plan: ServingPlan) -> EnsembleClient:
             grpc_url,
             model_name=IDS_ENSEMBLE,
             decoder=decoder,
-            exclude_input_in_output=plan.runtime.exclude_input_in_output,
         )
     return EnsembleClient(grpc_url, model_name=ENSEMBLE)
 

@@ -373,7 +373,17 @@ class RuntimeConfig(StrictModel):
     )
     enable_kv_cache_reuse: bool = Field(False, description="Reuse KV cache of shared prompt prefixes.")
     enable_chunked_context: bool = Field(False, description="Split long prompts across engine steps.")
-    exclude_input_in_output: bool = Field(True, description="Return only generated text, not the prompt.")
+    exclude_input_in_output: bool = Field(
+        False,
+        description="Default for requests that do not send exclude_input_in_output: false (NVIDIA's default) "
+        "returns the prompt before the generated tokens of a non-streamed response. The truss proxy always sends it.",
+    )
+    decoupled_mode: bool = Field(
+        True,
+        description="NVIDIA's decoupled_mode: true renders tensorrt_llm (and so the ensembles) decoupled, "
+        "needed for streaming and by the truss proxy; false serves NVIDIA's unary clients (HTTP, gRPC ModelInfer), "
+        "one response per request, no streaming.",
+    )
     preprocessing_instance_count: int = Field(2, ge=1, le=64, description="Tokenizer instances (each costs a CPU).")
     postprocessing_instance_count: int = Field(
         2, ge=1, le=64, description="Detokenizer instances of the text `ensemble` (each costs a CPU)."

@@ -121,6 +121,10 @@ class EngineBase:
         bad_ids = [t for t in request.input_ids if not 0 <= t < self.vocab_size]
         if bad_ids:
             raise RequestRejected(f"input_ids: token id {bad_ids[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if request.embedding_bias is not None and len(request.embedding_bias) != self.vocab_size:
+            raise RequestRejected(
+                f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {self.vocab_size}"
+            )
         sampling = request.sampling
         if sampling.top_k < 0:
             raise RequestRejected(f"runtime_top_k: must be >= 0, got {sampling.top_k}")

@@ -110,7 +110,7 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
         name=ENGINE,
         backend="tensorrtllm",
         max_batch_size=plan.max_batch_size,
-        decoupled=True,  # streaming needs it; non-streamed requests get one response
+        decoupled=runtime.decoupled_mode,  # streaming needs it; non-streamed requests get one response
         dynamic_batching=_queue(plan, preferred=True),
         inputs=nv.engine_inputs(cpp_backend=True),
         outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_ONLY_GPU_OUTPUTS,
@@ -159,7 +159,7 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         name=ENGINE,
         backend="python",
         max_batch_size=plan.max_batch_size,
-        decoupled=True,
+        decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
         inputs=nv.engine_inputs(cpp_backend=False),
         outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
@@ -217,10 +217,15 @@ def _preprocessing_step() -> EnsembleStep:
             ("STOP_WORDS_DICT", "stop_words"),
             ("END_ID", "end_id"),
             ("PAD_ID", "pad_id"),
+            ("EMBEDDING_BIAS_WORDS", "embedding_bias_words"),
+            ("EMBEDDING_BIAS_WEIGHTS", "embedding_bias_weights"),
         ),
         output_map=(
             ("INPUT_ID", "_INPUT_ID"),
             ("REQUEST_INPUT_LEN", "_REQUEST_INPUT_LEN"),
+            ("DECODER_INPUT_ID", "_DECODER_INPUT_ID"),
+            ("REQUEST_DECODER_INPUT_LEN", "_REQUEST_DECODER_INPUT_LEN"),
+            ("EMBEDDING_BIAS", "_EMBEDDING_BIAS"),
             ("REQUEST_OUTPUT_LEN", "_REQUEST_OUTPUT_LEN"),
             ("BAD_WORDS_IDS", "_BAD_WORDS_IDS"),
             ("STOP_WORDS_IDS", "_STOP_WORDS_IDS"),
@@ -242,6 +247,9 @@ def _engine_step(model_name: str, output_map: tuple[tuple[str, str], ...]) -> En
             # Older trusses computed these ids and never passed them on: stop/bad words were ignored.
             ("stop_words_list", "_STOP_WORDS_IDS"),
             ("bad_words_list", "_BAD_WORDS_IDS"),
+            ("decoder_input_ids", "_DECODER_INPUT_ID"),
+            ("decoder_input_lengths", "_REQUEST_DECODER_INPUT_LEN"),
+            ("embedding_bias", "_EMBEDDING_BIAS"),
             *nv.ENSEMBLE_TO_ENGINE_PASSTHROUGH,
         ),
         output_map=output_map,
@@ -299,7 +307,8 @@ def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -
         raise RepositoryError(f"plan.backend: expected 'tensorrtllm' or 'pytorch', got {plan.backend!r}")
     engine_sends_prefix = any(t.name == nv.PREFIX_IDS_OUTPUT.name for t in engine.outputs)
     if window_relay is None:
-        window_relay = not engine_sends_prefix
+        # Only streamed chunks need prefix_ids; a non-decoupled engine answers each request whole.
+        window_relay = not engine_sends_prefix and plan.runtime.decoupled_mode
     configs = {
         ENSEMBLE: ensemble_config(
             plan,
@@ -312,5 +321,7 @@ def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -
         POSTPROCESSING: postprocessing_config(plan),
     }
     if window_relay:
+        if not plan.runtime.decoupled_mode:
+            raise RepositoryError("runtime.decoupled_mode: the tensorrt_llm_window relay streams; it needs decoupled_mode true")
         configs[WINDOW_RELAY] = window_relay_config(plan)
     return configs

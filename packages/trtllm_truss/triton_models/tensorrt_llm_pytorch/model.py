@@ -34,7 +34,8 @@ from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, response_
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 
 STANDIN_MODEL_INTERFACE = """
-Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: true,
+Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
+(not decoupled: one response per request, streaming and batches refused with NVIDIA's messages),
 max_batch_size > 0 (every tensor below has a leading batch dimension of 1 per request).
 
 Inputs (NVIDIA's names and dtypes; * = optional):
@@ -51,6 +52,8 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   presence_penalty* FP32 [1]  frequency_penalty* FP32 [1]  min_length* INT32 [1]
   random_seed* UINT64 [1]         default: a fresh random seed per request (unseeded sampling differs)
   return_log_probs* BOOL [1]  exclude_input_in_output* BOOL [1]  streaming* BOOL [1]
+  embedding_bias* FP32 [-1]       one value per vocabulary id, added to the logits (empty: none)
+  decoder_input_ids* INT32 [-1]  decoder_input_lengths* INT32 [1]   accepted, ignored (decoder-only)
   stop* BOOL [1]                  true: cancel the in-flight request with the same Triton request id
                                   (on whichever instance serves it); answered by one empty final
                                   response; without a request id: NVIDIA's error
@@ -88,6 +91,9 @@ ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
 CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
 # NVIDIA's message (model_instance_state.cc, handleStopRequest) for a stop request without an id.
 STOP_WITHOUT_ID_ERROR = "Trying to stop a request but request ID is not provided"
+# NVIDIA's messages (utils.cc, createRequestsFromInputTensors) when the model is not decoupled.
+BATCH_NEEDS_DECOUPLED_ERROR = "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+STREAMING_NEEDS_DECOUPLED_ERROR = "Streaming is only supported if model is deployed using decoupled mode."
 
 def _input(request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -160,10 +166,8 @@ def _instance_position(args: dict, model_config: dict) -> tuple[int, int]:
 class TritonPythonModel:
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException(
-                "tensorrt_llm (PyTorch stand-in): config.pbtxt needs model_transaction_policy { decoupled: true }"
-            )
+        # NVIDIA's decoupled_mode: not decoupled, every request gets exactly one response (no streaming).
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         parameters = {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
         beam = parameters.get("max_beam_width", "1").strip() or "1"
         if beam != "1":
@@ -258,6 +262,10 @@ class TritonPythonModel:
         input_ids = _input(request, "input_ids")
         if input_ids is None:
             raise RequestRejected("input_ids: required")
+        if not self.decoupled and input_ids.ndim >= 2 and input_ids.shape[0] > 1:
+            raise RequestRejected(BATCH_NEEDS_DECOUPLED_ERROR)
+        if not self.decoupled and _scalar(request, "streaming", False):
+            raise RequestRejected(STREAMING_NEEDS_DECOUPLED_ERROR)
         if input_ids.ndim >= 2 and input_ids.shape[0] != 1:
             raise RequestRejected(f"input_ids: batch dimension must be 1 per request, got {input_ids.shape[0]}")
         flat = input_ids.reshape(-1)
@@ -286,6 +294,7 @@ class TritonPythonModel:
             bad_words = parse_word_list(_input(request, "bad_words_list"), "bad_words_list")
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
+        bias = _input(request, "embedding_bias")
         engine_id = uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=engine_id,
@@ -298,6 +307,8 @@ class TritonPythonModel:
             bad_words=bad_words,
             beam_width=int(_scalar(request, "beam_width", 1)),
             return_log_probs=bool(_scalar(request, "return_log_probs", False)),
+            # NVIDIA's preprocessing sends an empty bias when none was asked for.
+            embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
         )
         streaming = bool(_scalar(request, "streaming", False))
         exclude_input = bool(_scalar(request, "exclude_input_in_output", self.settings.exclude_input_in_output))
@@ -410,7 +421,8 @@ class TritonPythonModel:
         if finish is None:
             return
         if finish.finish_reason is FinishReason.CANCELLED:
-            flight.sender.send(flags=final)
+            # Not decoupled: the one response a request must get (a bare final flag is refused).
+            flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
             return
         cum = float(sum(flight.sent_log_probs))
         if flight.exclude_input:
