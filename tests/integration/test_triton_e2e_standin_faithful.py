@@ -147,3 +147,25 @@ def test_stop_without_request_id_is_nvidias_error(two_instance_triton) -> None:
         client.stop_stream()
         client.close()
     assert error is not None and "Trying to stop a request but request ID is not provided" in str(error)
+
+
+def test_nvidia_metric_series_are_exported(two_instance_triton) -> None:
+    """NVIDIA's nv_trt_llm_* families with NVIDIA's labels, summed over both instances."""
+    import urllib.request
+
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(two_instance_triton.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        line = next((l for l in text.splitlines() if l.startswith('nv_trt_llm_request_metrics{') and 'request_type="max"' in l), None)
+        if line is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert line is not None, text[:2000]
+    assert 'model="tensorrt_llm"' in line and 'version="1"' in line
+    assert float(line.rsplit(" ", 1)[1]) == 16  # 8 slots per instance, two instances
+    for family, label in (
+        ("nv_trt_llm_kv_cache_block_metrics", 'kv_cache_block_type="fraction"'),
+        ("nv_trt_llm_general_metrics", 'general_type="iteration_counter"'),
+    ):
+        assert any(l.startswith(family + "{") and label in l for l in text.splitlines()), family

@@ -60,6 +60,7 @@ class EngineBase:
         self._known: set[str] = set()  # ids waiting or running, to refuse duplicates
         self._wake = threading.Condition()
         self._stopping = False
+        self.iterations = 0  # engine steps run (NVIDIA's "Iteration Counter")
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     # ----------------------------------------------------------------- public API
@@ -102,6 +103,10 @@ class EngineBase:
     @property
     def running_requests(self) -> int:
         return len(self._running)
+
+    @property
+    def waiting_requests(self) -> int:
+        return len(self._waiting)
 
     def validate(self, request: GenerationRequest) -> None:
         limits = self.limits
@@ -204,6 +209,7 @@ class EngineBase:
                         log.exception("request %s failed to start", seq.request.request_id)
                         self._finish(seq, FinishReason.ERROR, f"engine stand-in failed to start the request: {exc}")
                 if self._running:
+                    self.iterations += 1
                     self._step()
             except Exception as exc:  # a failed step ends the running requests, the loop goes on
                 log.exception("engine step failed; ending %d running requests", len(self._running))

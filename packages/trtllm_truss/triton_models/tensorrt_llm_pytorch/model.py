@@ -31,6 +31,7 @@ from trtllm_truss.engine_standin import (
     parse_word_list,
 )
 from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, response_arrays
+from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 
 STANDIN_MODEL_INTERFACE = """
@@ -203,6 +204,14 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.COUNTER,
         )
         self._cancelled_counter = self._cancelled_family.Metric(labels=labels)
+        # NVIDIA's nv_trt_llm_* series (engine_standin/nvidia_metrics.py says how they map).
+        self._all_slots = total
+        self._nvidia_metrics = NvidiaMetrics(
+            pb_utils.MetricFamily,
+            args["model_name"],
+            str(args.get("model_version", "1")),
+            reports_constants=self.instance_index == 0,
+        )
 
         self._lock = threading.Lock()  # guards the two maps below
         self._in_flight: dict[str, _InFlight] = {}
@@ -383,13 +392,27 @@ class TritonPythonModel:
                         except Exception:
                             log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
 
+    def _update_nvidia_metrics(self) -> None:
+        limits = self.settings.limits
+        self._nvidia_metrics.update(
+            engine_values(
+                running=self.engine.running_requests,
+                waiting=self.engine.waiting_requests,
+                slots=limits.max_batch_size,
+                all_slots=self._all_slots,
+                tokens_per_slot=limits.max_input_len + limits.max_output_len,
+                iterations=self.engine.iterations,
+            )
+        )
+
     def _watch_loop(self) -> None:
         """Now and then: notice requests cancelled by their clients, refresh the gauges."""
         while not self._stopping.wait(CANCEL_CHECK_PERIOD_S):
             try:  # a metrics failure must not stop the checks
                 self._active_gauge.set(self.engine.active_requests)
+                self._update_nvidia_metrics()
             except Exception:
-                log.exception("updating %s failed", ACTIVE_REQUESTS_METRIC)
+                log.exception("updating the metrics failed")
             with self._lock:
                 watched = list(self._in_flight.values())
             for flight in watched:
@@ -453,6 +476,10 @@ class TritonPythonModel:
                 lane.thread.join(timeout=2)
         self._watcher.join(timeout=1)
         self._stop_relay.close()
+        try:
+            self._nvidia_metrics.withdraw()
+        except Exception:
+            log.exception("withdrawing the nv_trt_llm metrics failed")
 
 
 def _eos_token_id(settings: StandinSettings) -> int | None:
