@@ -19,6 +19,7 @@ parameter), without which a decoupled ensemble never tells the client that a req
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import struct
@@ -290,7 +291,7 @@ class EnsembleClient:
         self.grpc_url = grpc_url
         self.model_name = model_name
         self._decoder = decoder
-        # The engine's default for requests that do not say (runtime.exclude_input_in_output).
+        # Sent for requests whose params do not say (the proxy never echoes the prompt).
         self._exclude_input_default = exclude_input_in_output
         self._connect_timeout_s = connect_timeout_s
         self._client: InferenceServerClient | None = None
@@ -355,6 +356,10 @@ class EnsembleClient:
     async def generate(self, params: GenerationParams) -> AsyncIterator[Delta]:
         """Stream the deltas of one generation; leaving the loop early cancels the Triton request."""
         interface = await self.interface()
+        if params.exclude_input_in_output is None:
+            # Always sent: the repository's default for requests that do not say is NVIDIA's
+            # (false: the prompt comes back first), which is not what the proxy's callers want.
+            params = dataclasses.replace(params, exclude_input_in_output=self._exclude_input_default)
         read_ids = self._decoder is not None and IDS_OUTPUT in interface.outputs
         request = build_request(
             params, interface, request_id=uuid.uuid4().hex, model_name=self.model_name, read_ids=read_ids

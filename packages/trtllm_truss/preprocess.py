@@ -39,21 +39,25 @@ def as_text(value: object) -> str:
     return str(value)
 
 
-def word_list_tensor(tokenizer: LoadedTokenizer, words: Sequence[str]) -> np.ndarray:
+def word_list_tensor(tokenizer: LoadedTokenizer, words: Sequence[str] | None) -> np.ndarray:
     """[1, 2, N] INT32: row 0 all ids concatenated, row 1 cumulative end offsets (padded with -1).
 
-    Each word is tokenized on its own without special tokens, as NVIDIA's preprocessing does.
-    No words: shape [1, 2, 0].
+    Each word is tokenized on its own without special tokens, as NVIDIA's preprocessing does, and
+    with NVIDIA's empty encodings: input not sent (None) -> shape [1, 2, 0]; sent but no word gives
+    any token -> [[[0], [-1]]] (shape [1, 2, 1]).
     """
+    if words is None:
+        return np.zeros((1, 2, 0), dtype=np.int32)
     words = [w for w in words if w]
     if not words:
-        return np.zeros((1, 2, 0), dtype=np.int32)
+        return np.array([[[0], [-1]]], dtype=np.int32)
     ids: list[int] = []
     offsets: list[int] = []
     for word_ids in tokenizer.encode_batch(list(words), add_special_tokens=False):
-        ids.extend(word_ids)
-        offsets.append(len(ids))
-    width = max(len(ids), len(offsets))
+        if word_ids:
+            ids.extend(word_ids)
+            offsets.append(len(ids))
+    width = max(1, len(ids), len(offsets))
     out = np.zeros((1, 2, width), dtype=np.int32)
     out[0, 0, : len(ids)] = ids
     out[0, 1, :] = -1
@@ -70,16 +74,44 @@ class PreprocessedRequest:
     stop_words_ids: np.ndarray  # [1, 2, N] INT32
     end_id: np.ndarray  # [1, 1] INT32
     pad_id: np.ndarray  # [1, 1] INT32
+    # NVIDIA's preprocessing outputs for decoder-only models: [[pad_id]] with length 1 (the engine
+    # ignores them), and the embedding bias over the vocabulary ([1, 0] when none was asked for).
+    decoder_input_ids: np.ndarray  # [1, 1] INT32
+    decoder_input_length: np.ndarray  # [1, 1] INT32
+    embedding_bias: np.ndarray  # [1, V] or [1, 0] FP32
 
 
 @dataclass(frozen=True)
 class RawRequest:
     query: str
     request_output_len: int
-    bad_words: tuple[str, ...] = ()
-    stop_words: tuple[str, ...] = ()
+    bad_words: tuple[str, ...] | None = None  # None: the input was not sent
+    stop_words: tuple[str, ...] | None = None
     end_id: int | None = None
     pad_id: int | None = None
+    embedding_bias_words: tuple[str, ...] | None = None
+    embedding_bias_weights: tuple[float, ...] | None = None
+
+
+def embedding_bias_tensor(
+    tokenizer: LoadedTokenizer, words: Sequence[str] | None, weights: Sequence[float] | None
+) -> np.ndarray:
+    """NVIDIA's EMBEDDING_BIAS: each word's weight added at every id of the word (encoded as a
+    prompt is, special tokens included); [1, 0] when words or weights are missing."""
+    if words is None or weights is None:
+        return np.zeros((1, 0), dtype=np.float32)
+    if len(words) != len(weights):
+        raise PreprocessingError(
+            f"embedding_bias_words/embedding_bias_weights: {len(words)} words but {len(weights)} weights"
+        )
+    bias = np.zeros((1, tokenizer.tokenizer.get_vocab_size()), dtype=np.float32)
+    for word, weight in zip(words, weights):
+        if not word:
+            continue
+        for token_id in tokenizer.encode(word, add_special_tokens=True):
+            if 0 <= token_id < bias.shape[1]:
+                bias[0, token_id] += weight
+    return bias
 
 
 def _scalar(value: int) -> np.ndarray:
@@ -135,4 +167,7 @@ def _one(
         stop_words_ids=word_list_tensor(tokenizer, request.stop_words),
         end_id=_scalar(end_id),
         pad_id=_scalar(pad_id),
+        decoder_input_ids=_scalar(pad_id),
+        decoder_input_length=_scalar(1),
+        embedding_bias=embedding_bias_tensor(tokenizer, request.embedding_bias_words, request.embedding_bias_weights),
     )

@@ -18,7 +18,9 @@ _DTYPES = {bool: ("BOOL", np.bool_), int: ("INT32", np.int32), float: ("FP32", n
 
 
 def ensemble_inputs(prompt: str, max_tokens: int, *, stream: bool, **options: Any) -> list[grpcclient.InferInput]:
-    """Inputs with NVIDIA's names; `bad_words`/`stop_words` take lists, `random_seed` an int (UINT64)."""
+    """Inputs with NVIDIA's names; `bad_words`/`stop_words` take lists, `random_seed` an int (UINT64).
+    `exclude_input_in_output` defaults to true here (the repository's default is NVIDIA's false)."""
+    options.setdefault("exclude_input_in_output", True)
     inputs = []
 
     def add(name: str, datatype: str, array: np.ndarray) -> None:

@@ -82,6 +82,14 @@ def test_seeded_sampling_is_reproducible(standin_triton) -> None:
     assert any(results[f"other{seed}"].text != results["a"].text for seed in (1, 2, 3))
 
 
+def test_unseeded_sampling_differs_between_requests(standin_triton) -> None:
+    """No random_seed: each request draws a fresh seed (it used to be 0 for all: identical texts)."""
+    options = {"temperature": 1.0, "top_k": 50, "top_p": 0.95}
+    requests = {f"u{i}": ensemble_inputs("The module", 16, stream=False, **options) for i in range(6)}
+    texts = {result.text for result in run_on_stream(standin_triton.grpc_url, requests).values()}
+    assert len(texts) > 1, texts
+
+
 def test_32_concurrent_streams_complete_and_overlap(standin_triton) -> None:
     requests = {f"c{i}": ensemble_inputs(PROMPTS[i % len(PROMPTS)], 24, stream=True, top_k=1) for i in range(32)}
     results = run_on_stream(standin_triton.grpc_url, requests, timeout_s=240)

@@ -29,7 +29,7 @@ def test_file_beats_default_and_sources_say_so(tmp_path: Path):
     assert resolved.sources[f"{S}.build.max_input_len"] == Source("file", "config.yaml")
     assert resolved.sources[f"{S}.build.max_output_len"] == Source("default")
     assert resolved.source_of("build.max_output_len").kind == "default"
-    assert resolved.trt_llm.runtime.exclude_input_in_output is True
+    assert resolved.trt_llm.runtime.exclude_input_in_output is False
     assert resolved.trt_llm.runtime.backend is Backend.AUTO
     # every leaf has a source, and only leaves of the selected mode are listed
     assert set(resolved.sources) == set(resolved.values())

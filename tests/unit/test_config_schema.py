@@ -76,7 +76,8 @@ def test_dtype_spellings(spelling: str, expected: Dtype):
 def test_runtime_defaults():
     runtime = RuntimeConfig()
     assert runtime.backend.value == "auto"
-    assert runtime.exclude_input_in_output is True
+    assert runtime.exclude_input_in_output is False  # NVIDIA's default
+    assert runtime.decoupled_mode is True
     assert runtime.preprocessing_instance_count == 2 and runtime.postprocessing_instance_count == 2
     assert runtime.startup_timeout_s == 600 and runtime.tritonserver_path is None
     assert (

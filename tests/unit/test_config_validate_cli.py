@@ -47,7 +47,7 @@ def test_valid_config_prints_values_and_sources(tmp_path: Path, monkeypatch: pyt
     assert "77" in rows["build.max_input_len"] and "file (config.yaml)" in rows["build.max_input_len"]
     assert "99" in rows["build.max_output_len"] and "OPTION_MAX_OUTPUT_LEN (DJL alias)" in rows["build.max_output_len"]
     assert "TRTLLM_RUNTIME__PYTORCH__DEVICE" in rows["runtime.pytorch.device"]
-    assert "default" in rows["runtime.exclude_input_in_output"] and "True" in rows["runtime.exclude_input_in_output"]
+    assert "default" in rows["runtime.exclude_input_in_output"] and "False" in rows["runtime.exclude_input_in_output"]
     assert not any(key.startswith("build.smoothquant") for key in rows)  # unselected recipe hidden
     assert "secrets declared: hf_access_token" in captured.out
     assert "warning: secrets.hf_access_token" in captured.err

@@ -103,6 +103,8 @@ NVIDIA_ENSEMBLE_INPUTS = {
     "beam_width": ("TYPE_INT32", (1,), True),
     "stream": ("TYPE_BOOL", (1,), True),
     "exclude_input_in_output": ("TYPE_BOOL", (1,), True),
+    "embedding_bias_words": ("TYPE_STRING", (-1,), True),
+    "embedding_bias_weights": ("TYPE_FP32", (-1,), True),
 }
 NVIDIA_ENSEMBLE_OUTPUTS = {
     "text_output": ("TYPE_STRING", (-1,)),
@@ -119,6 +121,8 @@ NVIDIA_ENGINE_INPUTS = {
     "stop_words_list": ("TYPE_INT32", (2, -1), True, False),
     "bad_words_list": ("TYPE_INT32", (2, -1), True, False),
     "embedding_bias": ("TYPE_FP32", (-1,), True, False),
+    "decoder_input_ids": ("TYPE_INT32", (-1,), True, False),
+    "decoder_input_lengths": ("TYPE_INT32", (1,), True, True),
     "beam_width": ("TYPE_INT32", (1,), True, True),
     "temperature": ("TYPE_FP32", (1,), True, True),
     "runtime_top_k": ("TYPE_INT32", (1,), True, True),
@@ -165,6 +169,23 @@ NVIDIA_PREPROCESSING_INPUTS = {
     "STOP_WORDS_DICT": ("TYPE_STRING", (-1,), True),
     "END_ID": ("TYPE_INT32", (1,), True),
     "PAD_ID": ("TYPE_INT32", (1,), True),
+    "DECODER_QUERY": ("TYPE_STRING", (1,), True),
+    "EMBEDDING_BIAS_WORDS": ("TYPE_STRING", (-1,), True),
+    "EMBEDDING_BIAS_WEIGHTS": ("TYPE_FP32", (-1,), True),
+}
+# preprocessing outputs of v0.19.0 for text models (OUT_PROMPT_TABLE_EXTRA_IDS and the multimodal
+# outputs are left out: this repository serves text models only)
+NVIDIA_PREPROCESSING_OUTPUTS = {
+    "INPUT_ID": ("TYPE_INT32", (-1,)),
+    "REQUEST_INPUT_LEN": ("TYPE_INT32", (1,)),
+    "DECODER_INPUT_ID": ("TYPE_INT32", (-1,)),
+    "REQUEST_DECODER_INPUT_LEN": ("TYPE_INT32", (1,)),
+    "BAD_WORDS_IDS": ("TYPE_INT32", (2, -1)),
+    "STOP_WORDS_IDS": ("TYPE_INT32", (2, -1)),
+    "EMBEDDING_BIAS": ("TYPE_FP32", (-1,)),
+    "REQUEST_OUTPUT_LEN": ("TYPE_INT32", (-1,)),
+    "OUT_END_ID": ("TYPE_INT32", (1,)),
+    "OUT_PAD_ID": ("TYPE_INT32", (1,)),
 }
 NVIDIA_POSTPROCESSING_INPUTS = {"TOKENS_BATCH": ("TYPE_INT32", (-1, -1), False), "SEQUENCE_LENGTH": ("TYPE_INT32", (-1,), False)}
 
@@ -263,6 +284,11 @@ def test_ensemble_and_python_model_tensors_match_nvidia(backend: str) -> None:
     for name, (data_type, dims) in NVIDIA_ENSEMBLE_OUTPUTS.items():
         assert (ensemble.output(name).data_type.value, ensemble.output(name).dims) == (data_type, dims)
     _check_inputs(configs["preprocessing"], NVIDIA_PREPROCESSING_INPUTS, check_reshape=False)
+    preprocessing = configs["preprocessing"]
+    assert {t.name for t in preprocessing.outputs} == set(NVIDIA_PREPROCESSING_OUTPUTS)
+    for name, (data_type, dims) in NVIDIA_PREPROCESSING_OUTPUTS.items():
+        if name != "REQUEST_OUTPUT_LEN":  # NVIDIA declares [-1] and sends [1]; ours declares [1]
+            assert (preprocessing.output(name).data_type.value, preprocessing.output(name).dims) == (data_type, dims), name
     _check_inputs(configs["postprocessing"], NVIDIA_POSTPROCESSING_INPUTS, check_reshape=False)
     assert configs["postprocessing"].input("PREFIX_IDS").optional  # our addition must not break NVIDIA's wiring
 

@@ -46,9 +46,12 @@ def test_word_list_is_nvidia_format(tokenizer: LoadedTokenizer) -> None:
     assert all(v == -1 for v in tensor[0, 1].tolist()[3:])
 
 
-def test_no_words_is_an_empty_list(tokenizer: LoadedTokenizer) -> None:
-    assert word_list_tensor(tokenizer, []).shape == (1, 2, 0)
-    assert word_list_tensor(tokenizer, ["", ""]).shape == (1, 2, 0)
+def test_no_words_is_nvidias_empty_list(tokenizer: LoadedTokenizer) -> None:
+    # NVIDIA's preprocessing (v0.19.0 _to_word_list_format): input not sent -> [1, 2, 0]; sent
+    # without any word that tokenizes -> ids [0], offsets [-1], shape [1, 2, 1].
+    assert word_list_tensor(tokenizer, None).shape == (1, 2, 0)
+    assert word_list_tensor(tokenizer, []).tolist() == [[[0], [-1]]]
+    assert word_list_tensor(tokenizer, ["", ""]).tolist() == [[[0], [-1]]]
 
 
 def test_batch_defaults_and_per_request_errors(tokenizer: LoadedTokenizer) -> None:
@@ -71,3 +74,26 @@ def test_batch_defaults_and_per_request_errors(tokenizer: LoadedTokenizer) -> No
     assert isinstance(too_long, PreprocessingError) and "text_input" in str(too_long) and "max_input_len 256" in str(too_long)
     assert isinstance(too_many, PreprocessingError) and "max_tokens" in str(too_many)
     assert explicit.end_id.tolist() == [[7]] and explicit.pad_id.tolist() == [[9]]
+
+
+def test_decoder_ids_and_embedding_bias_as_nvidia_sends_them(tokenizer: LoadedTokenizer) -> None:
+    # NVIDIA's preprocessing (v0.19.0): decoder-only -> DECODER_INPUT_ID [[pad_id]] with length 1;
+    # EMBEDDING_BIAS [1, 0] unless words and weights are sent, then each word's weight at its ids.
+    plain, biased, mismatched = preprocess_batch(
+        tokenizer,
+        [
+            RawRequest("Hello", 4),
+            RawRequest("Hello", 4, embedding_bias_words=(" world",), embedding_bias_weights=(2.5,)),
+            RawRequest("Hello", 4, embedding_bias_words=("a", "b"), embedding_bias_weights=(1.0,)),
+        ],
+        add_special_tokens=True,
+        max_input_len=None,
+        max_output_len=None,
+    )
+    assert plain.decoder_input_ids.tolist() == plain.pad_id.tolist() and plain.decoder_input_length.tolist() == [[1]]
+    assert plain.embedding_bias.shape == (1, 0) and plain.embedding_bias.dtype == np.float32
+    vocab = tokenizer.tokenizer.get_vocab_size()
+    assert biased.embedding_bias.shape == (1, vocab)
+    word_ids = set(tokenizer.encode(" world", add_special_tokens=True))
+    assert {int(i) for i in np.nonzero(biased.embedding_bias[0])[0]} == word_ids
+    assert isinstance(mismatched, PreprocessingError) and "embedding_bias_weights" in str(mismatched)

@@ -384,6 +384,21 @@ class PytorchEngineConfig(StrictModel):
     device: DeviceName = Field(Device.AUTO, description="auto: cuda when available, else cpu.")
     num_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads (None: torch default).")
     synthetic: SyntheticEngineConfig | None = Field(None, description="Set to emit tokens at no model cost.")
+    instance_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Engine instances (Triton stub processes, each with its own engine and a share of "
+        "max_batch_size). None: 1 for a model; for the synthetic engine one per 4 CPU cores (1..8).",
+    )
+    sender_threads: int = Field(
+        2, ge=1, le=32, description="Response sender threads per instance (each send is an IPC round trip)."
+    )
+    merge_responses: bool = Field(
+        False,
+        description="false (as NVIDIA's engine): one response per token per step, queued in order when the "
+        "sender falls behind; true: merge the tokens waiting for a request into one response.",
+    )
 
 
 class LlmApiRuntimeConfig(StrictModel):
@@ -425,7 +440,17 @@ class RuntimeConfig(StrictModel):
     )
     enable_kv_cache_reuse: bool = Field(False, description="Reuse KV cache of shared prompt prefixes.")
     enable_chunked_context: bool = Field(False, description="Split long prompts across engine steps.")
-    exclude_input_in_output: bool = Field(True, description="Return only generated text, not the prompt.")
+    exclude_input_in_output: bool = Field(
+        False,
+        description="Default for requests that do not send exclude_input_in_output: false (NVIDIA's default) "
+        "returns the prompt before the generated tokens of a non-streamed response. The truss proxy always sends it.",
+    )
+    decoupled_mode: bool = Field(
+        True,
+        description="NVIDIA's decoupled_mode: true renders tensorrt_llm (and so the ensembles) decoupled, "
+        "needed for streaming and by the truss proxy; false serves NVIDIA's unary clients (HTTP, gRPC ModelInfer), "
+        "one response per request, no streaming.",
+    )
     preprocessing_instance_count: int = Field(2, ge=1, le=64, description="Tokenizer instances (each costs a CPU).")
     postprocessing_instance_count: int = Field(
         2, ge=1, le=64, description="Detokenizer instances of the text `ensemble` (each costs a CPU)."

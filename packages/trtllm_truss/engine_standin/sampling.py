@@ -1,7 +1,7 @@
 """Turning one decode step's logits into the next token of every running sequence.
 
 Order and semantics follow TensorRT-LLM's `batchApplyPenalty` kernel and sampling layers:
-temperature (logits / T), then for every token already present in the sequence (prompt included)
+the embedding bias (added to the logits), temperature (logits / T), then for every token already present in the sequence (prompt included)
 the repetition penalty (logit < 0 ? logit * p : logit / p), the presence penalty (- p) and the
 frequency penalty (- p * count); the end token is masked until `min_length` tokens are generated;
 bad words are masked; then greedy (top_k == 1, or top_k == 0 and top_p == 0) or top-k then top-p
@@ -69,6 +69,11 @@ def process_logits(logits: torch.Tensor, states: list[SequenceSamplingState]) ->
     """Temperature, penalties, min_length and bad words applied to [batch, vocab] logits (a new tensor)."""
     logits = logits.float().clone()
     rows = range(len(states))
+    for i in rows:
+        bias = states[i].request.embedding_bias
+        if bias is not None:
+            n = min(len(bias), logits.shape[1])
+            logits[i, :n] += torch.tensor(bias[:n], dtype=torch.float32)
 
     temperatures = [s.request.sampling.temperature for s in states]
     if any(t != 1.0 for t in temperatures):

@@ -60,6 +60,7 @@ class EngineBase:
         self._known: set[str] = set()  # ids waiting or running, to refuse duplicates
         self._wake = threading.Condition()
         self._stopping = False
+        self.iterations = 0  # engine steps run (NVIDIA's "Iteration Counter")
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     # ----------------------------------------------------------------- public API
@@ -103,6 +104,10 @@ class EngineBase:
     def running_requests(self) -> int:
         return len(self._running)
 
+    @property
+    def waiting_requests(self) -> int:
+        return len(self._waiting)
+
     def validate(self, request: GenerationRequest) -> None:
         limits = self.limits
         n = len(request.input_ids)
@@ -121,6 +126,10 @@ class EngineBase:
         bad_ids = [t for t in request.input_ids if not 0 <= t < self.vocab_size]
         if bad_ids:
             raise RequestRejected(f"input_ids: token id {bad_ids[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if request.embedding_bias is not None and len(request.embedding_bias) != self.vocab_size:
+            raise RequestRejected(
+                f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {self.vocab_size}"
+            )
         sampling = request.sampling
         if sampling.top_k < 0:
             raise RequestRejected(f"runtime_top_k: must be >= 0, got {sampling.top_k}")
@@ -200,6 +209,7 @@ class EngineBase:
                         log.exception("request %s failed to start", seq.request.request_id)
                         self._finish(seq, FinishReason.ERROR, f"engine stand-in failed to start the request: {exc}")
                 if self._running:
+                    self.iterations += 1
                     self._step()
             except Exception as exc:  # a failed step ends the running requests, the loop goes on
                 log.exception("engine step failed; ending %d running requests", len(self._running))

@@ -30,7 +30,12 @@ class StandinSettings:
     dtype: str | None = None  # float32 | float16 | bfloat16; None: float32 on CPU, float16 on GPU
     num_threads: int | None = None
     synthetic_step_time_ms: float | None = None  # set: the synthetic engine, with this step time
-    exclude_input_in_output: bool = True  # default when the request does not say
+    exclude_input_in_output: bool = False  # default when the request does not say (NVIDIA's: false)
+    # False (NVIDIA's behaviour): one response per request per engine step, queued in order when
+    # the sender falls behind. True: a sender that fell behind merges the waiting tokens of a
+    # request into one response (not what a real engine does; kept for comparisons).
+    merge_responses: bool = False
+    sender_threads: int = 2  # per instance; each request's responses always leave from one thread
 
     @property
     def synthetic(self) -> bool:
@@ -106,7 +111,9 @@ class StandinSettings:
             dtype=text("dtype"),
             num_threads=integer("num_threads", 1) if threads_raw else None,
             synthetic_step_time_ms=step,
-            exclude_input_in_output=boolean("exclude_input_in_output", True),
+            exclude_input_in_output=boolean("exclude_input_in_output", False),
+            merge_responses=boolean("merge_responses", False),
+            sender_threads=integer("sender_threads", 2),
         )
         if problems:
             raise SettingsError("; ".join(problems))

@@ -63,6 +63,7 @@ class GenerationRequest:
     bad_words: list[list[int]] = field(default_factory=list)  # token-id sequences never generated
     beam_width: int = 1
     return_log_probs: bool = False
+    embedding_bias: list[float] | None = None  # added to the logits each step (one value per vocab id)
 
 
 @dataclass

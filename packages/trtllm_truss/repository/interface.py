@@ -48,6 +48,8 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _opt("beam_width", INT32),
     _opt("stream", BOOL),
     _opt("exclude_input_in_output", BOOL),
+    _opt("embedding_bias_words", STRING, (-1,)),
+    _opt("embedding_bias_weights", FP32, (-1,)),
 )
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", STRING, (-1,)),
@@ -65,12 +67,20 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     _opt("STOP_WORDS_DICT", STRING, (-1,)),
     _opt("END_ID", INT32),
     _opt("PAD_ID", INT32),
+    # NVIDIA's (v0.19.0) text-model inputs besides the above; DECODER_QUERY (encoder-decoder) is
+    # refused with a clear error, the multimodal inputs are not declared.
+    _opt("DECODER_QUERY", STRING),
+    _opt("EMBEDDING_BIAS_WORDS", STRING, (-1,)),
+    _opt("EMBEDDING_BIAS_WEIGHTS", FP32, (-1,)),
 )
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("INPUT_ID", INT32, (-1,)),
     Tensor("REQUEST_INPUT_LEN", INT32, (1,)),
+    Tensor("DECODER_INPUT_ID", INT32, (-1,)),
+    Tensor("REQUEST_DECODER_INPUT_LEN", INT32, (1,)),
     Tensor("BAD_WORDS_IDS", INT32, (2, -1)),
     Tensor("STOP_WORDS_IDS", INT32, (2, -1)),
+    Tensor("EMBEDDING_BIAS", FP32, (-1,)),
     Tensor("REQUEST_OUTPUT_LEN", INT32, (1,)),
     Tensor("OUT_END_ID", INT32, (1,)),
     Tensor("OUT_PAD_ID", INT32, (1,)),
@@ -101,13 +111,17 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
     ("exclude_input_in_output", BOOL, (1,), True, False),
     ("stop", BOOL, (1,), True, False),
     ("streaming", BOOL, (1,), True, False),
+    # From NVIDIA's preprocessing: decoder ids ([pad_id], ignored for decoder-only models) and the
+    # embedding bias over the vocabulary (empty unless the client sent bias words).
+    ("decoder_input_ids", INT32, (-1,), True, True),
+    ("decoder_input_lengths", INT32, (1,), True, False),
+    ("embedding_bias", FP32, (-1,), True, True),
 )
 # Inputs only NVIDIA's engine implements; listed for the GPU path so NVIDIA's core-model clients
 # that send them keep working. The stand-in does not declare them (Triton then rejects them with
 # a clear "unexpected input" error instead of silently ignoring them).
 _ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
     ("num_return_sequences", INT32, (1,), True, False),
-    ("embedding_bias", FP32, (-1,), True, True),
     ("runtime_top_p_min", FP32, (1,), True, False),
     ("runtime_top_p_decay", FP32, (1,), True, False),
     ("runtime_top_p_reset_ids", INT32, (1,), True, False),

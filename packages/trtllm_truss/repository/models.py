@@ -10,6 +10,7 @@ path, or our python-backend stand-in (`backend: pytorch`).
 from __future__ import annotations
 
 import enum
+import os
 from typing import TYPE_CHECKING, Any
 
 from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
@@ -109,7 +110,7 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
         name=ENGINE,
         backend="tensorrtllm",
         max_batch_size=plan.max_batch_size,
-        decoupled=True,  # streaming needs it; non-streamed requests get one response
+        decoupled=runtime.decoupled_mode,  # streaming needs it; non-streamed requests get one response
         dynamic_batching=_queue(plan, preferred=True),
         inputs=nv.engine_inputs(cpp_backend=True),
         outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_ONLY_GPU_OUTPUTS,
@@ -129,6 +130,23 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
+def standin_instance_count(plan: ServingPlan) -> int:
+    """Engine instances of the stand-in: as configured, else 1 for a model (each would load it) and
+    one per 4 cores (1..8) for the synthetic engine, whose cap is the IPC cost of each response
+    (docs/design.md, "The engine stand-in"). Never more than max_batch_size (each needs a slot)."""
+    pytorch = plan.runtime.pytorch
+    count = pytorch.instance_count
+    if count is None:
+        count = max(1, min(8, (os.cpu_count() or 1) // 4)) if pytorch.synthetic is not None else 1
+        return min(count, plan.max_batch_size)
+    if count > plan.max_batch_size:
+        raise RepositoryError(
+            f"runtime.pytorch.instance_count: {count} exceeds max_batch_size {plan.max_batch_size}"
+            " (each instance runs a share of the batch)"
+        )
+    return count
+
+
 def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
     """The python-backend stand-in (triton_models/tensorrt_llm_pytorch/model.py)."""
     model_dir = plan.model_dir
@@ -141,12 +159,12 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         name=ENGINE,
         backend="python",
         max_batch_size=plan.max_batch_size,
-        decoupled=True,
+        decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
         inputs=nv.engine_inputs(cpp_backend=False),
         outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
-        # One instance: it batches continuously across all in-flight requests itself.
-        instance_groups=(InstanceGroup(1),),
+        # Each instance batches continuously across its requests, with its share of max_batch_size.
+        instance_groups=(InstanceGroup(standin_instance_count(plan)),),
         parameters=_parameters(
             ("model_dir", str(model_dir)),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
@@ -161,6 +179,8 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("synthetic", synthetic is not None),
             ("synthetic_step_time_ms", synthetic.step_time_ms if synthetic is not None else None),
             ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
+            ("sender_threads", pytorch.sender_threads),
+            ("merge_responses", pytorch.merge_responses),
         ),
     )
 
@@ -197,10 +217,15 @@ def _preprocessing_step() -> EnsembleStep:
             ("STOP_WORDS_DICT", "stop_words"),
             ("END_ID", "end_id"),
             ("PAD_ID", "pad_id"),
+            ("EMBEDDING_BIAS_WORDS", "embedding_bias_words"),
+            ("EMBEDDING_BIAS_WEIGHTS", "embedding_bias_weights"),
         ),
         output_map=(
             ("INPUT_ID", "_INPUT_ID"),
             ("REQUEST_INPUT_LEN", "_REQUEST_INPUT_LEN"),
+            ("DECODER_INPUT_ID", "_DECODER_INPUT_ID"),
+            ("REQUEST_DECODER_INPUT_LEN", "_REQUEST_DECODER_INPUT_LEN"),
+            ("EMBEDDING_BIAS", "_EMBEDDING_BIAS"),
             ("REQUEST_OUTPUT_LEN", "_REQUEST_OUTPUT_LEN"),
             ("BAD_WORDS_IDS", "_BAD_WORDS_IDS"),
             ("STOP_WORDS_IDS", "_STOP_WORDS_IDS"),
@@ -222,6 +247,9 @@ def _engine_step(model_name: str, output_map: tuple[tuple[str, str], ...]) -> En
             # Older trusses computed these ids and never passed them on: stop/bad words were ignored.
             ("stop_words_list", "_STOP_WORDS_IDS"),
             ("bad_words_list", "_BAD_WORDS_IDS"),
+            ("decoder_input_ids", "_DECODER_INPUT_ID"),
+            ("decoder_input_lengths", "_REQUEST_DECODER_INPUT_LEN"),
+            ("embedding_bias", "_EMBEDDING_BIAS"),
             *nv.ENSEMBLE_TO_ENGINE_PASSTHROUGH,
         ),
         output_map=output_map,
@@ -279,7 +307,8 @@ def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -
         raise RepositoryError(f"plan.backend: expected 'tensorrtllm' or 'pytorch', got {plan.backend!r}")
     engine_sends_prefix = any(t.name == nv.PREFIX_IDS_OUTPUT.name for t in engine.outputs)
     if window_relay is None:
-        window_relay = not engine_sends_prefix
+        # Only streamed chunks need prefix_ids; a non-decoupled engine answers each request whole.
+        window_relay = not engine_sends_prefix and plan.runtime.decoupled_mode
     configs = {
         ENSEMBLE: ensemble_config(
             plan,
@@ -292,5 +321,7 @@ def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -
         POSTPROCESSING: postprocessing_config(plan),
     }
     if window_relay:
+        if not plan.runtime.decoupled_mode:
+            raise RepositoryError("runtime.decoupled_mode: the tensorrt_llm_window relay streams; it needs decoupled_mode true")
         configs[WINDOW_RELAY] = window_relay_config(plan)
     return configs

@@ -40,7 +40,8 @@ class TritonPythonModel:
             length = int(lengths[beam_index]) if beam_index < lengths.size else beam.size
             length = max(0, min(length, beam.size))
             texts.append(self.decoder.decode_new(prefix, beam[:length].tolist()).encode("utf-8"))
-        return np.array([texts], dtype=np.object_)
+        # 1-D, one text per beam, as NVIDIA's postprocessing returns it (clients read output[i].decode()).
+        return np.array(texts, dtype=np.object_)
 
     def execute(self, requests):
         responses = []

@@ -33,11 +33,17 @@ def _optional_int(request, name: str) -> int | None:
     return int(array.reshape(-1)[0]) if array.size else None
 
 
-def _words(request, name: str) -> tuple[str, ...]:
+def _words(request, name: str) -> tuple[str, ...] | None:
+    """None when the input was not sent (NVIDIA's preprocessing encodes that differently)."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
-        return ()
+        return None
     return tuple(as_text(w) for w in tensor.as_numpy().reshape(-1))
+
+
+def _floats(request, name: str) -> tuple[float, ...] | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tuple(float(v) for v in tensor.as_numpy().reshape(-1))
 
 
 class TritonPythonModel:
@@ -58,6 +64,8 @@ class TritonPythonModel:
         output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
         if query.size != 1 or output_len.size != 1:
             raise PreprocessingError("text_input/max_tokens: send exactly one value per request")
+        if pb_utils.get_input_tensor_by_name(request, "DECODER_QUERY") is not None:
+            raise PreprocessingError("decoder_text_input: encoder-decoder models are not supported by this repository")
         return RawRequest(
             query=as_text(query[0]),
             request_output_len=int(output_len[0]),
@@ -65,6 +73,8 @@ class TritonPythonModel:
             stop_words=_words(request, "STOP_WORDS_DICT"),
             end_id=_optional_int(request, "END_ID"),
             pad_id=_optional_int(request, "PAD_ID"),
+            embedding_bias_words=_words(request, "EMBEDDING_BIAS_WORDS"),
+            embedding_bias_weights=_floats(request, "EMBEDDING_BIAS_WEIGHTS"),
         )
 
     def execute(self, requests):
@@ -100,6 +110,9 @@ class TritonPythonModel:
                         pb_utils.Tensor("STOP_WORDS_IDS", result.stop_words_ids),
                         pb_utils.Tensor("OUT_END_ID", result.end_id),
                         pb_utils.Tensor("OUT_PAD_ID", result.pad_id),
+                        pb_utils.Tensor("DECODER_INPUT_ID", result.decoder_input_ids),
+                        pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", result.decoder_input_length),
+                        pb_utils.Tensor("EMBEDDING_BIAS", result.embedding_bias),
                     ]
                 )
             )

@@ -7,10 +7,12 @@ Triton). See STANDIN_MODEL_INTERFACE for the exact tensors and parameters read h
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
+import secrets
 import threading
-import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,9 +31,12 @@ from trtllm_truss.engine_standin import (
     parse_word_list,
 )
 from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, response_arrays
+from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
+from trtllm_truss.engine_standin.stop_relay import StopRelay
 
 STANDIN_MODEL_INTERFACE = """
-Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: true,
+Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
+(not decoupled: one response per request, streaming and batches refused with NVIDIA's messages),
 max_batch_size > 0 (every tensor below has a leading batch dimension of 1 per request).
 
 Inputs (NVIDIA's names and dtypes; * = optional):
@@ -46,9 +51,13 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   temperature* FP32 [1]  runtime_top_k* INT32 [1]  runtime_top_p* FP32 [1]
   len_penalty* FP32 [1] (beam search only: accepted, no effect)  repetition_penalty* FP32 [1]
   presence_penalty* FP32 [1]  frequency_penalty* FP32 [1]  min_length* INT32 [1]
-  random_seed* UINT64 [1]
+  random_seed* UINT64 [1]         default: a fresh random seed per request (unseeded sampling differs)
   return_log_probs* BOOL [1]  exclude_input_in_output* BOOL [1]  streaming* BOOL [1]
+  embedding_bias* FP32 [-1]       one value per vocabulary id, added to the logits (empty: none)
+  decoder_input_ids* INT32 [-1]  decoder_input_lengths* INT32 [1]   accepted, ignored (decoder-only)
   stop* BOOL [1]                  true: cancel the in-flight request with the same Triton request id
+                                  (on whichever instance serves it); answered by one empty final
+                                  response; without a request id: NVIDIA's error
 
 Outputs:
   output_ids INT32 [-1,-1]        beams x tokens; streaming: only the new tokens of this response;
@@ -63,7 +72,14 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   max_input_len, max_output_len, max_num_sequences, max_beam_width (must be 1), device
   (cpu|cuda|auto), dtype (float32|float16|bfloat16), num_threads, exclude_input_in_output
   (default for requests that do not send it; true|false), synthetic (true|false),
-  synthetic_step_time_ms, prefix_window_tokens (default 8).
+  synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 2),
+  merge_responses (default false).
+
+Responses: one per request per engine step, as NVIDIA's engine sends them; a sender that falls
+behind queues them in order (merge_responses=true instead merges the waiting tokens of a request
+into one response). Several instances (instance_group count) each run their own engine with a
+share of max_batch_size; a `send()` is an IPC round trip to tritonserver, so more instances and
+sender threads offer more responses per second.
 """
 
 log = logging.getLogger("tensorrt_llm_pytorch")
@@ -74,6 +90,11 @@ ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
 # Requests that ended because their client cancelled them (stream closed, or NVIDIA's `stop` input):
 # tells a freed slot apart from a generation that simply finished.
 CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
+# NVIDIA's message (model_instance_state.cc, handleStopRequest) for a stop request without an id.
+STOP_WITHOUT_ID_ERROR = "Trying to stop a request but request ID is not provided"
+# NVIDIA's messages (utils.cc, createRequestsFromInputTensors) when the model is not decoupled.
+BATCH_NEEDS_DECOUPLED_ERROR = "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+STREAMING_NEEDS_DECOUPLED_ERROR = "Streaming is only supported if model is deployed using decoupled mode."
 
 def _input(request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -89,66 +110,130 @@ def _scalar(request, name: str, default):
 
 @dataclass
 class _InFlight:
-    """One Triton request being served: what the sender thread needs to build its responses."""
+    """One Triton request being served: what its sender lane needs to build its responses."""
 
     engine_id: str
     # The request's Triton id, read while execute() runs: in decoupled mode the request object is
-    # released once execute() returns, so the sender thread must never touch it afterwards.
+    # released once execute() returns, so the sender threads must never touch it afterwards.
     triton_id: str
     sender: object  # the response sender stays valid until the final response; it answers is_cancelled()
+    lane: _Lane  # every response of this request leaves from this lane's thread, in order
     streaming: bool
     exclude_input: bool
     want_log_probs: bool
     outputs: frozenset  # the requested outputs: only these are built (engine_standin/responses.py says why)
     history: deque  # the last prefix_window tokens of prompt + already-sent tokens
     prompt: list[int] = field(default_factory=list)  # kept only when the prompt is echoed
-    pending: list[int] = field(default_factory=list)
-    pending_log_probs: list[float] = field(default_factory=list)
     sent_tokens: list[int] = field(default_factory=list)  # non-streaming: everything, sent at the end
     sent_log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
-    finish: GenerationOutput | None = None
+    finished: bool = False
+
+
+class _Lane:
+    """A sender thread and its FIFO of engine outputs. `send()` is an IPC round trip to
+    tritonserver that releases the GIL, so several lanes send in parallel; a request is pinned to
+    one lane so its responses keep their order."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.cond = threading.Condition()
+        self.outputs: deque = deque()  # (flight, GenerationOutput), in the engine's order
+        self.thread: threading.Thread | None = None
+
+
+def _merged(outputs) -> list[tuple[_InFlight, list[int], list[float], GenerationOutput | None]]:
+    """merge_responses: everything waiting for one request becomes one response (first-seen order)."""
+    by_flight: dict[int, list] = {}
+    for flight, output in outputs:
+        entry = by_flight.setdefault(id(flight), [flight, [], [], None])
+        entry[1].extend(output.token_ids)
+        entry[2].extend(output.log_probs or ())
+        if output.finished:
+            entry[3] = output
+    return [tuple(entry) for entry in by_flight.values()]
+
+
+def _instance_position(args: dict, model_config: dict) -> tuple[int, int]:
+    """(this instance's index, instances of the model). Triton names instances `<group>_<n>`."""
+    count = sum(int(group.get("count", 1)) for group in model_config.get("instance_group", [])) or 1
+    try:
+        index = int(str(args.get("model_instance_name", "")).rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        index = 0
+    return min(index, count - 1), count
 
 
 class TritonPythonModel:
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException(
-                "tensorrt_llm (PyTorch stand-in): config.pbtxt needs model_transaction_policy { decoupled: true }"
-            )
+        # NVIDIA's decoupled_mode: not decoupled, every request gets exactly one response (no streaming).
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         parameters = {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
         beam = parameters.get("max_beam_width", "1").strip() or "1"
         if beam != "1":
             raise pb_utils.TritonModelException(f"parameters.max_beam_width: the PyTorch stand-in supports only 1, got {beam}")
-        self.settings = StandinSettings.from_parameters(parameters)
+        settings = StandinSettings.from_parameters(parameters)
+        # Each instance (a stub process with its own engine) gets its share of the batch limit,
+        # so all instances together run at most max_batch_size sequences, as one engine would.
+        self.instance_index, self.instance_count = _instance_position(args, model_config)
+        total = settings.limits.max_batch_size
+        share = total // self.instance_count + (1 if self.instance_index < total % self.instance_count else 0)
+        if share < 1:
+            raise pb_utils.TritonModelException(
+                f"instance_group: {self.instance_count} instances exceed max_batch_size={total} (each needs a slot)"
+            )
+        self.settings = dataclasses.replace(settings, limits=dataclasses.replace(settings.limits, max_batch_size=share))
         self.prefix_window = int(parameters.get("prefix_window_tokens", "8") or 8)
         self.default_end_id = _eos_token_id(self.settings)
         self.engine: EngineBase = build_engine(self.settings)
+        instance_name = str(args.get("model_instance_name", args["model_name"]))
         # Requests the engine holds (running or waiting) on Triton's /metrics: shows slots freed
         # after a client cancels. Refreshed with the cancellation checks, off the per-token path.
-        # (The family must outlive its metric, so both are kept.)
+        # (The family must outlive its metric, so both are kept.) One series per instance.
+        labels = {"model": args["model_name"], "instance": instance_name}
         self._active_family = pb_utils.MetricFamily(
             name=ACTIVE_REQUESTS_METRIC,
             description="requests held by the PyTorch stand-in engine (running or waiting)",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self._active_gauge = self._active_family.Metric(labels={"model": args["model_name"]})
+        self._active_gauge = self._active_family.Metric(labels=labels)
         self._cancelled_family = pb_utils.MetricFamily(
             name=CANCELLED_REQUESTS_METRIC,
             description="requests the PyTorch stand-in engine ended because their client cancelled them",
             kind=pb_utils.MetricFamily.COUNTER,
         )
-        self._cancelled_counter = self._cancelled_family.Metric(labels={"model": args["model_name"]})
+        self._cancelled_counter = self._cancelled_family.Metric(labels=labels)
+        # NVIDIA's nv_trt_llm_* series (engine_standin/nvidia_metrics.py says how they map).
+        self._all_slots = total
+        self._nvidia_metrics = NvidiaMetrics(
+            pb_utils.MetricFamily,
+            args["model_name"],
+            str(args.get("model_version", "1")),
+            reports_constants=self.instance_index == 0,
+        )
 
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()  # guards the two maps below
         self._in_flight: dict[str, _InFlight] = {}
         self._by_triton_id: dict[str, str] = {}
-        self._ready: dict[str, _InFlight] = {}
-        self._stopping = False
-        self._sender_thread = threading.Thread(target=self._send_loop, name="tensorrt_llm-sender", daemon=True)
-        self._sender_thread.start()
-        log.info("PyTorch stand-in ready (%s)", "synthetic" if self.settings.synthetic else self.settings.model_dir)
+        self._stopping = threading.Event()
+        self._lanes = [_Lane(i) for i in range(self.settings.sender_threads)]
+        self._next_lane = itertools.count()
+        for lane in self._lanes:
+            lane.thread = threading.Thread(target=self._send_loop, args=(lane,), name=f"tensorrt_llm-sender-{lane.index}", daemon=True)
+            lane.thread.start()
+        self._watcher = threading.Thread(target=self._watch_loop, name="tensorrt_llm-watch", daemon=True)
+        self._watcher.start()
+        self._stop_relay = StopRelay(args["model_name"], self.instance_index, self.instance_count, self._stop_local)
+        log.info(
+            "PyTorch stand-in instance %d/%d ready (%s, %d sequence slots, %d sender threads, %s)",
+            self.instance_index + 1,
+            self.instance_count,
+            "synthetic" if self.settings.synthetic else self.settings.model_dir,
+            share,
+            len(self._lanes),
+            "merged responses" if self.settings.merge_responses else "one response per token",
+        )
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):
@@ -161,20 +246,35 @@ class TritonPythonModel:
                 log.exception("rejected a request")
                 self._fail(request.get_response_sender(), f"tensorrt_llm (PyTorch stand-in): {exc}")
 
+    def _stop_local(self, triton_id: str) -> bool:
+        """Cancel the request with this Triton id if this instance serves it."""
+        with self._lock:
+            engine_id = self._by_triton_id.get(triton_id)
+        if engine_id is None:
+            return False
+        self.engine.cancel(engine_id)
+        return True
+
     def _accept(self, request) -> None:
         sender = request.get_response_sender()
         triton_id = request.request_id() or ""
         if _scalar(request, "stop", False):
-            # NVIDIA's contract: a request with stop=true ends the in-flight request of the same id.
-            with self._lock:
-                engine_id = self._by_triton_id.get(triton_id)
-            if engine_id is not None:
-                self.engine.cancel(engine_id)
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            # NVIDIA's contract: a request with stop=true ends the in-flight request of the same id
+            # (served by this instance or, with several instances, by a sibling) and gets one
+            # empty final response; an unknown id is not an error (it may have finished already).
+            if not triton_id:
+                raise RequestRejected(STOP_WITHOUT_ID_ERROR)
+            if not self._stop_local(triton_id):
+                self._stop_relay.forward(triton_id)
+            sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         input_ids = _input(request, "input_ids")
         if input_ids is None:
             raise RequestRejected("input_ids: required")
+        if not self.decoupled and input_ids.ndim >= 2 and input_ids.shape[0] > 1:
+            raise RequestRejected(BATCH_NEEDS_DECOUPLED_ERROR)
+        if not self.decoupled and _scalar(request, "streaming", False):
+            raise RequestRejected(STREAMING_NEEDS_DECOUPLED_ERROR)
         if input_ids.ndim >= 2 and input_ids.shape[0] != 1:
             raise RequestRejected(f"input_ids: batch dimension must be 1 per request, got {input_ids.shape[0]}")
         flat = input_ids.reshape(-1)
@@ -186,6 +286,7 @@ class TritonPythonModel:
         if output_len is None:
             raise RequestRejected("request_output_len: required")
         end_id = _scalar(request, "end_id", self.default_end_id)
+        seed = _scalar(request, "random_seed", None)
         sampling = SamplingParams(
             temperature=float(_scalar(request, "temperature", 1.0)),
             top_k=int(_scalar(request, "runtime_top_k", 0)),
@@ -194,13 +295,15 @@ class TritonPythonModel:
             presence_penalty=float(_scalar(request, "presence_penalty", 0.0)),
             frequency_penalty=float(_scalar(request, "frequency_penalty", 0.0)),
             min_length=int(_scalar(request, "min_length", 0)),
-            random_seed=int(_scalar(request, "random_seed", 0)),
+            # No seed: a fresh one per request, so unseeded sampling is not repeated across requests.
+            random_seed=secrets.randbits(64) if seed is None else int(seed),
         )
         try:
             stop_words = parse_word_list(_input(request, "stop_words_list"), "stop_words_list")
             bad_words = parse_word_list(_input(request, "bad_words_list"), "bad_words_list")
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
+        bias = _input(request, "embedding_bias")
         engine_id = uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=engine_id,
@@ -213,6 +316,8 @@ class TritonPythonModel:
             bad_words=bad_words,
             beam_width=int(_scalar(request, "beam_width", 1)),
             return_log_probs=bool(_scalar(request, "return_log_probs", False)),
+            # NVIDIA's preprocessing sends an empty bias when none was asked for.
+            embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
         )
         streaming = bool(_scalar(request, "streaming", False))
         exclude_input = bool(_scalar(request, "exclude_input_in_output", self.settings.exclude_input_in_output))
@@ -220,6 +325,7 @@ class TritonPythonModel:
             engine_id=engine_id,
             triton_id=triton_id,
             sender=sender,
+            lane=self._lanes[next(self._next_lane) % len(self._lanes)],
             streaming=streaming,
             exclude_input=exclude_input,
             want_log_probs=generation.return_log_probs,
@@ -240,7 +346,6 @@ class TritonPythonModel:
     def _forget(self, flight: _InFlight) -> None:
         with self._lock:
             self._in_flight.pop(flight.engine_id, None)
-            self._ready.pop(flight.engine_id, None)
             if self._by_triton_id.get(flight.triton_id) == flight.engine_id:
                 del self._by_triton_id[flight.triton_id]
 
@@ -253,32 +358,25 @@ class TritonPythonModel:
 
     # ------------------------------------------------------- engine -> responses
     def _on_output(self, flight: _InFlight, output: GenerationOutput) -> None:
-        """Engine thread: only buffer; the sender thread builds and sends (several tokens if it fell behind)."""
-        with self._lock:
-            flight.pending.extend(output.token_ids)
-            if output.log_probs:
-                flight.pending_log_probs.extend(output.log_probs)
-            if output.finished:
-                flight.finish = output
-            self._ready[flight.engine_id] = flight
-            self._lock.notify()
+        """Engine thread: only queue; the request's lane builds and sends, one response per output."""
+        lane = flight.lane
+        with lane.cond:
+            lane.outputs.append((flight, output))
+            lane.cond.notify()
 
-    def _send_loop(self) -> None:
-        next_cancel_check = 0.0
+    def _send_loop(self, lane: _Lane) -> None:
+        merge = self.settings.merge_responses
         while True:
-            with self._lock:
-                if not self._ready and not self._stopping:
-                    # Wake up now and then to notice requests cancelled by their clients.
-                    self._lock.wait(timeout=CANCEL_CHECK_PERIOD_S)
-                if self._stopping and not self._ready:
+            with lane.cond:
+                while not lane.outputs and not self._stopping.is_set():
+                    lane.cond.wait()
+                if not lane.outputs:
                     return
-                ready, self._ready = self._ready, {}
-                batches = []
-                for flight in ready.values():
-                    batches.append((flight, flight.pending, flight.pending_log_probs, flight.finish))
-                    flight.pending, flight.pending_log_probs = [], []
-                now = time.monotonic()
-                watched = list(self._in_flight.values()) if now >= next_cancel_check else []
+                outputs, lane.outputs = lane.outputs, deque()
+            if merge:
+                batches = _merged(outputs)
+            else:
+                batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
             for flight, tokens, log_probs, finish in batches:
                 try:
                     self._respond(flight, tokens, log_probs, finish)
@@ -286,24 +384,43 @@ class TritonPythonModel:
                     log.exception("sending a response failed; cancelling request %s", flight.engine_id)
                     self.engine.cancel(flight.engine_id)
                 if finish is not None:
+                    flight.finished = True
                     self._forget(flight)
                     if finish.finish_reason is FinishReason.CANCELLED:
                         try:
                             self._cancelled_counter.increment(1)
                         except Exception:
                             log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
-            if now >= next_cancel_check:
-                next_cancel_check = now + CANCEL_CHECK_PERIOD_S
-                try:  # a metrics failure must not stop the responses
-                    self._active_gauge.set(self.engine.active_requests)
+
+    def _update_nvidia_metrics(self) -> None:
+        limits = self.settings.limits
+        self._nvidia_metrics.update(
+            engine_values(
+                running=self.engine.running_requests,
+                waiting=self.engine.waiting_requests,
+                slots=limits.max_batch_size,
+                all_slots=self._all_slots,
+                tokens_per_slot=limits.max_input_len + limits.max_output_len,
+                iterations=self.engine.iterations,
+            )
+        )
+
+    def _watch_loop(self) -> None:
+        """Now and then: notice requests cancelled by their clients, refresh the gauges."""
+        while not self._stopping.wait(CANCEL_CHECK_PERIOD_S):
+            try:  # a metrics failure must not stop the checks
+                self._active_gauge.set(self.engine.active_requests)
+                self._update_nvidia_metrics()
+            except Exception:
+                log.exception("updating the metrics failed")
+            with self._lock:
+                watched = list(self._in_flight.values())
+            for flight in watched:
+                try:
+                    if not flight.finished and flight.sender.is_cancelled():
+                        self.engine.cancel(flight.engine_id)
                 except Exception:
-                    log.exception("updating %s failed", ACTIVE_REQUESTS_METRIC)
-                for flight in watched:
-                    try:
-                        if flight.finish is None and flight.sender.is_cancelled():
-                            self.engine.cancel(flight.engine_id)
-                    except Exception:
-                        log.exception("checking cancellation of %s failed", flight.engine_id)
+                    log.exception("checking cancellation of %s failed", flight.engine_id)
 
     def _respond(self, flight: _InFlight, tokens: list[int], log_probs: list[float], finish: GenerationOutput | None) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -327,7 +444,8 @@ class TritonPythonModel:
         if finish is None:
             return
         if finish.finish_reason is FinishReason.CANCELLED:
-            flight.sender.send(flags=final)
+            # Not decoupled: the one response a request must get (a bare final flag is refused).
+            flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
             return
         cum = float(sum(flight.sent_log_probs))
         if flight.exclude_input:
@@ -348,11 +466,20 @@ class TritonPythonModel:
         )
 
     def finalize(self) -> None:
-        self.engine.shutdown()
-        with self._lock:
-            self._stopping = True
-            self._lock.notify_all()
-        self._sender_thread.join(timeout=5)
+        self.engine.shutdown()  # ends what is left with an error response, queued on the lanes
+        self._stopping.set()
+        for lane in self._lanes:
+            with lane.cond:
+                lane.cond.notify_all()
+        for lane in self._lanes:
+            if lane.thread is not None:
+                lane.thread.join(timeout=2)
+        self._watcher.join(timeout=1)
+        self._stop_relay.close()
+        try:
+            self._nvidia_metrics.withdraw()
+        except Exception:
+            log.exception("withdrawing the nv_trt_llm metrics failed")
 
 
 def _eos_token_id(settings: StandinSettings) -> int | None:

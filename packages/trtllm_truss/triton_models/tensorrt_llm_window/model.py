@@ -43,7 +43,7 @@ class TritonPythonModel:
         parameters = {k: v.get("string_value", "") for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
         self.engine_model = parameters.get("engine_model") or "tensorrt_llm"
         self.window = int(parameters.get("prefix_window_tokens") or 8)
-        self.default_exclude = (parameters.get("exclude_input_in_output") or "true").lower() == "true"
+        self.default_exclude = (parameters.get("exclude_input_in_output") or "false").lower() == "true"
         self._active: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._streams = threading.BoundedSemaphore(int(parameters.get("max_concurrent_streams") or 64))

@@ -1,0 +1,190 @@
+"""NVIDIA's clients' flows against the rendered repository, on the real tritonserver.
+
+Written from tensorrtllm_backend v0.19.0's `tools/inflight_batcher_llm/end_to_end_test.py` (unary
+calls to preprocessing -> tensorrt_llm -> postprocessing, then the ensemble, compared),
+`inflight_batcher_llm/client/end_to_end_grpc_client.py` (streams `ensemble`, reads
+`text_output[0].decode()`) and NVIDIA's models' output shapes (preprocessing/1/model.py,
+postprocessing/1/model.py, model_instance_state.cc fillTritonResponse): every output these clients
+read is pinned by shape and dtype, over HTTP and gRPC, with `runtime.decoupled_mode` false (NVIDIA's
+CI) and true (streaming). The engine is the synthetic stand-in (deterministic per prompt).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import _plan, _serve
+from trtllm_truss.config.schema import RuntimeConfig
+from trtllm_truss.repository import render_repository
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
+
+PROMPT = "The module"
+OUTPUT_LEN = 8
+
+
+def _repository(tmp_path_factory: pytest.TempPathFactory, *, decoupled: bool) -> Iterator[object]:
+    runtime = RuntimeConfig(
+        preprocessing_instance_count=1,
+        postprocessing_instance_count=1,
+        decoupled_mode=decoupled,
+        pytorch={"device": "cpu", "num_threads": 1, "synthetic": {"step_time_ms": 0.0}, "instance_count": 1},
+    )
+    name = "decoupled" if decoupled else "unary"
+    repository = render_repository(_plan(runtime, max_batch_size=4), tmp_path_factory.mktemp(name) / "model_repository")
+    yield from _serve(repository)
+
+
+@pytest.fixture(scope="module")
+def unary_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    yield from _repository(tmp_path_factory, decoupled=False)
+
+
+@pytest.fixture(scope="module")
+def decoupled_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    yield from _repository(tmp_path_factory, decoupled=True)
+
+
+def _tensor(module, name: str, array: np.ndarray):
+    datatype = {np.object_: "BYTES", np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32", np.uint64: "UINT64"}[array.dtype.type]
+    tensor = module.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _client(module, server):
+    return module.InferenceServerClient(server.http_url.split("://", 1)[-1] if module is httpclient else server.grpc_url)
+
+
+def _shape_dtype(result, name: str) -> tuple[tuple[int, ...], str]:
+    array = result.as_numpy(name)
+    assert array is not None, f"{name}: missing"
+    return array.shape, array.dtype.kind
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_end_to_end_test_flow_unary(unary_triton, module) -> None:
+    """end_to_end_test.py: the three steps by hand (word lists [[""]], as NVIDIA's test sends them)
+    give the same text as the ensemble; all tensors in NVIDIA's shapes."""
+    client = _client(module, unary_triton)
+    pre = client.infer(
+        "preprocessing",
+        [
+            _tensor(module, "QUERY", np.array([[PROMPT]], dtype=object)),
+            _tensor(module, "BAD_WORDS_DICT", np.array([[""]], dtype=object)),
+            _tensor(module, "STOP_WORDS_DICT", np.array([[""]], dtype=object)),
+            _tensor(module, "REQUEST_OUTPUT_LEN", np.array([[OUTPUT_LEN]], dtype=np.int32)),
+        ],
+        request_id="1",
+    )
+    input_ids = pre.as_numpy("INPUT_ID")
+    assert input_ids.ndim == 2 and input_ids.shape[0] == 1 and input_ids.dtype == np.int32
+    for name in ("REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN", "OUT_END_ID", "OUT_PAD_ID"):
+        assert _shape_dtype(pre, name) == ((1, 1), "i"), name
+    assert pre.as_numpy("DECODER_INPUT_ID").tolist() == pre.as_numpy("OUT_PAD_ID").tolist()
+    assert pre.as_numpy("BAD_WORDS_IDS").tolist() == [[[0], [-1]]]  # NVIDIA's empty list
+    assert _shape_dtype(pre, "EMBEDDING_BIAS") == ((1, 0), "f")
+
+    engine = client.infer(
+        "tensorrt_llm",
+        [
+            _tensor(module, "input_ids", input_ids),
+            _tensor(module, "decoder_input_ids", pre.as_numpy("DECODER_INPUT_ID")),
+            _tensor(module, "input_lengths", pre.as_numpy("REQUEST_INPUT_LEN")),
+            _tensor(module, "request_output_len", pre.as_numpy("REQUEST_OUTPUT_LEN")),
+            _tensor(module, "end_id", pre.as_numpy("OUT_END_ID")),
+            _tensor(module, "pad_id", pre.as_numpy("OUT_PAD_ID")),
+            _tensor(module, "return_log_probs", np.array([[True]], dtype=np.bool_)),
+        ],
+        request_id="1",
+    )
+    output_ids = engine.as_numpy("output_ids")
+    prompt_len = input_ids.shape[1]
+    # NVIDIA's default exclude_input_in_output is false: the prompt comes first.
+    assert output_ids.shape == (1, 1, prompt_len + OUTPUT_LEN) and output_ids.dtype == np.int32
+    assert output_ids[0, 0, :prompt_len].tolist() == input_ids[0].tolist()
+    assert engine.as_numpy("sequence_length").tolist() == [[prompt_len + OUTPUT_LEN]]
+    assert _shape_dtype(engine, "cum_log_probs") == ((1, 1), "f")
+    assert _shape_dtype(engine, "output_log_probs") == ((1, 1, OUTPUT_LEN), "f")
+
+    post = client.infer(
+        "postprocessing",
+        [
+            _tensor(module, "TOKENS_BATCH", output_ids),
+            _tensor(module, "SEQUENCE_LENGTH", engine.as_numpy("sequence_length")),
+        ],
+        request_id="1",
+    )
+    manual = post.as_numpy("OUTPUT")
+    assert manual.shape == (1,)  # one text per beam, 1-D as NVIDIA's postprocessing returns it
+
+    ensemble = client.infer(
+        "ensemble",
+        [
+            _tensor(module, "text_input", np.array([[PROMPT]], dtype=object)),
+            _tensor(module, "max_tokens", np.array([[OUTPUT_LEN]], dtype=np.int32)),
+            _tensor(module, "bad_words", np.array([[""]], dtype=object)),
+            _tensor(module, "stop_words", np.array([[""]], dtype=object)),
+        ],
+        request_id="2",
+    )
+    text = ensemble.as_numpy("text_output")
+    assert text.shape == (1,)
+    assert text[0].decode("utf-8") == manual[0].decode("utf-8")
+    assert text[0].decode("utf-8").startswith(PROMPT)
+
+
+def test_unary_engine_refuses_streaming_with_nvidias_message(unary_triton) -> None:
+    client = _client(grpcclient, unary_triton)
+    with pytest.raises(Exception, match="Streaming is only supported if model is deployed using decoupled mode"):
+        client.infer(
+            "tensorrt_llm",
+            [
+                _tensor(grpcclient, "input_ids", np.array([[300, 301]], dtype=np.int32)),
+                _tensor(grpcclient, "input_lengths", np.array([[2]], dtype=np.int32)),
+                _tensor(grpcclient, "request_output_len", np.array([[2]], dtype=np.int32)),
+                _tensor(grpcclient, "streaming", np.array([[True]], dtype=np.bool_)),
+            ],
+        )
+
+
+def test_end_to_end_grpc_client_flow_streaming(decoupled_triton) -> None:
+    """end_to_end_grpc_client.py --streaming: each response's text_output[0].decode() is a piece;
+    the pieces join to the non-streamed text (exclude_input_in_output true, as the client sends)."""
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(decoupled_triton.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+
+    def run(stream: bool, request_id: str) -> list:
+        inputs = [
+            _tensor(grpcclient, "text_input", np.array([[PROMPT]], dtype=object)),
+            _tensor(grpcclient, "max_tokens", np.array([[OUTPUT_LEN]], dtype=np.int32)),
+            _tensor(grpcclient, "stream", np.array([[stream]], dtype=np.bool_)),
+            _tensor(grpcclient, "exclude_input_in_output", np.array([[True]], dtype=np.bool_)),
+        ]
+        client.async_stream_infer("ensemble", inputs, request_id=request_id, enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            output = result.as_numpy("text_output")
+            if output is not None:
+                assert output.ndim == 1 and output.dtype == np.object_
+                pieces.append(output[0].decode("utf-8"))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return pieces
+
+    try:
+        streamed = run(True, "s")
+        whole = run(False, "w")
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(streamed) == OUTPUT_LEN  # one response per token
+    assert "".join(streamed) == "".join(whole) and len(whole) == 1
