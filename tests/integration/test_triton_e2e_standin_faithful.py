@@ -169,3 +169,4 @@ def test_nvidia_metric_series_are_exported(two_instance_triton) -> None:
         ("nv_trt_llm_general_metrics", 'general_type="iteration_counter"'),
     ):
         assert any(l.startswith(family + "{") and label in l for l in text.splitlines()), family
+

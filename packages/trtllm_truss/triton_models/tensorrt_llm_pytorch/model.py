@@ -237,14 +237,25 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):
+        rejected: list[tuple[object, str]] = []
         for request in requests:
             try:
                 self._accept(request)
             except RequestRejected as exc:
-                self._fail(request.get_response_sender(), str(exc))
+                rejected.append((request, str(exc)))
             except Exception as exc:  # a malformed request fails alone
                 log.exception("rejected a request")
-                self._fail(request.get_response_sender(), f"tensorrt_llm (PyTorch stand-in): {exc}")
+                rejected.append((request, f"tensorrt_llm (PyTorch stand-in): {exc}"))
+        if rejected and len(rejected) == len(requests) and not self.decoupled:
+            # Raising is the only way a python-backend model makes Triton count a request as failed
+            # (nv_inference_request_failure): the backend then answers every request of this
+            # execute() with the error. So only when all of them were refused (the usual case: a
+            # bad request arrives alone), and only when not decoupled: raising from a decoupled
+            # execute() crashed tritonserver 2.51 now and then (SIGSEGV) in our tests. Otherwise
+            # each refusal goes through its sender (counted as a success by Triton).
+            raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
+        for request, message in rejected:
+            self._fail(request.get_response_sender(), message)
 
     def _stop_local(self, triton_id: str) -> bool:
         """Cancel the request with this Triton id if this instance serves it."""
@@ -256,7 +267,7 @@ class TritonPythonModel:
         return True
 
     def _accept(self, request) -> None:
-        sender = request.get_response_sender()
+        """Refusals raise before the response sender is taken (execute() may fail the request)."""
         triton_id = request.request_id() or ""
         if _scalar(request, "stop", False):
             # NVIDIA's contract: a request with stop=true ends the in-flight request of the same id
@@ -266,7 +277,7 @@ class TritonPythonModel:
                 raise RequestRejected(STOP_WITHOUT_ID_ERROR)
             if not self._stop_local(triton_id):
                 self._stop_relay.forward(triton_id)
-            sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            request.get_response_sender().send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         input_ids = _input(request, "input_ids")
         if input_ids is None:
@@ -319,12 +330,13 @@ class TritonPythonModel:
             # NVIDIA's preprocessing sends an empty bias when none was asked for.
             embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
         )
+        self.engine.validate(generation)  # refusals raise here, before the sender is taken
         streaming = bool(_scalar(request, "streaming", False))
         exclude_input = bool(_scalar(request, "exclude_input_in_output", self.settings.exclude_input_in_output))
         flight = _InFlight(
             engine_id=engine_id,
             triton_id=triton_id,
-            sender=sender,
+            sender=request.get_response_sender(),
             lane=self._lanes[next(self._next_lane) % len(self._lanes)],
             streaming=streaming,
             exclude_input=exclude_input,
@@ -339,9 +351,9 @@ class TritonPythonModel:
                 self._by_triton_id[triton_id] = engine_id
         try:
             self.engine.submit(generation, lambda output, f=flight: self._on_output(f, output))
-        except RequestRejected:
+        except RequestRejected as exc:  # shutting down: the sender is taken, so answer through it
             self._forget(flight)
-            raise
+            self._fail(flight.sender, str(exc))
 
     def _forget(self, flight: _InFlight) -> None:
         with self._lock:
