@@ -385,24 +385,31 @@ class TritonPythonModel:
                 if not lane.outputs:
                     return
                 outputs, lane.outputs = lane.outputs, deque()
-            if merge:
-                batches = _merged(outputs)
-            else:
-                batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
-            for flight, tokens, log_probs, finish in batches:
-                try:
-                    self._respond(flight, tokens, log_probs, finish)
-                except Exception:
-                    log.exception("sending a response failed; cancelling request %s", flight.engine_id)
-                    self.engine.cancel(flight.engine_id)
-                if finish is not None:
-                    flight.finished = True
-                    self._forget(flight)
-                    if finish.finish_reason is FinishReason.CANCELLED:
-                        try:
-                            self._cancelled_counter.increment(1)
-                        except Exception:
-                            log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
+            # A helper's locals die when it returns: a finished request's response sender must not
+            # outlive its final response (Triton unloads the model only once every sender is gone).
+            self._send_outputs(outputs, merge)
+            del outputs
+
+    def _send_outputs(self, outputs, merge: bool) -> None:
+        if merge:
+            batches = _merged(outputs)
+        else:
+            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
+        for flight, tokens, log_probs, finish in batches:
+            try:
+                self._respond(flight, tokens, log_probs, finish)
+            except Exception:
+                log.exception("sending a response failed; cancelling request %s", flight.engine_id)
+                self.engine.cancel(flight.engine_id)
+            if finish is not None:
+                flight.finished = True
+                flight.sender = None  # released: see _send_loop
+                self._forget(flight)
+                if finish.finish_reason is FinishReason.CANCELLED:
+                    try:
+                        self._cancelled_counter.increment(1)
+                    except Exception:
+                        log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
 
     def _update_nvidia_metrics(self) -> None:
         limits = self.settings.limits
@@ -425,14 +432,19 @@ class TritonPythonModel:
                 self._update_nvidia_metrics()
             except Exception:
                 log.exception("updating the metrics failed")
-            with self._lock:
-                watched = list(self._in_flight.values())
-            for flight in watched:
-                try:
-                    if not flight.finished and flight.sender.is_cancelled():
-                        self.engine.cancel(flight.engine_id)
-                except Exception:
-                    log.exception("checking cancellation of %s failed", flight.engine_id)
+            self._check_cancellations()
+
+    def _check_cancellations(self) -> None:
+        """(A helper, so no sender stays referenced from the watch loop between checks.)"""
+        with self._lock:
+            watched = list(self._in_flight.values())
+        for flight in watched:
+            sender = flight.sender
+            try:
+                if sender is not None and not flight.finished and sender.is_cancelled():
+                    self.engine.cancel(flight.engine_id)
+            except Exception:
+                log.exception("checking cancellation of %s failed", flight.engine_id)
 
     def _respond(self, flight: _InFlight, tokens: list[int], log_probs: list[float], finish: GenerationOutput | None) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
