@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   max_input_len, max_output_len, max_num_sequences, max_beam_width (must be 1), device
   (cpu|cuda|auto), dtype (float32|float16|bfloat16), num_threads, exclude_input_in_output
   (default for requests that do not send it; true|false), synthetic (true|false),
-  synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 2),
+  synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 1),
   merge_responses (default false).
 
 Responses: one per request per engine step, as NVIDIA's engine sends them; a sender that falls
@@ -139,6 +140,10 @@ class _Lane:
         self.index = index
         self.cond = threading.Condition()
         self.outputs: deque = deque()  # (flight, GenerationOutput), in the engine's order
+        # The requests pinned here (engine id -> flight). Only this lane's thread sends their
+        # responses and asks their senders is_cancelled(): asking from another thread raced with the
+        # final response (which frees the sender's factory) and crashed tritonserver (SIGSEGV).
+        self.flights: dict[str, _InFlight] = {}
         self.thread: threading.Thread | None = None
 
 
@@ -347,6 +352,7 @@ class TritonPythonModel:
         )
         with self._lock:
             self._in_flight[engine_id] = flight
+            flight.lane.flights[engine_id] = flight
             if triton_id:
                 self._by_triton_id[triton_id] = engine_id
         try:
@@ -358,6 +364,7 @@ class TritonPythonModel:
     def _forget(self, flight: _InFlight) -> None:
         with self._lock:
             self._in_flight.pop(flight.engine_id, None)
+            flight.lane.flights.pop(flight.engine_id, None)
             if self._by_triton_id.get(flight.triton_id) == flight.engine_id:
                 del self._by_triton_id[flight.triton_id]
 
@@ -378,19 +385,27 @@ class TritonPythonModel:
 
     def _send_loop(self, lane: _Lane) -> None:
         merge = self.settings.merge_responses
+        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
         while True:
             with lane.cond:
                 while not lane.outputs and not self._stopping.is_set():
-                    lane.cond.wait()
-                if not lane.outputs:
+                    remaining = next_check - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    lane.cond.wait(remaining)
+                if not lane.outputs and self._stopping.is_set():
                     return
                 outputs, lane.outputs = lane.outputs, deque()
             # A helper's locals die when it returns: a finished request's response sender must not
             # outlive its final response (Triton unloads the model only once every sender is gone).
-            self._send_outputs(outputs, merge)
+            if outputs:
+                self._send_outputs(lane, outputs, merge)
             del outputs
+            if time.monotonic() >= next_check:
+                self._check_cancellations(lane)
+                next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
 
-    def _send_outputs(self, outputs, merge: bool) -> None:
+    def _send_outputs(self, lane: _Lane, outputs, merge: bool) -> None:
         if merge:
             batches = _merged(outputs)
         else:
@@ -404,6 +419,7 @@ class TritonPythonModel:
             if finish is not None:
                 flight.finished = True
                 flight.sender = None  # released: see _send_loop
+                lane.flights.pop(flight.engine_id, None)
                 self._forget(flight)
                 if finish.finish_reason is FinishReason.CANCELLED:
                     try:
@@ -425,19 +441,18 @@ class TritonPythonModel:
         )
 
     def _watch_loop(self) -> None:
-        """Now and then: notice requests cancelled by their clients, refresh the gauges."""
+        """Now and then: refresh the gauges."""
         while not self._stopping.wait(CANCEL_CHECK_PERIOD_S):
-            try:  # a metrics failure must not stop the checks
+            try:  # a metrics failure must not stop the updates
                 self._active_gauge.set(self.engine.active_requests)
                 self._update_nvidia_metrics()
             except Exception:
                 log.exception("updating the metrics failed")
-            self._check_cancellations()
 
-    def _check_cancellations(self) -> None:
-        """(A helper, so no sender stays referenced from the watch loop between checks.)"""
+    def _check_cancellations(self, lane: _Lane) -> None:
+        """On the lane's own thread (see _Lane.flights); a helper, so no sender stays referenced."""
         with self._lock:
-            watched = list(self._in_flight.values())
+            watched = list(lane.flights.values())
         for flight in watched:
             sender = flight.sender
             try:
