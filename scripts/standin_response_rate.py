@@ -69,7 +69,7 @@ def _client(url: str, streams: int, tokens: int, offset: int, out: multiprocessi
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--instances", type=int, default=1)
-    parser.add_argument("--sender-threads", type=int, default=2)
+    parser.add_argument("--sender-threads", type=int, default=1)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--step-ms", type=float, default=2.0)

@@ -188,3 +188,35 @@ def test_end_to_end_grpc_client_flow_streaming(decoupled_triton) -> None:
         client.close()
     assert len(streamed) == OUTPUT_LEN  # one response per token
     assert "".join(streamed) == "".join(whole) and len(whole) == 1
+
+
+def _failures(server) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("nv_inference_request_failure{") and 'model="tensorrt_llm"' in line
+    )
+
+
+def test_a_refused_request_counts_as_a_failure_when_not_decoupled(unary_triton) -> None:
+    import time
+
+    before = _failures(unary_triton)
+    client = _client(grpcclient, unary_triton)
+    with pytest.raises(Exception, match="request_output_len"):
+        client.infer(
+            "tensorrt_llm",
+            [
+                _tensor(grpcclient, "input_ids", np.array([[300, 301]], dtype=np.int32)),
+                _tensor(grpcclient, "input_lengths", np.array([[2]], dtype=np.int32)),
+                _tensor(grpcclient, "request_output_len", np.array([[100_000]], dtype=np.int32)),
+            ],
+        )
+    deadline = time.monotonic() + 10
+    while _failures(unary_triton) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _failures(unary_triton) == before + 1

@@ -31,7 +31,7 @@ def two_instance_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempP
             "num_threads": 1,
             "synthetic": {"step_time_ms": STEP_MS},
             "instance_count": 2,
-            "sender_threads": 2,
+            "sender_threads": 1,  # 2 crashed tritonserver now and then (docs/design.md)
         },
     )
     repository = render_repository(_plan(runtime, max_batch_size=16), tmp_path_factory.mktemp("faithful") / "model_repository")
@@ -169,3 +169,4 @@ def test_nvidia_metric_series_are_exported(two_instance_triton) -> None:
         ("nv_trt_llm_general_metrics", 'general_type="iteration_counter"'),
     ):
         assert any(l.startswith(family + "{") and label in l for l in text.splitlines()), family
+

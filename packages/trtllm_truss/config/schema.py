@@ -389,10 +389,14 @@ class PytorchEngineConfig(StrictModel):
         ge=1,
         le=64,
         description="Engine instances (Triton stub processes, each with its own engine and a share of "
-        "max_batch_size). None: 1 for a model; for the synthetic engine one per 4 CPU cores (1..8).",
+        "max_batch_size). None: 1 for a model; for the synthetic engine one per 2 CPU cores (1..8).",
     )
     sender_threads: int = Field(
-        2, ge=1, le=32, description="Response sender threads per instance (each send is an IPC round trip)."
+        1,
+        ge=1,
+        le=32,
+        description="Response sender threads per instance. Keep 1: with 2, tritonserver 2.51's python backend "
+        "crashed (SIGSEGV) now and then; raise instance_count for more responses/s instead.",
     )
     merge_responses: bool = Field(
         False,

@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   max_input_len, max_output_len, max_num_sequences, max_beam_width (must be 1), device
   (cpu|cuda|auto), dtype (float32|float16|bfloat16), num_threads, exclude_input_in_output
   (default for requests that do not send it; true|false), synthetic (true|false),
-  synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 2),
+  synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 1),
   merge_responses (default false).
 
 Responses: one per request per engine step, as NVIDIA's engine sends them; a sender that falls
@@ -139,6 +140,10 @@ class _Lane:
         self.index = index
         self.cond = threading.Condition()
         self.outputs: deque = deque()  # (flight, GenerationOutput), in the engine's order
+        # The requests pinned here (engine id -> flight). Only this lane's thread sends their
+        # responses and asks their senders is_cancelled(): asking from another thread raced with the
+        # final response (which frees the sender's factory) and crashed tritonserver (SIGSEGV).
+        self.flights: dict[str, _InFlight] = {}
         self.thread: threading.Thread | None = None
 
 
@@ -237,14 +242,25 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):
+        rejected: list[tuple[object, str]] = []
         for request in requests:
             try:
                 self._accept(request)
             except RequestRejected as exc:
-                self._fail(request.get_response_sender(), str(exc))
+                rejected.append((request, str(exc)))
             except Exception as exc:  # a malformed request fails alone
                 log.exception("rejected a request")
-                self._fail(request.get_response_sender(), f"tensorrt_llm (PyTorch stand-in): {exc}")
+                rejected.append((request, f"tensorrt_llm (PyTorch stand-in): {exc}"))
+        if rejected and len(rejected) == len(requests) and not self.decoupled:
+            # Raising is the only way a python-backend model makes Triton count a request as failed
+            # (nv_inference_request_failure): the backend then answers every request of this
+            # execute() with the error. So only when all of them were refused (the usual case: a
+            # bad request arrives alone), and only when not decoupled: raising from a decoupled
+            # execute() crashed tritonserver 2.51 now and then (SIGSEGV) in our tests. Otherwise
+            # each refusal goes through its sender (counted as a success by Triton).
+            raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
+        for request, message in rejected:
+            self._fail(request.get_response_sender(), message)
 
     def _stop_local(self, triton_id: str) -> bool:
         """Cancel the request with this Triton id if this instance serves it."""
@@ -256,7 +272,7 @@ class TritonPythonModel:
         return True
 
     def _accept(self, request) -> None:
-        sender = request.get_response_sender()
+        """Refusals raise before the response sender is taken (execute() may fail the request)."""
         triton_id = request.request_id() or ""
         if _scalar(request, "stop", False):
             # NVIDIA's contract: a request with stop=true ends the in-flight request of the same id
@@ -266,7 +282,7 @@ class TritonPythonModel:
                 raise RequestRejected(STOP_WITHOUT_ID_ERROR)
             if not self._stop_local(triton_id):
                 self._stop_relay.forward(triton_id)
-            sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            request.get_response_sender().send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         input_ids = _input(request, "input_ids")
         if input_ids is None:
@@ -319,12 +335,13 @@ class TritonPythonModel:
             # NVIDIA's preprocessing sends an empty bias when none was asked for.
             embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
         )
+        self.engine.validate(generation)  # refusals raise here, before the sender is taken
         streaming = bool(_scalar(request, "streaming", False))
         exclude_input = bool(_scalar(request, "exclude_input_in_output", self.settings.exclude_input_in_output))
         flight = _InFlight(
             engine_id=engine_id,
             triton_id=triton_id,
-            sender=sender,
+            sender=request.get_response_sender(),
             lane=self._lanes[next(self._next_lane) % len(self._lanes)],
             streaming=streaming,
             exclude_input=exclude_input,
@@ -335,17 +352,19 @@ class TritonPythonModel:
         )
         with self._lock:
             self._in_flight[engine_id] = flight
+            flight.lane.flights[engine_id] = flight
             if triton_id:
                 self._by_triton_id[triton_id] = engine_id
         try:
             self.engine.submit(generation, lambda output, f=flight: self._on_output(f, output))
-        except RequestRejected:
+        except RequestRejected as exc:  # shutting down: the sender is taken, so answer through it
             self._forget(flight)
-            raise
+            self._fail(flight.sender, str(exc))
 
     def _forget(self, flight: _InFlight) -> None:
         with self._lock:
             self._in_flight.pop(flight.engine_id, None)
+            flight.lane.flights.pop(flight.engine_id, None)
             if self._by_triton_id.get(flight.triton_id) == flight.engine_id:
                 del self._by_triton_id[flight.triton_id]
 
@@ -366,31 +385,47 @@ class TritonPythonModel:
 
     def _send_loop(self, lane: _Lane) -> None:
         merge = self.settings.merge_responses
+        next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
         while True:
             with lane.cond:
                 while not lane.outputs and not self._stopping.is_set():
-                    lane.cond.wait()
-                if not lane.outputs:
+                    remaining = next_check - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    lane.cond.wait(remaining)
+                if not lane.outputs and self._stopping.is_set():
                     return
                 outputs, lane.outputs = lane.outputs, deque()
-            if merge:
-                batches = _merged(outputs)
-            else:
-                batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
-            for flight, tokens, log_probs, finish in batches:
-                try:
-                    self._respond(flight, tokens, log_probs, finish)
-                except Exception:
-                    log.exception("sending a response failed; cancelling request %s", flight.engine_id)
-                    self.engine.cancel(flight.engine_id)
-                if finish is not None:
-                    flight.finished = True
-                    self._forget(flight)
-                    if finish.finish_reason is FinishReason.CANCELLED:
-                        try:
-                            self._cancelled_counter.increment(1)
-                        except Exception:
-                            log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
+            # A helper's locals die when it returns: a finished request's response sender must not
+            # outlive its final response (Triton unloads the model only once every sender is gone).
+            if outputs:
+                self._send_outputs(lane, outputs, merge)
+            del outputs
+            if time.monotonic() >= next_check:
+                self._check_cancellations(lane)
+                next_check = time.monotonic() + CANCEL_CHECK_PERIOD_S
+
+    def _send_outputs(self, lane: _Lane, outputs, merge: bool) -> None:
+        if merge:
+            batches = _merged(outputs)
+        else:
+            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
+        for flight, tokens, log_probs, finish in batches:
+            try:
+                self._respond(flight, tokens, log_probs, finish)
+            except Exception:
+                log.exception("sending a response failed; cancelling request %s", flight.engine_id)
+                self.engine.cancel(flight.engine_id)
+            if finish is not None:
+                flight.finished = True
+                flight.sender = None  # released: see _send_loop
+                lane.flights.pop(flight.engine_id, None)
+                self._forget(flight)
+                if finish.finish_reason is FinishReason.CANCELLED:
+                    try:
+                        self._cancelled_counter.increment(1)
+                    except Exception:
+                        log.exception("updating %s failed", CANCELLED_REQUESTS_METRIC)
 
     def _update_nvidia_metrics(self) -> None:
         limits = self.settings.limits
@@ -406,21 +441,25 @@ class TritonPythonModel:
         )
 
     def _watch_loop(self) -> None:
-        """Now and then: notice requests cancelled by their clients, refresh the gauges."""
+        """Now and then: refresh the gauges."""
         while not self._stopping.wait(CANCEL_CHECK_PERIOD_S):
-            try:  # a metrics failure must not stop the checks
+            try:  # a metrics failure must not stop the updates
                 self._active_gauge.set(self.engine.active_requests)
                 self._update_nvidia_metrics()
             except Exception:
                 log.exception("updating the metrics failed")
-            with self._lock:
-                watched = list(self._in_flight.values())
-            for flight in watched:
-                try:
-                    if not flight.finished and flight.sender.is_cancelled():
-                        self.engine.cancel(flight.engine_id)
-                except Exception:
-                    log.exception("checking cancellation of %s failed", flight.engine_id)
+
+    def _check_cancellations(self, lane: _Lane) -> None:
+        """On the lane's own thread (see _Lane.flights); a helper, so no sender stays referenced."""
+        with self._lock:
+            watched = list(lane.flights.values())
+        for flight in watched:
+            sender = flight.sender
+            try:
+                if sender is not None and not flight.finished and sender.is_cancelled():
+                    self.engine.cancel(flight.engine_id)
+            except Exception:
+                log.exception("checking cancellation of %s failed", flight.engine_id)
 
     def _respond(self, flight: _InFlight, tokens: list[int], log_probs: list[float], finish: GenerationOutput | None) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
