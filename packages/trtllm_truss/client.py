@@ -485,8 +485,9 @@ def build_engine_request(
     inputs). Stop strings are not sent: the stream worker matches them on the decoded text."""
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
+    # Only what is read: each extra output is one more tensor per streamed response for the engine
+    # to build (in streaming mode output_ids holds exactly the response's new tokens).
     request.outputs.add(name=IDS_OUTPUT)
-    request.outputs.add(name=TOKEN_COUNT_OUTPUT)
     if params.return_log_probs:
         request.outputs.add(name=LOG_PROBS_OUTPUT)
     lead = [1] if interface.batched else []

@@ -159,9 +159,17 @@ class LLMService:
         self._limits = RequestLimits.from_plan(
             plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes
         )
-        from trtllm_truss.client import EngineClient
+        health = plan.runtime.health
+        if health.enabled:
+            from trtllm_truss.health import EngineProbe
 
-        self._engine_probe = EngineClient(self._stack.server.grpc_url)
+            self._engine_probe = EngineProbe(
+                self._stack.server.grpc_url,
+                health.interval_s,
+                health.timeout_s,
+                interface="text" if plan.backend == "llmapi" else "tokens",
+            )
+            self._engine_probe.start()
         # Everything loaded so far lives as long as the process; left to the collector, each full
         # collection walks all of it with the event loop stopped. Frozen, it is never walked again.
         gc.freeze()
@@ -173,16 +181,29 @@ class LLMService:
         )
 
     def shutdown(self) -> None:
+        # Every gRPC client first: tritonserver waits for open streams before it can stop.
+        if self._engine_probe is not None:
+            self._engine_probe.stop()
         if self._pool is not None:
             self._pool.stop()
         if self._stack is not None:
             self._stack.stop()
 
     async def is_healthy(self) -> bool:
-        """tritonserver alive, a stream worker running, and the engine model ready."""
+        """tritonserver alive with its models ready, a stream worker running, and the engine answering
+        its probe (a hung engine reads unhealthy within runtime.health's interval + timeout)."""
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
             return False
-        return await self._engine_probe.is_ready()
+        # Triton's own readiness of the models (a restarted tritonserver is alive before it is ready);
+        # a blocking loopback HTTP call, so off the event loop.
+        if not await asyncio.to_thread(self._stack.server.ready):
+            return False
+        probe = self._engine_probe
+        if probe is not None and not probe.healthy:
+            if probe.last_error:
+                logger.warning("engine probe: %s", probe.last_error)
+            return False
+        return True
 
     @property
     def pool(self) -> StreamPool:
@@ -460,6 +481,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         workers=runtime.stream_workers or default_worker_count(),
         max_in_flight=plan.max_batch_size + queued,
         environment=worker_environment(os.environ),
+        chunk_rate=runtime.max_stream_chunks_per_s,
     )
 
 

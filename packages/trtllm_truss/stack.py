@@ -80,6 +80,7 @@ def start_stack(
     from trtllm_truss.plan import make_plan
     from trtllm_truss.probe import probe_facts
     from trtllm_truss.repository import ENSEMBLE, IDS_ENSEMBLE, render_repository
+    from trtllm_truss.repository.models import ENGINE
 
     progress("reading the configuration")
     resolved = load_config(Path(truss_dir), environ)
@@ -113,15 +114,16 @@ def start_stack(
         render_repository(plan, repository_dir)
         server = TritonServer(
             repository_dir,
-            world_size=plan.world_size,
+            world_size=plan.tritonserver_ranks,
             binary=binary,
             ports=ports,
             startup_timeout_s=startup_timeout_s or plan.runtime.startup_timeout_s,
-            ready_models=(ENSEMBLE, IDS_ENSEMBLE),
+            # NVIDIA's llmapi layout is one model, no ensembles.
+            ready_models=(ENGINE,) if plan.backend == "llmapi" else (ENSEMBLE, IDS_ENSEMBLE),
         )
-        progress(f"starting tritonserver (world size {plan.world_size})")
+        progress(f"starting tritonserver (world size {plan.world_size}, {plan.tritonserver_ranks} process(es))")
         server.start()
-        progress("waiting for the ensembles to be ready")
+        progress("waiting for the models to be ready")
         server.wait_ready()
     except BaseException:
         if server is not None:

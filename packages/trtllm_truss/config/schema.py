@@ -471,6 +471,14 @@ class RuntimeConfig(StrictModel):
         description="Stream-worker processes that tokenize, stream from the engine and detokenize, off truss's"
         " event loop (None: half the CPU cores, 1 to 8).",
     )
+    max_stream_chunks_per_s: float = Field(
+        10_000.0,
+        gt=0,
+        le=1e7,
+        description="HTTP stream chunks per second over all streams that truss's single thread is asked to"
+        " write: with more open streams than this allows one chunk per token, a stream's next chunk waits"
+        " open streams / this seconds after its last one and carries every token that arrived meanwhile.",
+    )
     max_queued_requests: int | None = Field(
         None,
         ge=0,

@@ -52,7 +52,7 @@ class ResponseStream:
     """One request's text as its worker sends it. `next_text()` returns everything that arrived since
     the last call (None once the request has ended and all text was read); `end` says how it ended."""
 
-    __slots__ = ("rid", "_worker", "_parts", "_log_probs", "end", "_waiter", "_closed")
+    __slots__ = ("rid", "_worker", "_parts", "_log_probs", "end", "_waiter", "_closed", "_last_text_at")
 
     def __init__(self, rid: int, worker: _Worker) -> None:
         self.rid = rid
@@ -62,6 +62,7 @@ class ResponseStream:
         self.end: StreamEnd | None = None
         self._waiter: asyncio.Future | None = None
         self._closed = False
+        self._last_text_at = 0.0
 
     def _deliver(self, text: str, log_probs: list | None, end: StreamEnd | None) -> None:
         if text:
@@ -75,14 +76,22 @@ class ResponseStream:
             waiter.set_result(None)
 
     async def next_text(self) -> str | None:
+        loop = asyncio.get_running_loop()
         while not self._parts:
             if self.end is not None:
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+        if self.end is None and self._last_text_at:
+            # Pacing under load: at most `chunk_rate` chunks/s over all open streams, so truss's one
+            # thread keeps up; a chunk then carries every token that arrived meanwhile (none is lost).
+            due = self._last_text_at + self._worker.pool.chunk_gap_s()
+            if due > loop.time():
+                await asyncio.sleep(due - loop.time())
+        self._last_text_at = loop.time()
         parts, self._parts = self._parts, []
         return parts[0] if len(parts) == 1 else "".join(parts)
 
@@ -96,6 +105,7 @@ class ResponseStream:
         if self._closed:
             return
         self._closed = True
+        self._worker.pool.open_streams -= 1
         self._worker.forget(self)
 
 
@@ -243,10 +253,13 @@ class StreamPool:
         workers: int,
         max_in_flight: int,
         environment: Mapping[str, str],
+        chunk_rate: float = 10_000.0,
         start_timeout_s: float = WORKER_START_TIMEOUT_S,
     ) -> None:
         self.settings = settings
         self.max_in_flight = max_in_flight
+        self.chunk_rate = chunk_rate
+        self.open_streams = 0  # streams the HTTP side still reads (submitted, not closed)
         self.environment = dict(environment)
         self.start_timeout_s = start_timeout_s
         self.restarts = 0
@@ -262,6 +275,11 @@ class StreamPool:
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w.process is not None and w.running]
+
+    def chunk_gap_s(self) -> float:
+        """The shortest time between two chunks of one stream: 0 at low load (every token its own
+        chunk), open streams / chunk_rate when that many streams would exceed the rate."""
+        return self.open_streams / self.chunk_rate
 
     @property
     def in_flight(self) -> int:
@@ -316,6 +334,7 @@ class StreamPool:
         stream = ResponseStream(rid, worker)
         worker.send(("start", rid, spec))
         worker.streams[rid] = stream
+        self.open_streams += 1
         return stream
 
     def _restart_later(self, worker: _Worker) -> None:
