@@ -1,2 +1,28 @@
 """Puts tests/ on sys.path (pytest does so for a folder holding a conftest.py), so test data modules
 shared by unit and integration tests, such as edge_case_texts, can be imported from both."""
+
+import importlib.util
+import shutil
+
+import pytest
+
+# torch's CPU wheel is installed for Python 3.11 only (.venv); the other Pythons' venvs run the rest.
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+# nvidia-pytriton (the bundled tritonserver) needs numpy < 2, which has no Python 3.13 wheel.
+HAS_TRITONSERVER = importlib.util.find_spec("pytriton") is not None or shutil.which("tritonserver") is not None
+# Tritonservers of these fixtures run the stand-in engine, whose python-backend model imports torch.
+TORCH_FIXTURES = {"standin_triton", "synthetic_two_slot_triton", "synthetic_two_slot_relay_triton"}
+# Modules that import trtllm_truss.engine_standin (hence torch) at the top.
+TORCH_MODULES = ["unit/test_standin_engine.py", "unit/test_standin_responses.py", "unit/test_standin_sampling_words.py"]
+
+collect_ignore = [] if HAS_TORCH else TORCH_MODULES
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if TORCH_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.torch)
+        if not HAS_TORCH and item.get_closest_marker("torch"):
+            item.add_marker(pytest.mark.skip(reason="needs torch, which is installed for Python 3.11 only"))
+        elif not HAS_TRITONSERVER and item.get_closest_marker("triton"):
+            item.add_marker(pytest.mark.skip(reason="no tritonserver: nvidia-pytriton does not install on this Python"))
