@@ -21,11 +21,12 @@ collect_ignore = [] if HAS_TORCH else TORCH_MODULES
 # Known on Python 3.12 only (3.10 and 3.11 pass): with nvidia-pytriton 0.7.0's 3.12 python-backend stub,
 # the tensorrt_llm_window relay's stub dies ("Stub process ... is not healthy") on its first streamed
 # request (a decoupled BLS exec from a relay thread); the session's server is then gone for the rest.
+# Not run there: each would wait out its stream timeout.
 RELAY_FIXTURES = {"echo_relay_triton", "synthetic_two_slot_relay_triton"}
 RELAY_XFAIL = pytest.mark.xfail(
     sys.version_info[:2] == (3, 12),
     reason="pytriton 0.7.0's Python 3.12 stub: the tensorrt_llm_window relay's stub dies (known, under investigation)",
-    strict=False,
+    run=False,  # running them costs ~9 min of stream timeouts per `make test`
 )
 
 
