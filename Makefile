@@ -5,8 +5,19 @@ bootstrap:
 	@scripts/bootstrap.sh
 predict: bootstrap
 	@.venv/bin/trtllm-truss predict . --prompt "$(PROMPT)"
+# The whole suite on Python 3.11 (.venv, with CPU torch), then everything that needs no torch on each
+# extra Python (.venv-py3.X; torch-marked tests skip there), then the NVIDIA image environments once.
+EXTRA_PYTHONS ?= 3.10 3.12 3.13
 test: bootstrap
-	@.venv/bin/python -m pytest $(PYTEST_ARGS)
+	@.venv/bin/python -m pytest -m "not image_env" $(PYTEST_ARGS)
+	@for minor in $(EXTRA_PYTHONS); do \
+	  if [ -x .venv-py$$minor/bin/python ]; then \
+	    echo "== Python $$minor: the tests that need no torch"; \
+	    .venv-py$$minor/bin/python -m pytest -m "not image_env" $(PYTEST_ARGS) || exit 1; \
+	  else echo "== Python $$minor: no .venv-py$$minor (bootstrap found no interpreter): skipped"; fi; \
+	done
+	@echo "== NVIDIA image environments (tests/data/images)"
+	@.venv/bin/python -m pytest -m image_env $(PYTEST_ARGS)
 serve: bootstrap
 	@.venv/bin/trtllm-truss serve .
 validate: bootstrap

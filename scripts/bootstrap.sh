@@ -2,7 +2,8 @@
 # Installs everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
 # system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server),
 # .venv with the pinned lock (CPU torch) and this package in editable mode,
-# .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's).
+# .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's),
+# .venv-py3.10/.venv-py3.12/.venv-py3.13 (no torch) for the suite's torch-free tests on those Pythons.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -39,3 +40,31 @@ if [ "$(cat .venv-olah/.stamp 2>/dev/null)" != "$want" ]; then
   quiet_pip .venv-olah/bin/python -m pip install -q --disable-pip-version-check -r requirements/olah.txt
   echo "$want" > .venv-olah/.stamp
 fi
+
+# Interpreter for another Python minor version: pyenv's (the machine image has them), else pythonX.Y on PATH.
+python_for() {
+  local minor=$1 root=${PYENV_ROOT:-$HOME/.pyenv} candidate
+  for candidate in $(ls -d "$root"/versions/"$minor".* 2>/dev/null | sort -V -r); do
+    [ -x "$candidate/bin/python$minor" ] && { echo "$candidate/bin/python$minor"; return; }
+  done
+  command -v "python$minor" || true
+}
+
+# One venv per extra Python: its own lock (no torch: the CPU wheel here is for 3.11 only, and an
+# unpinned torch would pull GBs of CUDA). SKIP_EXTRA_PYTHONS=1 leaves them out.
+for minor in ${EXTRA_PYTHONS-3.10 3.12 3.13}; do
+  [ "${SKIP_EXTRA_PYTHONS:-0}" = 1 ] && break
+  venv=.venv-py$minor
+  want=$(stamp_of "requirements/lock-py$minor.txt" pyproject.toml)
+  [ "$(cat "$venv/.stamp" 2>/dev/null)" = "$want" ] && continue
+  interpreter=$(python_for "$minor")
+  if [ -z "$interpreter" ]; then
+    echo "bootstrap: no Python $minor found (pyenv or python$minor on PATH); its test run will be skipped" >&2
+    continue
+  fi
+  echo "bootstrap: installing $venv (Python $minor, no torch)"
+  [ -x "$venv/bin/python" ] || "$interpreter" -m venv "$venv"
+  quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "requirements/lock-py$minor.txt"
+  quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  echo "$want" > "$venv/.stamp"
+done

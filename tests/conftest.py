@@ -1,2 +1,45 @@
 """Puts tests/ on sys.path (pytest does so for a folder holding a conftest.py), so test data modules
 shared by unit and integration tests, such as edge_case_texts, can be imported from both."""
+
+import importlib.util
+import shutil
+import sys
+
+import pytest
+
+# torch's CPU wheel is installed for Python 3.11 only (.venv); the other Pythons' venvs run the rest.
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+# nvidia-pytriton (the bundled tritonserver) needs numpy < 2, which has no Python 3.13 wheel.
+HAS_TRITONSERVER = importlib.util.find_spec("pytriton") is not None or shutil.which("tritonserver") is not None
+# Tritonservers of these fixtures run the stand-in engine, whose python-backend model imports torch.
+TORCH_FIXTURES = {"standin_triton", "synthetic_two_slot_triton", "synthetic_two_slot_relay_triton"}
+# Modules that import trtllm_truss.engine_standin (hence torch) at the top.
+TORCH_MODULES = ["unit/test_standin_engine.py", "unit/test_standin_responses.py", "unit/test_standin_sampling_words.py"]
+
+collect_ignore = [] if HAS_TORCH else TORCH_MODULES
+
+# Known on Python 3.12 only (3.10 and 3.11 pass): with nvidia-pytriton 0.7.0's 3.12 python-backend stub,
+# the tensorrt_llm_window relay's stub dies ("Stub process ... is not healthy") on its first streamed
+# request (a decoupled BLS exec from a relay thread); the session's server is then gone for the rest.
+# Not run there: each would wait out its stream timeout.
+RELAY_FIXTURES = {"echo_relay_triton", "synthetic_two_slot_relay_triton"}
+RELAY_XFAIL = pytest.mark.xfail(
+    sys.version_info[:2] == (3, 12),
+    reason="pytriton 0.7.0's Python 3.12 stub: the tensorrt_llm_window relay's stub dies (known, under investigation)",
+    run=False,  # running them costs ~9 min of stream timeouts per `make test`
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        # also fixtures requested by name through a parameter (request.getfixturevalue(layout))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        requested = set(getattr(item, "fixturenames", ())) | {v for v in params.values() if isinstance(v, str)}
+        if TORCH_FIXTURES & requested:
+            item.add_marker(pytest.mark.torch)
+        if RELAY_FIXTURES & requested:
+            item.add_marker(RELAY_XFAIL)
+        if not HAS_TORCH and item.get_closest_marker("torch"):
+            item.add_marker(pytest.mark.skip(reason="needs torch, which is installed for Python 3.11 only"))
+        elif not HAS_TRITONSERVER and item.get_closest_marker("triton"):
+            item.add_marker(pytest.mark.skip(reason="no tritonserver: nvidia-pytriton does not install on this Python"))

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("validate", "build", "serve", "predict", "bench")
+COMMANDS = ("init", "validate", "build", "serve", "predict", "bench")
 
 
 def _command_module(name: str):

@@ -396,8 +396,7 @@ class EnsembleClient:
             if finished:  # close our side and let Triton end the stream normally
                 try:
                     await call.done_writing()
-                    async with asyncio.timeout(STREAM_CLOSE_TIMEOUT_S):  # no extra task, unlike wait_for
-                        await call.code()
+                    await asyncio.wait_for(call.code(), STREAM_CLOSE_TIMEOUT_S)  # asyncio.timeout is 3.11+
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
                     pass
             # A no-op once the call has completed; otherwise this is what tells Triton to cancel.

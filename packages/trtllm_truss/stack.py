@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import TypeVar
 
 from trtllm_truss.plan import ServingPlan
 from trtllm_truss.probe import RuntimeFacts
@@ -20,6 +20,8 @@ from trtllm_truss.supervisor import TritonPorts, TritonServer
 from trtllm_truss.tritonserver_install import locate_tritonserver
 
 logger = logging.getLogger(__name__)
+# `typing.Self` is Python 3.11+; the package supports 3.10.
+_StackT = TypeVar("_StackT", bound="RunningStack")
 
 # Called with a short description of each stage as it starts (e.g. to drive a spinner).
 ProgressCallback = Callable[[str], None]
@@ -44,7 +46,7 @@ class RunningStack:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
             self._scratch_dir = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self: _StackT) -> _StackT:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, TypeVar
 
 from trtllm_truss import child_env
 from trtllm_truss.tritonserver_install import (
@@ -45,6 +45,8 @@ from trtllm_truss.tritonserver_install import (
 )
 
 logger = logging.getLogger(__name__)
+# `typing.Self` is Python 3.11+; the package supports 3.10.
+_ServerT = TypeVar("_ServerT", bound="TritonServer")
 triton_log = logging.getLogger("trtllm_truss.tritonserver")
 
 LOOPBACK = "127.0.0.1"
@@ -607,7 +609,7 @@ class TritonServer:
         if self._owns_work_dir and self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
 
-    def __enter__(self) -> Self:
+    def __enter__(self: _ServerT) -> _ServerT:
         self.start()
         try:
             self.wait_ready()

@@ -27,6 +27,7 @@ def test_malformed_json_request_is_rejected_before_loading():
 
 
 @pytest.mark.triton
+@pytest.mark.torch  # the embedded default runs the stand-in engine
 @pytest.mark.slow
 def test_predict_brings_the_stack_up_answers_and_stops():
     result = _run(

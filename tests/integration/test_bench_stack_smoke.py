@@ -9,7 +9,7 @@ import pytest
 
 from trtllm_truss.cli import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(120)]
 
 
 def test_bench_compare_engine_and_ensemble(tmp_path, monkeypatch, capsys):

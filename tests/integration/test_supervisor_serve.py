@@ -17,7 +17,7 @@ import pytest
 import yaml
 from trtllm_truss.supervisor import choose_free_ports
 
-pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]  # serves the embedded default (stand-in engine)
 
 ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_MODEL = ROOT / "data" / "embedded-llama"

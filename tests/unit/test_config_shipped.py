@@ -68,9 +68,12 @@ def test_examples_match_their_brief():
     assert mixtral.trt_llm.tensor_parallel_count == 4 and str(mixtral.accelerator) == "H100:4"
 
 
-def _lock_pins() -> dict[str, str]:
+def _lock_pins(python_version: str = "py311") -> dict[str, str]:
+    """Pins of the lock for a truss `python_version` (py311: lock.txt; py310: lock-py3.10.txt ...)."""
+    minor = f"3.{python_version.removeprefix('py3')}"
+    name = "lock.txt" if minor == "3.11" else f"lock-py{minor}.txt"
     pins = {}
-    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+    for line in (ROOT / "requirements" / name).read_text().splitlines():
         match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;#]+)", line.strip())
         if match:
             pins[match.group(1).lower().replace("_", "-")] = match.group(2)
@@ -79,12 +82,13 @@ def _lock_pins() -> dict[str, str]:
 
 @pytest.mark.parametrize("truss_dir", SHIPPED, ids=IDS)
 def test_requirements_are_pinned_to_the_lock(truss_dir: Path):
-    pins = _lock_pins()
-    for requirement in yaml.safe_load((truss_dir / "config.yaml").read_text()).get("requirements", []):
+    truss_config = yaml.safe_load((truss_dir / "config.yaml").read_text())
+    pins = _lock_pins(truss_config["python_version"])
+    for requirement in truss_config.get("requirements", []):
         match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)$", requirement)
         assert match, f"{requirement!r} is not an exact pin"
         name = match.group(1).lower().replace("_", "-")
-        assert pins.get(name) == match.group(2), f"{requirement} differs from requirements/lock.txt ({pins.get(name)})"
+        assert pins.get(name) == match.group(2), f"{requirement} differs from the lock of {truss_config['python_version']} ({pins.get(name)})"
 
 
 def _all_keys(model=TrtLlmConfig, prefix=()):

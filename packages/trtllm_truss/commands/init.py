@@ -1,0 +1,175 @@
+"""`trtllm-truss init DIR`: write a new, complete truss folder ready for `truss push DIR`.
+
+The folder holds config.yaml (from one of `examples/`, with the common choices applied from flags),
+model/model.py, packages/trtllm_truss (which truss copies to /packages and puts on sys.path) and a
+.truss_ignore that keeps caches out of the upload. Nothing of the development repository (tests,
+docs, venvs) is copied, so the upload is the served code only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HELP = "write a new truss folder (config.yaml, model/, packages/, .truss_ignore) for `truss push`"
+
+# The development repository this package lives in: model/model.py and examples/ come from it.
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+EXAMPLES_DIR = REPO_ROOT / "examples"
+MODEL_PY = REPO_ROOT / "model" / "model.py"
+
+DEFAULT_BUILD_EXAMPLE = "llama3-8b-fp8-h100"
+DEFAULT_SERVE_EXAMPLE = "llama3-70b-engine-tp2-h100"
+
+# truss's .truss_ignore replaces its built-in list, so the useful part of that list comes first.
+TRUSS_IGNORE = """\
+# What `truss push` leaves out (this file replaces truss's built-in list).
+__pycache__/
+*.py[cod]
+*.egg-info/
+.pytest_cache/
+.mypy_cache/
+.ruff_cache/
+.cache
+.env
+.venv
+.venv*/
+.git
+*.log
+*.tmp
+*.swp
+tests/
+docs/
+"""
+
+_COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache")
+
+
+class InitError(Exception):
+    """A choice that cannot make a valid truss; the message names the flag."""
+
+
+def available_examples() -> list[str]:
+    return sorted(p.parent.name for p in EXAMPLES_DIR.glob("*/config.yaml"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("truss_dir", type=Path, help="folder to create (must not exist or be empty)")
+    parser.add_argument(
+        "--from",
+        dest="example",
+        help=f"start from this example of examples/ ({', '.join(available_examples()) or 'none found'});"
+        f" default {DEFAULT_BUILD_EXAMPLE}, or {DEFAULT_SERVE_EXAMPLE} with --engine-repository",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint-repository", help="build from this Hugging Face checkpoint repository")
+    source.add_argument("--engine-repository", help="serve this prebuilt engine repository (no build)")
+    parser.add_argument("--tokenizer-repository", help="tokenizer of a prebuilt engine (default: kept from the example)")
+    parser.add_argument("--architecture", help="build.base_model_architecture (llama, mistral, mixtral, qwen, ...)")
+    parser.add_argument("--quantization", help="build.quantization_type (no_quant, fp8, weights_int8, ...)")
+    parser.add_argument("--accelerator", help="resources.accelerator, e.g. H100, H100:2, A100:4")
+    parser.add_argument("--name", help="model_name (default: the folder's name)")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty folder")
+
+
+def _example_config(name: str) -> dict[str, Any]:
+    path = EXAMPLES_DIR / name / "config.yaml"
+    if not path.is_file():
+        raise InitError(f"--from {name}: no such example; choose one of {', '.join(available_examples())}")
+    return yaml.safe_load(path.read_text())
+
+
+def _tensor_parallel(accelerator: str) -> int:
+    _, _, count = accelerator.partition(":")
+    if count and not count.isdigit():
+        raise InitError(f"--accelerator {accelerator}: expected GPU[:COUNT], e.g. H100 or H100:2")
+    return int(count or 1)
+
+
+def build_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The example's config with the flags applied (the trt_llm section is validated afterwards)."""
+    serve = args.engine_repository is not None
+    example = args.example or (DEFAULT_SERVE_EXAMPLE if serve else DEFAULT_BUILD_EXAMPLE)
+    config = _example_config(example)
+    section = config.setdefault("model_metadata", {}).setdefault("trt_llm", {})
+    config["model_name"] = args.name or args.truss_dir.resolve().name
+
+    if args.checkpoint_repository is not None and "build" not in section:
+        raise InitError(f"--checkpoint-repository: example {example} serves a prebuilt engine; use --from with a build example")
+    if serve and "serve" not in section:
+        raise InitError(f"--engine-repository: example {example} builds an engine; use --from with a serving example")
+    if serve and (args.architecture or args.quantization):
+        raise InitError("--architecture/--quantization describe a build; a prebuilt engine (--engine-repository) has them fixed")
+    if args.tokenizer_repository and "serve" not in section:
+        raise InitError("--tokenizer-repository applies to a prebuilt engine (serve); a build uses its checkpoint's tokenizer")
+
+    build = section.get("build")
+    if build is not None:
+        if args.checkpoint_repository:
+            build["huggingface_ckpt_repository"] = args.checkpoint_repository
+        if args.architecture:
+            build["base_model_architecture"] = args.architecture
+        if args.quantization:
+            build["quantization_type"] = args.quantization
+    served = section.get("serve")
+    if served is not None:
+        if args.engine_repository:
+            served["engine_repository"] = args.engine_repository
+        if args.tokenizer_repository:
+            served["tokenizer_repository"] = args.tokenizer_repository
+    if args.accelerator:
+        config.setdefault("resources", {})["accelerator"] = args.accelerator
+        # one engine rank per GPU: the parallel layout follows the accelerator count
+        parallel = served if served is not None else build
+        tensor_parallel = _tensor_parallel(args.accelerator) // int(parallel.get("pipeline_parallel_count", 1) or 1)
+        parallel["tensor_parallel_count"] = max(tensor_parallel, 1)
+    return config
+
+
+def write_truss(truss_dir: Path, config: dict[str, Any], *, force: bool = False) -> list[Path]:
+    """Write the folder; returns the files written (relative to `truss_dir`)."""
+    if truss_dir.exists() and any(truss_dir.iterdir()) and not force:
+        raise InitError(f"{truss_dir} exists and is not empty (--force writes into it)")
+    if not MODEL_PY.is_file():
+        raise InitError(f"{MODEL_PY} is missing: run init from a checkout of trtllm-truss (pip install -e .)")
+    truss_dir.mkdir(parents=True, exist_ok=True)
+    (truss_dir / "model").mkdir(exist_ok=True)
+    shutil.copy2(MODEL_PY, truss_dir / "model" / "model.py")
+    target = truss_dir / "packages" / PACKAGE_DIR.name
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(PACKAGE_DIR, target, ignore=_COPY_IGNORE)
+    header = (
+        f"# Made by `trtllm-truss init`. Edit model_metadata.trt_llm (docs/configuration.md of trtllm-truss),\n"
+        f"# then `truss push {truss_dir.name}`. Store the Hugging Face token as the hf_access_token secret.\n"
+    )
+    (truss_dir / "config.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
+    (truss_dir / ".truss_ignore").write_text(TRUSS_IGNORE)
+    return sorted(p.relative_to(truss_dir) for p in truss_dir.rglob("*") if p.is_file())
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtllm_truss.config import ConfigError, load_config
+
+    try:
+        config = build_config(args)
+        files = write_truss(args.truss_dir, config, force=args.force)
+    except InitError as exc:
+        print(f"trtllm-truss init: {exc}", file=sys.stderr)
+        return 2
+    try:
+        resolved = load_config(args.truss_dir, environ={})
+    except ConfigError as exc:  # a flag value our schema refuses: name the key, keep the folder to edit
+        print(f"trtllm-truss init: {args.truss_dir / 'config.yaml'} was written but does not validate:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.truss_dir} ({len(files)} files; {resolved.trt_llm.mode} mode, accelerator {resolved.accelerator})")
+    print(f"next: edit {args.truss_dir / 'config.yaml'}, then `truss push {args.truss_dir}`")
+    return 0
