@@ -149,6 +149,10 @@ class LLMService:
         self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
         try:
+            from trtllm_truss.tokenizer import ensure_tokenizer_json
+
+            # A sentencepiece-only tokenizer is converted once here, not by every worker.
+            ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
             progress("starting the stream workers")
             self._pool = stream_pool(plan, self._stack.server.grpc_url)
             self._pool.start()
@@ -398,6 +402,7 @@ class LLMService:
             messages=None if messages is None else tuple((m.role, m.text()) for m in messages),
             prompt_field=prompt_field,
             keep_stop_text=keep_stop_text,
+            literal_special_tokens=getattr(req, "literal_special_tokens", True),
         )
 
     async def _open(self, spec: GenerationSpec, http_request: Request | None) -> tuple[ResponseStream, str | None]:
@@ -474,6 +479,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         max_output_len=plan.max_output_len,
         engine_model=ENGINE,
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
+        trust_remote_code=runtime.trust_remote_code,
     )
     queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return StreamPool(

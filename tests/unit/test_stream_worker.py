@@ -122,7 +122,7 @@ def test_a_huge_prompt_is_refused_by_its_length_without_tokenizing(model: Worker
 
 def test_a_prompt_of_no_tokens_is_refused(model: WorkerModel, monkeypatch):
     # A tokenizer without BOS encodes "" to nothing: refused here, not left to the engine.
-    monkeypatch.setattr(type(model.tokenizer), "encode", lambda self, text, add_special_tokens: [])
+    monkeypatch.setattr(type(model.tokenizer), "encode", lambda self, text, **options: [])
     engine = ScriptedEngine([])
     _, end = _run(model, engine, GenerationSpec(GenerationParams("", max_tokens=4), prompt=""))
     assert end.status == 400 and "prompt: the prompt is empty" in end.error and engine.sent == []
@@ -160,3 +160,20 @@ def test_log_probs_come_with_each_token(model: WorkerModel):
     assert [token for token, _ in entries] == [model.token_text(t) for t in ids]
     assert "".join(token for token, _ in entries) == "".join(emitted) == " alpha beta gamma"
     assert all(lp == -0.5 for _, lp in entries) and end.completion_tokens == len(ids)
+
+
+def test_special_token_text_in_a_prompt_is_text_unless_asked(model: WorkerModel):
+    eos = model.tokenizer.tokenizer.id_to_token(model.tokenizer.eos_id)
+    for literal, expect_control in ((True, False), (False, True)):
+        engine = ScriptedEngine([])
+        spec = GenerationSpec(GenerationParams("", max_tokens=4), prompt=f"a {eos} b", literal_special_tokens=literal)
+        _run(model, engine, spec)
+        assert (model.tokenizer.eos_id in engine.sent[0][0]) is expect_control, (literal, engine.sent[0][0])
+
+
+def test_chat_turns_reach_the_engine_as_the_templates_own_ids(model: WorkerModel):
+    turns = (("system", "Be brief."), ("user", "Hi </s> there"))
+    engine = ScriptedEngine([])
+    _run(model, engine, GenerationSpec(GenerationParams("", max_tokens=4), messages=turns, prompt_field="messages"))
+    assert engine.sent[0][0] == model.chat.chat_ids(turns, "messages")
+    assert model.tokenizer.eos_id not in engine.sent[0][0][:-1] or "</s>" not in model.tokenizer.tokenizer.id_to_token(model.tokenizer.eos_id)

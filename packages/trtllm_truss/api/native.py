@@ -43,6 +43,9 @@ class PredictRequest(SamplingFields):
     stop_words_list: WordList = Field(default_factory=list, description="generation ends at any of these")
     bad_words_list: WordList = Field(default_factory=list, description="these never appear in the output")
     stream: bool = Field(True, description="stream text chunks (true) or answer once with JSON (false)")
+    literal_special_tokens: bool = Field(
+        True, description="special-token text in `prompt` (\"</s>\") is plain text; false: it is the control token"
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> PredictRequest:

@@ -77,6 +77,9 @@ class CompletionRequest(_OpenAIRequest):
     logprobs: None = Field(None, description="log probabilities are not returned")
     best_of: int | None = Field(None, ge=1, le=1)
     suffix: None = None
+    literal_special_tokens: bool = Field(
+        True, description="special-token text in `prompt` is plain text; false: it is the control token"
+    )
 
     @field_validator("prompt")
     @classmethod

@@ -45,6 +45,7 @@ class WorkerSettings:
     # The text ensemble instead of the engine (runtime.detokenize_in: postprocessing): Triton's
     # postprocessing model decodes, the worker still matches stop strings and counts usage.
     text_ensemble: str | None = None
+    trust_remote_code: bool = False  # runtime.trust_remote_code: the tokenizer's own code may run
 
 
 class RequestError(Exception):
@@ -62,12 +63,12 @@ class WorkerModel:
         from trtllm_truss.tokenizer import load_tokenizer
 
         self.settings = settings
-        self.tokenizer = load_tokenizer(Path(settings.tokenizer_dir))
+        self.tokenizer = load_tokenizer(Path(settings.tokenizer_dir), trust_remote_code=settings.trust_remote_code)
         self._chat: Any = None  # transformers' tokenizer, for chat templates: loaded at the first chat request
         self.decoder = TokenDecoder(self.tokenizer, skip_special_tokens=True)
         # No token covers more bytes than the longest one in the vocabulary: a prompt longer than
         # max_input_len such tokens is over the limit without being tokenized.
-        self.max_token_bytes = max(1, max(len(b) for b in TokenDecoder(self.tokenizer, skip_special_tokens=False).token_bytes_table()))
+        self.max_token_bytes = TokenDecoder(self.tokenizer, skip_special_tokens=False).max_token_bytes
         self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * self.max_token_bytes
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
@@ -77,7 +78,9 @@ class WorkerModel:
         if self._chat is None:
             from trtllm_truss.api.prompt import PromptTokenizer
 
-            self._chat = PromptTokenizer.load(Path(self.settings.tokenizer_dir))
+            self._chat = PromptTokenizer.load(
+                Path(self.settings.tokenizer_dir), trust_remote_code=self.settings.trust_remote_code
+            )
         return self._chat
 
     def info(self) -> WorkerInfo:
@@ -85,7 +88,7 @@ class WorkerModel:
 
         return WorkerInfo(
             pid=os.getpid(),
-            vocab_size=self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True),
+            vocab_size=self.tokenizer.vocab_size,
             max_token_bytes=self.max_token_bytes,
         )
 
@@ -97,17 +100,23 @@ class WorkerModel:
     # --- prompt -------------------------------------------------------------------------------
 
     def prompt_text(self, spec: GenerationSpec) -> str:
+        """The prompt as text: what the byte bound measures, and what the text ensemble is sent."""
         if spec.messages is not None:
-            from trtllm_truss.api.native import ChatMessage
-
-            messages = [ChatMessage(role=role, content=text) for role, text in spec.messages]
-            try:
-                return self.chat.render_chat(messages, spec.prompt_field)
-            except HTTPException as exc:  # field_error: its detail already names the field
-                raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
+            if self.ensemble is not None:
+                return self._chat_call(self.chat.render_chat, spec)
+            return "".join(text for _, text in spec.messages)
         return spec.prompt or ""
 
+    def _chat_call(self, method: Callable, spec: GenerationSpec) -> Any:
+        try:
+            return method(spec.messages, spec.prompt_field)
+        except HTTPException as exc:  # field_error: its detail already names the field
+            raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
+
     def prompt_ids(self, spec: GenerationSpec, text: str) -> list[int]:
+        """Chat turns: exactly the ids of the model's template and tokenizer (one BOS; control-token
+        text in a message stays text). A raw prompt: BOS added as preprocessing adds it, special-token
+        text plain text unless the request asked otherwise (`literal_special_tokens`)."""
         limit = self.settings.max_input_len
         if len(text) > self.max_prompt_bytes or len(text.encode("utf-8")) > self.max_prompt_bytes:
             raise RequestError(
@@ -115,7 +124,12 @@ class WorkerModel:
                 f"the prompt is over {limit} tokens, this deployment's max_input_len (refused by its length"
                 f" of {len(text)} characters without tokenizing it)",
             )
-        ids = self.tokenizer.encode(text, add_special_tokens=True)
+        if spec.messages is not None:
+            ids = self._chat_call(self.chat.chat_ids, spec)
+        else:
+            ids = self.tokenizer.encode(
+                text, add_special_tokens=True, literal_special_tokens=spec.literal_special_tokens
+            )
         if len(ids) > limit:
             raise RequestError(
                 spec.prompt_field, f"the prompt is {len(ids)} tokens, above this deployment's max_input_len ({limit})"
