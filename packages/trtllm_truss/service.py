@@ -52,6 +52,7 @@ from trtllm_truss.api.openai import (
 )
 from trtllm_truss.api.sampling import resolve_max_tokens, to_generation_params
 from trtllm_truss.api.sse import ChunkTemplate
+from trtllm_truss.metrics import ServingMetrics
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool, default_worker_count
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
@@ -93,13 +94,58 @@ def error_response(status: int, message: str, *, openai: bool, headers: Mapping[
 
 
 class _Refused(Exception):
-    """A request answered with an error before any text (carries the response to send)."""
+    """A request answered with an error before any text (carries the response to send).
+    `counted`: its stream already reported the outcome to the metrics."""
 
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, headers: Mapping[str, str] | None = None, *, counted: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.counted = counted
+
+
+_METRICS: ServingMetrics | None = None
+
+
+def serving_metrics() -> ServingMetrics:
+    """The process's one set of request metrics on truss's `/metrics` (registered once)."""
+    global _METRICS
+    if _METRICS is None:
+        _METRICS = ServingMetrics(model_name=SERVED_MODEL_NAME)
+    return _METRICS
+
+
+class _MetricsListener:
+    """Reports each stream's start (first text) and outcome; the truss thread does this once per
+    request, never per token (inter-token gaps come bucketed from the worker)."""
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self.metrics = metrics
+
+    def stream_started(self, stream: ResponseStream) -> None:
+        self.metrics.request_started()
+
+    def stream_closed(self, stream: ResponseStream) -> None:
+        end = stream.end
+        if end is None:
+            status = "abort"  # the client left (or the request was cancelled) before the end
+        elif end.error is not None:
+            status = str(end.status or 503)
+        else:
+            status = end.finish_reason or "stop"
+        first = stream.first_text_at
+        self.metrics.request_finished(
+            status,
+            end.prompt_tokens if end else 0,
+            end.completion_tokens if end else 0,
+            None if first is None else first - stream.opened_at,
+            end.itl if end is not None and end.itl is not None else (),
+            e2e_s=time.monotonic() - stream.opened_at,
+            was="running" if first is not None else "waiting",
+        )
 
 
 async def _answered(handling: Awaitable[Any], *, openai: bool) -> Any:
@@ -107,8 +153,11 @@ async def _answered(handling: Awaitable[Any], *, openai: bool) -> Any:
     try:
         return await handling
     except _Refused as exc:
+        if not exc.counted:
+            serving_metrics().request_finished(str(exc.status), was="none")
         return error_response(exc.status, exc.message, openai=openai, headers=exc.headers)
     except HTTPException as exc:
+        serving_metrics().request_finished(str(exc.status_code), was="none")
         return error_response(exc.status_code, str(exc.detail), openai=openai)
 
 
@@ -132,6 +181,7 @@ class LLMService:
         self._pool: StreamPool | None = None
         self._limits: RequestLimits | None = None
         self._engine_probe: Any = None
+        self._listener = _MetricsListener(serving_metrics())
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -411,6 +461,8 @@ class LLMService:
         while waiting cancels the request."""
         try:
             stream = await self.pool.submit(spec)
+            stream.listener = self._listener
+            self._listener.metrics.request_queued()
         except PoolBusy as exc:
             raise _Refused(429, f"too many requests in flight ({exc}); retry shortly", {"Retry-After": str(RETRY_AFTER_S)})
         except PoolUnavailable:
@@ -423,7 +475,7 @@ class LLMService:
         end = stream.end
         if first is None and end is not None and end.error is not None:
             stream.close()
-            raise _Refused(end.status or 503, end.error)
+            raise _Refused(end.status or 503, end.error, counted=True)
         return stream, first
 
     async def _collect(
@@ -442,7 +494,7 @@ class LLMService:
         end = stream.end
         assert end is not None
         if end.error is not None:
-            raise _Refused(end.status or 503, end.error)
+            raise _Refused(end.status or 503, end.error, counted=True)
         return text, end
 
 

@@ -457,3 +457,52 @@ def test_stop_strings_match_the_text_and_end_the_generation(http: httpx.Client, 
         assert choice["text"] == text[:5] and choice["finish_reason"] == "stop", (answer, stop)
         completion = answer["usage"]["completion_tokens"]
     assert completion < 24, answer  # the engine stopped: the hidden rest was neither generated nor counted
+
+
+def _serving_metrics(server: TrussServer) -> dict[str, float]:
+    """The trtllm_* samples on truss's own /metrics, by name (labels summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    # truss mounts prometheus_client's app at /metrics (it redirects to /metrics/)
+    for family in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=10, follow_redirects=True).text):
+        for sample in family.samples:
+            if sample.name.startswith("trtllm_"):
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def test_metrics_count_every_request_and_match_usage(http: httpx.Client, server: TrussServer):
+    before = _serving_metrics(server)
+    usages = []
+    for i in range(10):
+        body = {"prompt": f"Count me {i}", "max_tokens": 3 + i % 3, "ignore_eos": True, "stream": i % 2 == 0}
+        if body["stream"]:
+            with http.stream("POST", PREDICT, json=body) as response:
+                assert response.status_code == 200
+                "".join(response.iter_text())
+            usages.append(None)
+        else:
+            answer = http.post(PREDICT, json=body)
+            assert answer.status_code == 200, answer.text
+            usages.append(answer.json()["usage"])
+    refused = http.post(PREDICT, json={"prompt": "x", "max_tokens": MAX_OUTPUT_LEN + 1})
+    assert refused.status_code == 400
+    after = poll(
+        lambda: (m := _serving_metrics(server)).get("trtllm_time_to_first_token_seconds_count", 0)
+        - before.get("trtllm_time_to_first_token_seconds_count", 0) >= 10 and m,
+        timeout_s=10,
+        what="10 requests in the TTFT histogram",
+    )
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert grew("trtllm_time_to_first_token_seconds_count") == 10
+    assert grew("trtllm_request_success_total") == 10
+    assert grew("trtllm_request_error_total") == 1  # the 400
+    counted = [u for u in usages if u is not None]
+    streamed_tokens = sum(3 + i % 3 for i in range(0, 10, 2))  # ignore_eos: exactly max_tokens each
+    assert grew("trtllm_generation_tokens_total") == sum(u["completion_tokens"] for u in counted) + streamed_tokens
+    assert grew("trtllm_prompt_tokens_total") >= sum(u["prompt_tokens"] for u in counted)
+    assert after.get("trtllm_num_requests_running", 0) == 0 and after.get("trtllm_num_requests_waiting", 0) == 0

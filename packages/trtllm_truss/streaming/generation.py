@@ -20,6 +20,7 @@ from fastapi import HTTPException
 from trtllm_truss.api.stops import StopSequenceTrimmer
 from trtllm_truss.client import EngineClient, EnsembleClient, UpstreamError
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.metrics import ItlAccumulator
 from trtllm_truss.preprocess import word_list_tensor
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
 
@@ -162,6 +163,8 @@ class WorkerModel:
         stops = StopSequenceTrimmer(params.stop_words, keep_stop=spec.keep_stop_text)
         started = time.monotonic()
         ttft: float | None = None
+        last_text_at = 0.0
+        gaps = ItlAccumulator()
         completion = 0
         if params.return_log_probs and self.ensemble is not None:
             raise RequestError("logprobs", "not available with runtime.detokenize_in: postprocessing (no token ids)")
@@ -171,8 +174,13 @@ class WorkerModel:
                 completion += tokens
                 out = stops.feed(piece)
                 if out or log_probs:
-                    if ttft is None and out:
-                        ttft = time.monotonic() - started
+                    if out:
+                        now = time.monotonic()
+                        if ttft is None:
+                            ttft = now - started
+                        else:
+                            gaps.add(now - last_text_at)
+                        last_text_at = now
                     emit(out, log_probs)
                 if stops.stopped:
                     break  # closing the stream cancels the engine request: nothing more is generated
@@ -180,7 +188,9 @@ class WorkerModel:
         if tail:
             emit(tail, None)
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
-        return StreamEnd(finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, ttft_s=ttft)
+        return StreamEnd(
+            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, ttft_s=ttft, itl=gaps.summary()
+        )
 
     async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""

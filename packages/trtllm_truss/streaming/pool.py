@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from typing import Protocol
 
 from trtllm_truss.streaming.generation import WorkerSettings
 from trtllm_truss.streaming.protocol import FrameReader, GenerationSpec, StreamEnd, WorkerInfo, encode_frame
@@ -48,11 +49,22 @@ def default_worker_count(cpu_count: int | None = None) -> int:
     return max(1, min(8, cpus // 2))
 
 
+class StreamListener(Protocol):
+    """Told when a stream's first text is read and when the HTTP side closes it (metrics)."""
+
+    def stream_started(self, stream: ResponseStream) -> None: ...
+
+    def stream_closed(self, stream: ResponseStream) -> None: ...
+
+
 class ResponseStream:
     """One request's text as its worker sends it. `next_text()` returns everything that arrived since
     the last call (None once the request has ended and all text was read); `end` says how it ended."""
 
-    __slots__ = ("rid", "_worker", "_parts", "_log_probs", "end", "_waiter", "_closed", "_last_text_at")
+    __slots__ = (
+        "rid", "_worker", "_parts", "_log_probs", "end", "_waiter", "_closed", "_last_text_at",
+        "opened_at", "first_text_at", "listener",
+    )
 
     def __init__(self, rid: int, worker: _Worker) -> None:
         self.rid = rid
@@ -63,6 +75,9 @@ class ResponseStream:
         self._waiter: asyncio.Future | None = None
         self._closed = False
         self._last_text_at = 0.0
+        self.opened_at = time.monotonic()
+        self.first_text_at: float | None = None
+        self.listener: StreamListener | None = None
 
     def _deliver(self, text: str, log_probs: list | None, end: StreamEnd | None) -> None:
         if text:
@@ -92,6 +107,10 @@ class ResponseStream:
             if due > loop.time():
                 await asyncio.sleep(due - loop.time())
         self._last_text_at = loop.time()
+        if self.first_text_at is None:
+            self.first_text_at = time.monotonic()
+            if self.listener is not None:
+                self.listener.stream_started(self)
         parts, self._parts = self._parts, []
         return parts[0] if len(parts) == 1 else "".join(parts)
 
@@ -107,6 +126,8 @@ class ResponseStream:
         self._closed = True
         self._worker.pool.open_streams -= 1
         self._worker.forget(self)
+        if self.listener is not None:
+            self.listener.stream_closed(self)
 
 
 class _WorkerProtocol(asyncio.Protocol):

@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from trtllm_truss.client import GenerationParams
+from trtllm_truss.metrics import ItlSummary
 
 _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
@@ -44,6 +45,7 @@ class StreamEnd:
     error: str | None = None
     status: int | None = None
     ttft_s: float | None = None  # engine request sent -> first text, measured in the worker
+    itl: ItlSummary | None = None  # the gaps between the request's pieces of text, bucketed
 
 
 @dataclass(frozen=True)
