@@ -64,7 +64,7 @@ def test_requests_beyond_max_in_flight_are_refused_and_a_bad_prompt_is_the_clien
 
     ends, in_flight = asyncio.run(run())
     assert all(end.status == 400 and "prompt:" in end.error for end in ends), ends
-    assert in_flight == 0
+    assert in_flight == 0 and pool.open_streams == 0
 
 
 def test_stop_ends_every_worker_process():

@@ -339,8 +339,9 @@ class StreamPool:
         return any(w.running for w in self._workers)
 
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
-        if self.in_flight >= self.max_in_flight:
-            raise PoolBusy(f"{self.in_flight} requests in flight, the limit is {self.max_in_flight}")
+        # Counted until the HTTP side closes the stream: a request is admitted until its answer is out.
+        if self.open_streams >= self.max_in_flight:
+            raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
         candidates = []
         for worker in self._workers:
             if worker.running:
