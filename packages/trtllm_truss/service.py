@@ -386,18 +386,15 @@ class LLMService:
                 ChatCompletionChunk(**envelope, choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
             )
 
+        def closing(end: StreamEnd) -> list[bytes]:
+            events = [chunk(ChatDelta(), end.finish_reason)]
+            if req.wants_usage_chunk():
+                events.append(sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_usage(end))))
+            return events
+
         yield chunk(ChatDelta(role="assistant", content=""))
-        async for text, end in _texts_then_end(stream, first):
-            if end is None:
-                yield template.event(text)
-            elif end.error is not None:
-                logger.warning("stream ended by an error: %s", end.error)
-                yield sse_error(end.error)
-            else:
-                yield chunk(ChatDelta(), end.finish_reason)
-                if req.wants_usage_chunk():
-                    yield sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_usage(end)))
-                yield SSE_DONE
+        async for event in _sse_events(stream, first, template, closing):
+            yield event
 
     async def _completion_sse(
         self, stream: ResponseStream, first: str | None, req: CompletionRequest, model: str
@@ -406,17 +403,15 @@ class LLMService:
         template = ChunkTemplate(
             Completion(**envelope, choices=[CompletionChoice(text=ChunkTemplate.mark(), finish_reason=None)])
         )
-        async for text, end in _texts_then_end(stream, first):
-            if end is None:
-                yield template.event(text)
-            elif end.error is not None:
-                logger.warning("stream ended by an error: %s", end.error)
-                yield sse_error(end.error)
-            else:
-                yield sse_event(Completion(**envelope, choices=[CompletionChoice(text="", finish_reason=end.finish_reason)]))
-                if req.wants_usage_chunk():
-                    yield sse_event(Completion(**envelope, choices=[], usage=_usage(end)))
-                yield SSE_DONE
+
+        def closing(end: StreamEnd) -> list[bytes]:
+            events = [sse_event(Completion(**envelope, choices=[CompletionChoice(text="", finish_reason=end.finish_reason)]))]
+            if req.wants_usage_chunk():
+                events.append(sse_event(Completion(**envelope, choices=[], usage=_usage(end))))
+            return events
+
+        async for event in _sse_events(stream, first, template, closing):
+            yield event
 
     # --- shared steps ----------------------------------------------------------------------------
 
@@ -496,6 +491,23 @@ class LLMService:
         if end.error is not None:
             raise _Refused(end.status or 503, end.error, counted=True)
         return text, end
+
+
+async def _sse_events(
+    stream: ResponseStream, first: str | None, template: ChunkTemplate, closing: Callable[[StreamEnd], list[bytes]]
+) -> AsyncIterator[bytes]:
+    """An OpenAI stream's events: a chunk per piece of text, then `closing(end)` and `[DONE]`, or an
+    `event: error` (and no `[DONE]`) when the request failed mid-stream."""
+    async for text, end in _texts_then_end(stream, first):
+        if end is None:
+            yield template.event(text)
+        elif end.error is not None:
+            logger.warning("stream ended by an error: %s", end.error)
+            yield sse_error(end.error)
+        else:
+            for event in closing(end):
+                yield event
+            yield SSE_DONE
 
 
 async def _texts_then_end(stream: ResponseStream, first: str | None) -> AsyncIterator[tuple[str, StreamEnd | None]]:
