@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import HTTPException, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from trtllm_truss.api.errors import from_validation_error
+from trtllm_truss.api.errors import error_response, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
 from trtllm_truss.api.openai import (
@@ -81,16 +81,6 @@ def parse_request(model: type[RequestModel], body: Any) -> RequestModel:
         return model.model_validate(body)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
-
-
-def error_response(status: int, message: str, *, openai: bool, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """The error body truss itself gives an HTTPException (`{"error": detail}`); OpenAI clients read
-    `{"error": {"message": ...}}`. Returned rather than raised: truss logs a traceback per raised one."""
-    detail: Any = message
-    if openai:
-        error_type = "invalid_request_error" if status < 500 else "server_error"
-        detail = {"message": message, "type": error_type, "param": None, "code": status}
-    return JSONResponse(status_code=status, content={"error": detail}, headers=dict(headers or {}))
 
 
 class _Refused(Exception):

@@ -391,7 +391,8 @@ def test_requests_beyond_the_admission_limit_get_429_with_retry_after(slow_serve
     limit = MAX_BATCH_SIZE + QUEUED_BEYOND_BATCH
 
     async def one(client: httpx.AsyncClient) -> tuple[int, str | None]:
-        body = {"prompt": "Wait your turn", "max_tokens": 40, "ignore_eos": True, "stream": False}
+        # 200 tokens at 20 ms a step: each request holds its slot ~4 s, so all of them overlap
+        body = {"prompt": "Wait your turn", "max_tokens": 200, "ignore_eos": True, "stream": False}
         answer = await client.post(PREDICT, json=body)
         return answer.status_code, answer.headers.get("retry-after")
 

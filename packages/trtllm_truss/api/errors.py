@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
@@ -62,7 +63,9 @@ def from_validation_error(exc: ValidationError) -> HTTPException:
     return HTTPException(status_code=SCHEMA_ERROR_STATUS, detail=encodable("invalid request: " + "; ".join(problems)))
 
 
-def error_response(status: int, message: str, *, openai: bool) -> JSONResponse:
+def error_response(
+    status: int, message: str, *, openai: bool, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     """The body truss itself gives an HTTPException, `{"error": message}`, or on the OpenAI routes
     OpenAI's `{"error": {"message": ...}}` (which the `openai` client shows). Returned rather than
     raised: truss logs a traceback for every raised one."""
@@ -70,4 +73,4 @@ def error_response(status: int, message: str, *, openai: bool) -> JSONResponse:
     if openai:
         error_type = "invalid_request_error" if status < 500 else "server_error"
         detail = {"message": detail, "type": error_type, "param": None, "code": status}
-    return JSONResponse(status_code=status, content={"error": detail})
+    return JSONResponse(status_code=status, content={"error": detail}, headers=dict(headers or {}))

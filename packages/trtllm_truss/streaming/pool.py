@@ -351,12 +351,16 @@ class StreamPool:
         if not candidates:
             raise PoolUnavailable("no stream worker is running")
         worker = min(candidates, key=lambda w: len(w.streams))
-        await worker.attach()
-        rid = next(self._rids)
-        stream = ResponseStream(rid, worker)
-        worker.send(("start", rid, spec))
+        self.open_streams += 1  # before the first await: requests arriving meanwhile see it taken
+        try:
+            await worker.attach()
+            rid = next(self._rids)
+            stream = ResponseStream(rid, worker)
+            worker.send(("start", rid, spec))
+        except BaseException:
+            self.open_streams -= 1
+            raise
         worker.streams[rid] = stream
-        self.open_streams += 1
         return stream
 
     def _restart_later(self, worker: _Worker) -> None:
