@@ -2,6 +2,7 @@
 shared by unit and integration tests, such as edge_case_texts, can be imported from both."""
 
 import importlib.util
+from pathlib import Path
 import shutil
 import sys
 
@@ -14,7 +15,9 @@ HAS_TRITONSERVER = importlib.util.find_spec("pytriton") is not None or shutil.wh
 # Tritonservers of these fixtures run the stand-in engine, whose python-backend model imports torch.
 TORCH_FIXTURES = {"standin_triton", "synthetic_two_slot_triton", "synthetic_two_slot_relay_triton"}
 # Modules that import trtllm_truss.engine_standin (hence torch) at the top.
-TORCH_MODULES = ["unit/test_standin_engine.py", "unit/test_standin_responses.py", "unit/test_standin_sampling_words.py"]
+TORCH_MODULES = sorted(
+    str(path.relative_to(Path(__file__).parent)) for path in Path(__file__).parent.glob("unit/test_standin_*.py")
+)
 
 collect_ignore = [] if HAS_TORCH else TORCH_MODULES
 
