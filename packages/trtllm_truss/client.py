@@ -619,3 +619,95 @@ class EngineClient:
                 )
                 self._stop_tasks.add(task)
                 task.add_done_callback(self._stop_tasks.discard)
+
+
+# GenerationParams field -> NVIDIA's llmapi `tensorrt_llm` input (TensorRT-LLM >= 1.0,
+# triton_backend/all_models/llmapi; names recorded in tests/data/trtllm_flags/1.0.0/llmapi_model.json).
+_LLMAPI_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
+    "max_tokens": ("sampling_param_max_tokens", "INT32", "int_contents"),
+    "temperature": ("sampling_param_temperature", "FP32", "fp32_contents"),
+    "top_p": ("sampling_param_top_p", "FP32", "fp32_contents"),
+    "top_k": ("sampling_param_top_k", "INT32", "int_contents"),
+    "random_seed": ("sampling_param_seed", "UINT64", "uint64_contents"),
+    "presence_penalty": ("sampling_param_presence_penalty", "FP32", "fp32_contents"),
+    "frequency_penalty": ("sampling_param_frequency_penalty", "FP32", "fp32_contents"),
+}
+# What the llmapi model has no input for: a request that sets one is refused, never silently changed.
+LLMAPI_UNSUPPORTED = ("end_id", "pad_id", "repetition_penalty", "length_penalty", "min_length", "beam_width", "return_log_probs")
+
+
+def build_llmapi_request(text: str, params: GenerationParams, request_id: str, *, model_name: str = ENGINE_MODEL, stop: bool = False) -> service_pb2.ModelInferRequest:
+    """A streaming request for NVIDIA's llmapi model (`max_batch_size: 0`: no batch dimension)."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    request.outputs.add(name=TEXT_OUTPUT)
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text.encode("utf-8"))
+    if stop:
+        request.inputs.add(name="stop", datatype="BOOL", shape=[1]).contents.bool_contents.append(True)
+        return request
+    for name, flag in (("streaming", True), ("sampling_param_exclude_input_from_output", True)):
+        request.inputs.add(name=name, datatype="BOOL", shape=[1]).contents.bool_contents.append(flag)
+    for name, (tensor_name, datatype, contents_field) in _LLMAPI_SCALAR_INPUTS.items():
+        value = getattr(params, name)
+        if value is not None:
+            getattr(request.inputs.add(name=tensor_name, datatype=datatype, shape=[1]).contents, contents_field).append(value)
+    return request
+
+
+class LlmApiClient:
+    """Streams text from NVIDIA's llmapi model, which takes text and answers text: each streamed
+    `text_output` holds all the text generated so far (the LLM API accumulates it), so this yields
+    what is new in each response. Leaving early cancels the call and sends NVIDIA's `stop`."""
+
+    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL) -> None:
+        self.grpc_url = grpc_url
+        self.model_name = model_name
+        self._ensemble = EnsembleClient(grpc_url, model_name=model_name)
+        self._stop_tasks: set[asyncio.Task] = set()
+
+    async def close(self) -> None:
+        await self._ensemble.close()
+
+    async def generate_text(self, text: str, params: GenerationParams) -> AsyncIterator[str]:
+        request = build_llmapi_request(text, params, uuid.uuid4().hex, model_name=self.model_name)
+        stub = self._ensemble._triton()._client_stub
+        call = stub.ModelStreamInfer(wait_for_ready=False)
+        sent = ""
+        finished = False
+        try:
+            await call.write(request)
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    raise UpstreamError("the engine closed the stream before the request finished")
+                if message.error_message:
+                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
+                response = message.infer_response
+                for output, raw in zip(response.outputs, response.raw_output_contents):
+                    if output.name == TEXT_OUTPUT:
+                        total = _text_of(raw)
+                        if total.startswith(sent) and len(total) > len(sent):
+                            new, sent = total[len(sent) :], total
+                            yield new
+                final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
+                if final is not None and final.bool_param:
+                    finished = True
+                    break
+        except grpc.aio.AioRpcError as exc:
+            raise UpstreamError(_describe_rpc_error(self.grpc_url, exc)) from exc
+        finally:
+            call.cancel()
+            if not finished:
+                task = asyncio.get_running_loop().create_task(self._stop(request.id))
+                self._stop_tasks.add(task)
+                task.add_done_callback(self._stop_tasks.discard)
+
+    async def _stop(self, request_id: str) -> None:
+        call = self._ensemble._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
+        try:
+            await call.write(build_llmapi_request("", GenerationParams("", max_tokens=1), request_id, model_name=self.model_name, stop=True))
+            await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            logger.debug("stop request for %s not delivered: %r", request_id, exc)
+        finally:
+            call.cancel()

@@ -534,6 +534,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         engine_model=ENGINE,
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
         trust_remote_code=runtime.trust_remote_code,
+        llmapi=plan.backend == "llmapi",
     )
     queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return StreamPool(

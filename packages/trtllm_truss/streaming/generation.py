@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from trtllm_truss.api.stops import StopSequenceTrimmer
-from trtllm_truss.client import EngineClient, EnsembleClient, UpstreamError
+from trtllm_truss.client import LLMAPI_UNSUPPORTED, EngineClient, EnsembleClient, LlmApiClient, UpstreamError
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
 from trtllm_truss.metrics import ItlAccumulator
 from trtllm_truss.preprocess import word_list_tensor
@@ -47,6 +47,8 @@ class WorkerSettings:
     # postprocessing model decodes, the worker still matches stop strings and counts usage.
     text_ensemble: str | None = None
     trust_remote_code: bool = False  # runtime.trust_remote_code: the tokenizer's own code may run
+    # NVIDIA's llmapi model (backend llmapi): text in, accumulated text out, no token ids.
+    llmapi: bool = False
 
 
 class RequestError(Exception):
@@ -73,6 +75,7 @@ class WorkerModel:
         self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * self.max_token_bytes
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
+        self.llmapi = LlmApiClient(settings.grpc_url, model_name=settings.engine_model) if settings.llmapi else None
 
     @property
     def chat(self) -> Any:
@@ -95,6 +98,8 @@ class WorkerModel:
 
     async def close(self) -> None:
         await self.engine.close()
+        if self.llmapi is not None:
+            await self.llmapi.close()
         if self.ensemble is not None:
             await self.ensemble.close()
 
@@ -103,7 +108,7 @@ class WorkerModel:
     def prompt_text(self, spec: GenerationSpec) -> str:
         """The prompt as text: what the byte bound measures, and what the text ensemble is sent."""
         if spec.messages is not None:
-            if self.ensemble is not None:
+            if self.ensemble is not None or self.llmapi is not None:
                 return self._chat_call(self.chat.render_chat, spec)
             return "".join(text for _, text in spec.messages)
         return spec.prompt or ""
@@ -168,10 +173,20 @@ class WorkerModel:
         completion = 0
         if params.return_log_probs and self.ensemble is not None:
             raise RequestError("logprobs", "not available with runtime.detokenize_in: postprocessing (no token ids)")
+        if self.llmapi is not None:
+            for name in LLMAPI_UNSUPPORTED:
+                value = getattr(spec.params, name)
+                if value not in (None, False) and not (name == "beam_width" and value == 1):
+                    raise RequestError(name, "NVIDIA's llmapi model (backend llmapi) has no input for it")
+            if spec.params.bad_words:
+                raise RequestError("bad_words_list", "NVIDIA's llmapi model (backend llmapi) has no input for it")
         pieces = self._pieces(params, text, ids)
+        generated: list[str] = []
+        generated_text = lambda: "".join(generated)  # noqa: E731 - read only for backend llmapi
         async with aclosing(pieces):
             async for piece, tokens, log_probs in pieces:
                 completion += tokens
+                generated.append(piece)
                 out = stops.feed(piece)
                 if out or log_probs:
                     if out:
@@ -187,6 +202,8 @@ class WorkerModel:
         tail = stops.flush()
         if tail:
             emit(tail, None)
+        if self.llmapi is not None:  # no token ids come back: count the text that was generated
+            completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         return StreamEnd(
             finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, ttft_s=ttft, itl=gaps.summary()
@@ -195,6 +212,11 @@ class WorkerModel:
     async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
+        if self.llmapi is not None:
+            async with aclosing(self.llmapi.generate_text(text, engine_params)) as texts:
+                async for piece in texts:
+                    yield piece, 0, None
+            return
         if self.ensemble is not None:
             async with aclosing(self.ensemble.generate(dataclasses.replace(engine_params, text_input=text, stream=True))) as deltas:
                 async for delta in deltas:
