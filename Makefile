@@ -3,7 +3,8 @@ PROMPT ?= Once upon a time
 .PHONY: bootstrap predict test serve validate bench
 bootstrap:
 	@scripts/bootstrap.sh
-predict: bootstrap
+predict:  # needs only .venv: the extra Pythons' venvs are the tests'
+	@SKIP_EXTRA_PYTHONS=1 scripts/bootstrap.sh
 	@.venv/bin/trtllm-truss predict . --prompt "$(PROMPT)"
 # The whole suite on Python 3.11 (.venv, with CPU torch), then everything that needs no torch on each
 # extra Python (.venv-py3.X; torch-marked tests skip there), then the NVIDIA image environments once.
