@@ -25,7 +25,7 @@ import pytest
 
 from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
 
-pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow]
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICT = "/v1/models/model:predict"

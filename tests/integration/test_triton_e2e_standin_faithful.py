@@ -16,7 +16,7 @@ from conftest import _plan, _serve
 from trtllm_truss.config.schema import RuntimeConfig
 from trtllm_truss.repository import render_repository
 
-pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]
 
 STEP_MS = 20.0
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
 
-pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(420)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 300
