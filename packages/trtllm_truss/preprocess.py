@@ -5,7 +5,6 @@ Used by triton_models/preprocessing/model.py, which only moves tensors in and ou
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,19 +17,8 @@ class PreprocessingError(ValueError):
     """A request cannot be preprocessed; the message names the ensemble input."""
 
 
-# The proxy does not tokenize prompts a second time to check their length: it reads this message
-# from the failed request (Triton wraps it in its own text) and answers 400 (service.py).
-_PROMPT_TOO_LONG = re.compile(r"text_input: (\d+) tokens, over max_input_len (\d+)")
-
-
 def prompt_too_long_message(tokens: int, max_input_len: int) -> str:
     return f"text_input: {tokens} tokens, over max_input_len {max_input_len}"
-
-
-def parse_prompt_too_long(message: str) -> tuple[int, int] | None:
-    """(prompt tokens, max_input_len) if `message` carries `prompt_too_long_message`, else None."""
-    match = _PROMPT_TOO_LONG.search(message)
-    return None if match is None else (int(match.group(1)), int(match.group(2)))
 
 
 def as_text(value: object) -> str:

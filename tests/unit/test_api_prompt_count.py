@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from trtllm_truss.api.prompt import PromptTokenizer
-from trtllm_truss.preprocess import parse_prompt_too_long, prompt_too_long_message
 
 EMBEDDED_TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 
@@ -23,8 +22,6 @@ def test_backend_count_agrees_with_transformers(prompt_tokenizer: PromptTokenize
     text = "The quick brown fox jumps over the lazy dog. Ünïcödé ☃ 你好"
     expected = len(prompt_tokenizer.tokenizer(text, add_special_tokens=True)["input_ids"])
     assert prompt_tokenizer.count(text) == expected
-    assert prompt_tokenizer.count_completion(text) == expected - 1  # no BOS
-    assert prompt_tokenizer.count_completion("") == 0
 
 
 def test_prompt_tokens_are_counted_on_first_use_only(prompt_tokenizer: PromptTokenizer) -> None:
@@ -45,9 +42,3 @@ def test_slow_tokenizer_is_counted_by_transformers() -> None:
     prompt_tokenizer = PromptTokenizer.of(SlowTokenizer())
     assert prompt_tokenizer.backend is None
     assert prompt_tokenizer.prompt_tokens("a b c").value == 4
-
-
-def test_prompt_too_long_message_is_found_inside_tritons_wrapping() -> None:
-    wrapped = f"Triton failed request 1f2e: in ensemble 'ensemble', {prompt_too_long_message(600, 512)}"
-    assert parse_prompt_too_long(wrapped) == (600, 512)
-    assert parse_prompt_too_long("Triton failed request 1f2e: max_tokens: 9 is over max_output_len 8") is None

@@ -10,7 +10,6 @@ from trtllm_truss.api.native import PredictRequest
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest, sse_error
 from trtllm_truss.api.sampling import (
     IGNORE_EOS_END_ID,
-    check_prompt_length,
     resolve_max_tokens,
     to_generation_params,
 )
@@ -123,15 +122,8 @@ def test_openai_stop_forms_and_max_completion_tokens():
     assert CompletionRequest.model_validate({"prompt": ["only"], "stop": ["a", "b"]}).prompt_text() == "only"
 
 
-def test_limits_prompt_length_and_max_tokens():
-    with pytest.raises(HTTPException) as caught:
-        check_prompt_length("prompt", 65, LIMITS)
-    assert (
-        caught.value.status_code == 400
-        and "prompt:" in caught.value.detail
-        and "max_input_len (64)" in caught.value.detail
-    )
-    check_prompt_length("prompt", 64, LIMITS)
+def test_limits_max_tokens():
+    # (the prompt's own limit is checked where it is tokenized: tests/unit/test_stream_worker.py)
     with pytest.raises(HTTPException) as caught:
         resolve_max_tokens("max_completion_tokens", 33, 16, LIMITS)
     assert "max_completion_tokens:" in caught.value.detail and "max_output_len (32)" in caught.value.detail

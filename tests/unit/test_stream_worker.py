@@ -76,7 +76,7 @@ def test_one_text_piece_per_token_and_exact_usage(model: WorkerModel):
     assert "".join(emitted) == text
     assert len(emitted) == len(ids)  # nothing merged here: each response is its own piece
     assert end == StreamEnd(
-        "stop", len(model.tokenizer.encode("Say", add_special_tokens=True)), len(ids), ttft_s=end.ttft_s, itl=end.itl
+        "stop", len(model.tokenizer.encode("Say", add_special_tokens=True)), len(ids), itl=end.itl
     )
     assert end.itl.count == len(ids) - 1  # one gap between each two pieces, bucketed for the metrics
 

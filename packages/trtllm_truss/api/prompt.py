@@ -169,13 +169,6 @@ class PromptTokenizer:
             return len(self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids)
         return len(self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])
 
-    def count_completion(self, text: str) -> int:
-        if not text:
-            return 0
-        if self.backend is not None:
-            return len(self.backend.encode(text, add_special_tokens=False).ids)
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def prompt_tokens(self, text: str) -> PromptTokens:
         return PromptTokens(self, text)
 

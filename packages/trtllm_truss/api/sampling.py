@@ -113,16 +113,6 @@ def check_prompt_bytes(field: str, text: str, limits: RequestLimits) -> None:
         )
 
 
-def check_prompt_length(field: str, prompt_tokens: int, limits: RequestLimits) -> None:
-    if prompt_tokens > limits.max_input_len:
-        raise field_error(
-            field,
-            f"the prompt is {prompt_tokens} tokens, above this deployment's max_input_len ({limits.max_input_len})",
-        )
-    if prompt_tokens == 0:
-        raise field_error(field, "the prompt is empty")
-
-
 def to_generation_params(
     sampling: SamplingFields,
     *,

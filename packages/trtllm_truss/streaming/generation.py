@@ -166,8 +166,6 @@ class WorkerModel:
         elif params.pad_id is None and tokenizer.pad_id is not None:
             params = dataclasses.replace(params, pad_id=tokenizer.pad_id)
         stops = StopSequenceTrimmer(params.stop_words, keep_stop=spec.keep_stop_text)
-        started = time.monotonic()
-        ttft: float | None = None
         last_text_at = 0.0
         gaps = ItlAccumulator()
         completion = 0
@@ -191,9 +189,7 @@ class WorkerModel:
                 if out or log_probs:
                     if out:
                         now = time.monotonic()
-                        if ttft is None:
-                            ttft = now - started
-                        else:
+                        if last_text_at:
                             gaps.add(now - last_text_at)
                         last_text_at = now
                     emit(out, log_probs)
@@ -206,7 +202,7 @@ class WorkerModel:
             completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         return StreamEnd(
-            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, ttft_s=ttft, itl=gaps.summary()
+            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary()
         )
 
     async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int, list | None]]:

@@ -44,7 +44,6 @@ class StreamEnd:
     completion_tokens: int = 0
     error: str | None = None
     status: int | None = None
-    ttft_s: float | None = None  # engine request sent -> first text, measured in the worker
     itl: ItlSummary | None = None  # the gaps between the request's pieces of text, bucketed
 
 
