@@ -453,7 +453,10 @@ class LLMService:
         except PoolUnavailable:
             raise _Refused(503, "the model is restarting; retry shortly", {"Retry-After": str(RETRY_AFTER_S)})
         try:
-            first = await _unless_disconnected(stream.next_text(), http_request, "the first token")
+            while not await stream.wait_for_text(DISCONNECT_POLL_S):
+                if http_request is not None and await http_request.is_disconnected():
+                    raise _Refused(499, "client disconnected while waiting for the first token")
+            first = await stream.next_text()
         except BaseException:
             stream.close()
             raise

@@ -1,4 +1,5 @@
-"""A client that leaves before any StreamingResponse watches it still cancels the work (-> 499)."""
+"""A client that leaves before any StreamingResponse watches it still cancels the work (-> 499);
+the first token wakes the request straight from the worker socket's callback."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import time
 import pytest
 from starlette.requests import Request
 
-from trtllm_truss.service import _Refused, _unless_disconnected
+from trtllm_truss.service import LLMService, _Refused, _unless_disconnected
+from trtllm_truss.streaming.pool import ResponseStream
+from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
 SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": []}
 
@@ -52,3 +55,58 @@ async def test_result_is_returned_when_the_client_stays():
 
     assert await _unless_disconnected(quick(), _request(60.0), "x") == "done"
     assert await _unless_disconnected(quick(), None, "x") == "done"
+
+
+class _Pool:
+    """Test double of the stream pool's truss side: `submit` hands back one stream and records the
+    cancellation (the real pool sends `cancel` to the worker when the stream closes)."""
+
+    def __init__(self) -> None:
+        self.open_streams = 0
+        self.forgotten: list[ResponseStream] = []
+        self.pool = self  # ResponseStream reads worker.pool
+        self.stream: ResponseStream | None = None
+
+    def chunk_gap_s(self) -> float:
+        return 0.0
+
+    def forget(self, stream: ResponseStream) -> None:
+        self.forgotten.append(stream)
+
+    async def submit(self, spec: GenerationSpec) -> ResponseStream:
+        self.open_streams += 1
+        self.stream = ResponseStream(1, self)
+        return self.stream
+
+
+def _service(pool: _Pool) -> LLMService:
+    service = LLMService(".")
+    service._pool = pool
+    return service
+
+
+async def test_a_client_gone_before_the_first_token_cancels_the_request():
+    pool = _Pool()
+    with pytest.raises(_Refused) as caught:
+        await asyncio.wait_for(_service(pool)._open(GenerationSpec(None), _request(0.3)), timeout=5)
+    assert caught.value.status == 499 and "first token" in caught.value.message
+    assert pool.forgotten == [pool.stream] and pool.open_streams == 0
+
+
+async def test_the_first_token_is_returned_as_it_arrives():
+    pool = _Pool()
+    service = _service(pool)
+    opening = asyncio.ensure_future(service._open(GenerationSpec(None), _request(60.0)))
+    while pool.stream is None:
+        await asyncio.sleep(0)
+    pool.stream._deliver("Hello", None, None)
+    stream, first = await asyncio.wait_for(opening, timeout=5)
+    assert first == "Hello" and stream is pool.stream and not pool.forgotten
+
+
+async def test_wait_for_text_times_out_then_wakes_on_delivery_or_end():
+    stream = ResponseStream(1, _Pool())
+    assert await stream.wait_for_text(0.01) is False
+    asyncio.get_running_loop().call_soon(stream._deliver, "", None, StreamEnd(error="gone", status=503))
+    assert await asyncio.wait_for(stream.wait_for_text(60.0), timeout=5) is True
+    assert await stream.next_text() is None and stream.end.status == 503

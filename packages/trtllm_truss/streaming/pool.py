@@ -86,9 +86,23 @@ class ResponseStream:
             self._log_probs += log_probs
         if end is not None:
             self.end = end
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+    async def wait_for_text(self, timeout_s: float) -> bool:
+        """Whether text (or the end) arrived within `timeout_s`. The socket callback wakes the caller
+        directly, with no task in between: on a busy event loop each task hop costs a whole loop turn."""
+        if self._parts or self.end is not None:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return bool(self._parts) or self.end is not None
 
     async def next_text(self) -> str | None:
         loop = asyncio.get_running_loop()
@@ -128,6 +142,11 @@ class ResponseStream:
         self._worker.forget(self)
         if self.listener is not None:
             self.listener.stream_closed(self)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class _WorkerProtocol(asyncio.Protocol):
