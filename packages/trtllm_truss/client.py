@@ -24,8 +24,10 @@ import logging
 import re
 import struct
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field, fields
+from functools import partial
 
 import grpc
 import numpy as np
@@ -329,20 +331,7 @@ class EnsembleClient:
             self._interface_lock = asyncio.Lock()
         async with self._interface_lock:
             if self._interface is None:
-                try:
-                    config = await self._triton().get_model_config(
-                        self.model_name, as_json=True, client_timeout=self._connect_timeout_s
-                    )
-                except InferenceServerException as exc:
-                    # The address is for the operator's log; the client's message names none.
-                    logger.warning("Triton at %s: model config of %s unavailable: %s", self.grpc_url, self.model_name, exc)
-                    raise UpstreamError("the engine is unavailable") from exc
-                config = config.get("config", config)
-                interface = EnsembleInterface(
-                    batched=int(config.get("max_batch_size", 0)) > 0,
-                    inputs=frozenset(i["name"] for i in config.get("input", [])),
-                    outputs=frozenset(o["name"] for o in config.get("output", [])),
-                )
+                interface = await self.read_interface()
                 if TEXT_OUTPUT not in interface.outputs and not (IDS_OUTPUT in interface.outputs and self._decoder):
                     needs = f"{TEXT_OUTPUT!r}" + (f" or {IDS_OUTPUT!r}" if self._decoder else "")
                     logger.error("Triton at %s: model %s has no output %s", self.grpc_url, self.model_name, needs)
@@ -352,6 +341,23 @@ class EnsembleClient:
                     )
                 self._interface = interface
         return self._interface
+
+    async def read_interface(self) -> EnsembleInterface:
+        """The served model's declared batching, inputs and outputs, from its config."""
+        try:
+            config = await self._triton().get_model_config(
+                self.model_name, as_json=True, client_timeout=self._connect_timeout_s
+            )
+        except InferenceServerException as exc:
+            # The address is for the operator's log; the client's message names none.
+            logger.warning("Triton at %s: model config of %s unavailable: %s", self.grpc_url, self.model_name, exc)
+            raise UpstreamError("the engine is unavailable") from exc
+        config = config.get("config", config)
+        return EnsembleInterface(
+            batched=int(config.get("max_batch_size", 0)) > 0,
+            inputs=frozenset(i["name"] for i in config.get("input", [])),
+            outputs=frozenset(o["name"] for o in config.get("output", [])),
+        )
 
     async def generate(self, params: GenerationParams) -> AsyncIterator[Delta]:
         """Stream the deltas of one generation; leaving the loop early cancels the Triton request."""
@@ -372,24 +378,52 @@ class EnsembleClient:
             # Streamed tokens never include the prompt; a whole answer does unless excluded.
             continues_prompt = bool(params.text_input) and (params.stream or exclude_input)
             detokenizer = StreamDetokenizer(self._decoder, continues_prompt=continues_prompt)
-        # The stub of the shared client: one channel for all calls (tritonclient's own aio
-        # `stream_infer` cannot send the final-response flag, see the module docstring).
-        call = self._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
-        finished = False
-        try:
-            await call.write(request)
-            while True:
-                message = await call.read()
-                if message is grpc.aio.EOF:
-                    raise UpstreamError(f"Triton closed the stream of request {request.id} before it finished")
-                if message.error_message:
-                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
-                delta = parse_response(message.infer_response, detokenizer)
+        stop = partial(build_stop_request, request.id, batched=interface.batched)
+        async with aclosing(self.stream_call(request, stop)) as responses:
+            async for response in responses:
+                delta = parse_response(response, detokenizer)
                 if delta.text or delta.token_count:
                     yield delta
-                if delta.final:
-                    finished = True
+
+    async def stream_call(
+        self, request: service_pb2.ModelInferRequest, stop_request: Callable[[], service_pb2.ModelInferRequest]
+    ) -> AsyncIterator[service_pb2.ModelInferResponse]:
+        """Send `request` on a new `ModelStreamInfer` call of the shared channel and yield each
+        response up to the final one. Leaving early cancels the call and sends `stop_request()`
+        (NVIDIA's `stop`, same request id) in the background: that is what frees the engine slot.
+
+        The first write is retried once when the channel was still backing off from a restarted
+        tritonserver. (tritonclient's own aio `stream_infer` cannot send the final-response flag,
+        see the module docstring; hence the raw stub.)
+        """
+        triton = self._triton()
+        call = triton._client_stub.ModelStreamInfer(wait_for_ready=False)
+        finished = False
+        retried = False
+        try:
+            while True:
+                try:
+                    await call.write(request)
+                    message = await call.read()
                     break
+                except grpc.aio.AioRpcError as exc:
+                    if retried or exc.code() != grpc.StatusCode.UNAVAILABLE or not await _reconnected(triton):
+                        raise
+                    retried = True
+                    call.cancel()
+                    call = triton._client_stub.ModelStreamInfer(wait_for_ready=False)
+            while True:
+                if message is grpc.aio.EOF:
+                    raise UpstreamError("the engine closed the stream before the request finished")
+                if message.error_message:
+                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
+                response = message.infer_response
+                final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
+                finished = final is not None and final.bool_param
+                yield response
+                if finished:
+                    break
+                message = await call.read()
         except grpc.aio.AioRpcError as exc:
             raise UpstreamError(_describe_rpc_error(self.grpc_url, exc)) from exc
         finally:
@@ -402,18 +436,18 @@ class EnsembleClient:
             # A no-op once the call has completed; otherwise this is what tells Triton to cancel.
             call.cancel()
             if not finished:
-                task = asyncio.get_running_loop().create_task(self._stop_engine_request(request.id, interface))
+                task = asyncio.get_running_loop().create_task(self._send_stop(stop_request()))
                 self._stop_tasks.add(task)
                 task.add_done_callback(self._stop_tasks.discard)
 
-    async def _stop_engine_request(self, request_id: str, interface: EnsembleInterface) -> None:
+    async def _send_stop(self, stop_request: service_pb2.ModelInferRequest) -> None:
         """Free the engine slot of an abandoned request (best effort: the request may have just ended)."""
         call = self._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
         try:
-            await call.write(build_stop_request(request_id, batched=interface.batched))
+            await call.write(stop_request)
             await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
-            logger.debug("stop request for %s not delivered: %r", request_id, exc)
+            logger.debug("stop request for %s not delivered: %r", stop_request.id, exc)
         finally:
             call.cancel()
 
@@ -521,10 +555,8 @@ class EngineClient:
     def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL, connect_timeout_s: float = 5.0) -> None:
         self.grpc_url = grpc_url
         self.model_name = model_name
-        self._connect_timeout_s = connect_timeout_s
         self._ensemble = EnsembleClient(grpc_url, model_name=model_name, connect_timeout_s=connect_timeout_s)
         self._interface: EnsembleInterface | None = None
-        self._stop_tasks: set[asyncio.Task] = set()
 
     async def close(self) -> None:
         await self._ensemble.close()
@@ -534,19 +566,7 @@ class EngineClient:
 
     async def interface(self) -> EnsembleInterface:
         if self._interface is None:
-            try:
-                config = await self._ensemble._triton().get_model_config(
-                    self.model_name, as_json=True, client_timeout=self._connect_timeout_s
-                )
-            except InferenceServerException as exc:
-                logger.warning("Triton at %s: model config of %s unavailable: %s", self.grpc_url, self.model_name, exc)
-                raise UpstreamError("the engine is unavailable") from exc
-            config = config.get("config", config)
-            self._interface = EnsembleInterface(
-                batched=int(config.get("max_batch_size", 0)) > 0,
-                inputs=frozenset(i["name"] for i in config.get("input", [])),
-                outputs=frozenset(o["name"] for o in config.get("output", [])),
-            )
+            self._interface = await self._ensemble.read_interface()
         return self._interface
 
     async def generate_ids(
@@ -558,29 +578,9 @@ class EngineClient:
         request = build_engine_request(
             input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words
         )
-        triton = self._ensemble._triton()
-        call = triton._client_stub.ModelStreamInfer(wait_for_ready=False)
-        finished = False
-        retried = False
-        try:
-            while True:
-                try:
-                    await call.write(request)
-                    message = await call.read()
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    if retried or exc.code() != grpc.StatusCode.UNAVAILABLE or not await _reconnected(triton):
-                        raise
-                    # The channel was still backing off from a restarted tritonserver: send once more.
-                    retried = True
-                    call.cancel()
-                    call = triton._client_stub.ModelStreamInfer(wait_for_ready=False)
-            while True:
-                if message is grpc.aio.EOF:
-                    raise UpstreamError("the engine closed the stream before the request finished")
-                if message.error_message:
-                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
-                response = message.infer_response
+        stop = partial(build_stop_request, request.id, batched=interface.batched)
+        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
+            async for response in responses:
                 ids: list[int] = []
                 count: int | None = None
                 log_probs: list[float] | None = None
@@ -597,28 +597,6 @@ class EngineClient:
                 if ids:
                     # The response's own tokens are the last ones of its log-prob row.
                     yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)
-                final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
-                if final is not None and final.bool_param:
-                    finished = True
-                    break
-                message = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            logger.warning("Triton at %s: %s", self.grpc_url, _describe_rpc_error("Triton", exc))
-            raise UpstreamError(f"the engine is unavailable ({exc.code().name})") from exc
-        finally:
-            if finished:
-                try:
-                    await call.done_writing()
-                    await asyncio.wait_for(call.code(), STREAM_CLOSE_TIMEOUT_S)
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
-                    pass
-            call.cancel()
-            if not finished:
-                task = asyncio.get_running_loop().create_task(
-                    self._ensemble._stop_engine_request(request.id, interface)
-                )
-                self._stop_tasks.add(task)
-                task.add_done_callback(self._stop_tasks.discard)
 
 
 # GenerationParams field -> NVIDIA's llmapi `tensorrt_llm` input (TensorRT-LLM >= 1.0,
@@ -663,51 +641,21 @@ class LlmApiClient:
         self.grpc_url = grpc_url
         self.model_name = model_name
         self._ensemble = EnsembleClient(grpc_url, model_name=model_name)
-        self._stop_tasks: set[asyncio.Task] = set()
 
     async def close(self) -> None:
         await self._ensemble.close()
 
     async def generate_text(self, text: str, params: GenerationParams) -> AsyncIterator[str]:
         request = build_llmapi_request(text, params, uuid.uuid4().hex, model_name=self.model_name)
-        stub = self._ensemble._triton()._client_stub
-        call = stub.ModelStreamInfer(wait_for_ready=False)
+        stop = partial(
+            build_llmapi_request, "", GenerationParams("", max_tokens=1), request.id, model_name=self.model_name, stop=True
+        )
         sent = ""
-        finished = False
-        try:
-            await call.write(request)
-            while True:
-                message = await call.read()
-                if message is grpc.aio.EOF:
-                    raise UpstreamError("the engine closed the stream before the request finished")
-                if message.error_message:
-                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
-                response = message.infer_response
+        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
+            async for response in responses:
                 for output, raw in zip(response.outputs, response.raw_output_contents):
                     if output.name == TEXT_OUTPUT:
                         total = _text_of(raw)
                         if total.startswith(sent) and len(total) > len(sent):
                             new, sent = total[len(sent) :], total
                             yield new
-                final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
-                if final is not None and final.bool_param:
-                    finished = True
-                    break
-        except grpc.aio.AioRpcError as exc:
-            raise UpstreamError(_describe_rpc_error(self.grpc_url, exc)) from exc
-        finally:
-            call.cancel()
-            if not finished:
-                task = asyncio.get_running_loop().create_task(self._stop(request.id))
-                self._stop_tasks.add(task)
-                task.add_done_callback(self._stop_tasks.discard)
-
-    async def _stop(self, request_id: str) -> None:
-        call = self._ensemble._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
-        try:
-            await call.write(build_llmapi_request("", GenerationParams("", max_tokens=1), request_id, model_name=self.model_name, stop=True))
-            await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
-            logger.debug("stop request for %s not delivered: %r", request_id, exc)
-        finally:
-            call.cancel()
