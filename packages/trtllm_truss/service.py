@@ -89,6 +89,10 @@ def parse_request(model: type[RequestModel], body: Any) -> RequestModel:
         raise from_validation_error(exc) from None
 
 
+class _ChoiceFailed(Exception):
+    """One choice of several ended with an error: its siblings are cancelled."""
+
+
 class _Refused(Exception):
     """A request answered with an error before any text (carries the response to send).
     `counted`: its stream already reported the outcome to the metrics."""
@@ -495,7 +499,6 @@ class LLMService:
             raise _Refused(end.status or 503, end.error, counted=True)
         return text, end
 
-
     # --- several choices: n > 1, a list of prompts, token-id prompts, log probs -------------------
     # One engine request per (prompt, choice); choices are indexed prompt-major (prompt i, choice j
     # is index i * n + j), as OpenAI does. Admission is all or nothing, and every sibling is
@@ -635,27 +638,35 @@ class LLMService:
     async def _collect_choices(
         self, opened: list[tuple[ResponseStream, str | None, list[LogProbEntry]]], http_request: Request | None
     ) -> list[tuple[str, list[LogProbEntry], StreamEnd]]:
+        """Every choice read to its end; the first that fails ends the others (and the request)."""
+
         async def read_all(stream: ResponseStream, first: str | None, entries: list[LogProbEntry]) -> str:
             parts = [first] if first else []
             while (text := await stream.next_text()) is not None:
                 parts.append(text)
             entries += stream.take_log_probs()
+            if stream.end is not None and stream.end.error is not None:
+                raise _ChoiceFailed
             return "".join(parts)
 
+        readers = [asyncio.ensure_future(read_all(*choice)) for choice in opened]
+        texts: list[str] = []
         try:
-            texts = await _unless_disconnected(
-                asyncio.gather(*(read_all(*choice) for choice in opened)), http_request, "the answer"
-            )
+            texts = await _unless_disconnected(asyncio.gather(*readers), http_request, "the answer")
+        except _ChoiceFailed:
+            pass  # its stream's end says why, below
         finally:
-            for stream, _, _ in opened:
-                stream.close()
+            _close_all(opened)  # cancels the engine requests of choices still running
+            for reader in readers:
+                reader.cancel()
+        for stream, _, _ in opened:
+            end = stream.end
+            if end is not None and end.error is not None:
+                raise _Refused(end.status or 503, end.error, counted=True)
         answers = []
         for text, (stream, _, entries) in zip(texts, opened):
-            end = stream.end
-            assert end is not None
-            if end.error is not None:
-                raise _Refused(end.status or 503, end.error, counted=True)
-            answers.append((text, entries, end))
+            assert stream.end is not None
+            answers.append((text, entries, stream.end))
         return answers
 
     async def _chat_choices_sse(

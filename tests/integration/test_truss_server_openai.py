@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
@@ -295,3 +294,57 @@ def test_a_client_leaving_cancels_every_choice(server: TrussServer):
             poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 3, timeout_s=10, what="3 running")
     poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 0, timeout_s=20, what="every choice freed")
     assert standin_metric(server, "trtllm_standin_cancelled_requests_total") == cancelled_before + 3
+
+
+def _stream_workers(server: TrussServer) -> list:
+    import psutil
+
+    found = []
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if "trtllm_truss.streaming.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: TrussServer, oai: openai.OpenAI, stream: bool):
+    """Last: it kills the stream workers (they are restarted)."""
+    import os
+    import signal
+    import threading
+
+    poll(lambda: len(_stream_workers(server)) > 0, timeout_s=60, what="stream workers running")
+    workers = _stream_workers(server)
+    body = {"model": "embedded", "messages": CHAT, "max_tokens": 256, "n": 3, "temperature": 1.0, "top_p": 1.0,
+            "extra_body": {"ignore_eos": True}}
+    if stream:
+        with pytest.raises(openai.APIError, match="stream worker"):
+            for i, _ in enumerate(oai.chat.completions.create(**body, stream=True)):
+                if i == 4:  # role chunks, then text: under way
+                    for worker in workers:
+                        os.kill(worker.pid, signal.SIGKILL)
+    else:
+        # killed once all three are running in the engine
+        def kill_when_running() -> None:
+            poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 3, timeout_s=30, what="3 running")
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_running)
+        killer.start()
+        with pytest.raises(openai.InternalServerError, match="stream worker"):
+            oai.chat.completions.create(**body)
+        killer.join()
+    old = {w.pid for w in workers}
+    poll(lambda: _stream_workers(server) and not old & {w.pid for w in _stream_workers(server)}, timeout_s=60, what="workers restarted")
+    # every slot of the failed request is free again: a request taking all of them is admitted
+    answer = poll(
+        lambda: (r := httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": MAX_IN_FLIGHT}, timeout=60))
+        .status_code == 200 and r,
+        timeout_s=30,
+        what="all slots free",
+    )
+    assert len(answer.json()["choices"]) == MAX_IN_FLIGHT
