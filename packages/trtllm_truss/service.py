@@ -836,6 +836,11 @@ def _refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionReq
             " (only {\"type\": \"text\"} is served)",
         )
     if isinstance(req, ChatCompletionRequest):
+        if req.tools or req.tool_choice not in (None, "none"):
+            raise field_error(
+                "tools" if req.tools else "tool_choice",
+                "tool calls need guided decoding, which this deployment's engine path does not offer",
+            )
         field, alternatives = "top_logprobs", req.top_logprobs or 0
     else:
         field, alternatives = "logprobs", req.logprobs or 0

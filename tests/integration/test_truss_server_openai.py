@@ -142,6 +142,7 @@ def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
         ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
         ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
         ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ("completions", {"n": 2, "best_of": 3}, "best_of"),
         ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
     ],

@@ -87,7 +87,8 @@ def test_native_defaults_stream_and_accepts_legacy_fields():
     [
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "n": 129}, "n"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tools": "x"}, "tools"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "any"}, "tool_choice"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 1}, "top_logprobs"),

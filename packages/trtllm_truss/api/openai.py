@@ -80,6 +80,8 @@ class ChatCompletionRequest(_OpenAIRequest):
         None, ge=0, le=MAX_CHAT_TOP_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
     )
     response_format: ResponseFormat | None = Field(None, description='only {"type": "text"}: no guided decoding')
+    tools: list[dict[str, Any]] | None = Field(None, description="refused unless empty: no guided decoding")
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = Field(None, description="only none")
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
