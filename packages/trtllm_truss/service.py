@@ -19,10 +19,13 @@ without `[DONE]`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,7 +33,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from trtllm_truss.api.errors import error_response, from_validation_error
+from trtllm_truss.api.errors import error_response, field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
 from trtllm_truss.api.openai import (
@@ -46,11 +49,14 @@ from trtllm_truss.api.openai import (
     Completion,
     CompletionChoice,
     CompletionRequest,
+    LogProbEntry,
+    chat_logprobs,
     completion_id,
+    completion_logprobs,
     sse_error,
     sse_event,
 )
-from trtllm_truss.api.sampling import resolve_max_tokens, to_generation_params
+from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.sse import ChunkTemplate
 from trtllm_truss.metrics import ServingMetrics
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool, default_worker_count
@@ -81,6 +87,10 @@ def parse_request(model: type[RequestModel], body: Any) -> RequestModel:
         return model.model_validate(body)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+class _ChoiceFailed(Exception):
+    """One choice of several ended with an error: its siblings are cancelled."""
 
 
 class _Refused(Exception):
@@ -316,6 +326,9 @@ class LLMService:
 
     async def _chat_completions(self, request: Any, http_request: Request | None) -> Any:
         req = parse_request(ChatCompletionRequest, request)
+        _refuse_what_the_engine_cannot_do(req)
+        if req.n > 1 or req.wants_log_probs():
+            return await self._chat_choices(req, http_request)
         max_tokens_field, requested = req.requested_max_tokens()
         spec = self._spec(
             req,
@@ -341,6 +354,10 @@ class LLMService:
 
     async def _completions(self, request: Any, http_request: Request | None) -> Any:
         req = parse_request(CompletionRequest, request)
+        _refuse_what_the_engine_cannot_do(req)
+        prompts = req.prompts()
+        if req.n > 1 or req.wants_log_probs() or len(prompts) > 1 or not isinstance(prompts[0], str):
+            return await self._completion_choices(req, http_request)
         spec = self._spec(
             req,
             prompt=req.prompt_text(),
@@ -485,6 +502,246 @@ class LLMService:
             raise _Refused(end.status or 503, end.error, counted=True)
         return text, end
 
+    # --- several choices: n > 1, a list of prompts, token-id prompts, log probs -------------------
+    # One engine request per (prompt, choice); choices are indexed prompt-major (prompt i, choice j
+    # is index i * n + j), as OpenAI does. Admission is all or nothing, and every sibling is
+    # cancelled when the client leaves or one of them fails.
+
+    async def _chat_choices(self, req: ChatCompletionRequest, http_request: Request | None) -> Any:
+        max_tokens_field, requested = req.requested_max_tokens()
+        spec = self._spec(
+            req,
+            prompt=None,
+            messages=req.messages,
+            prompt_field="messages",
+            max_tokens_field=max_tokens_field,
+            requested_max_tokens=requested,
+            default_max_tokens=self.limits.max_output_len,
+            stop_words=req.stop_words(),
+        )
+        specs = _choice_specs(req, [spec])
+        model = req.model or SERVED_MODEL_NAME
+        opened = await self._open_choices(specs, http_request)
+        top = req.top_logprobs or 0
+        if req.stream:
+            return StreamingResponse(self._chat_choices_sse(opened, req, model, top), media_type="text/event-stream")
+        answers = await self._collect_choices(opened, http_request)
+        choices = [
+            ChatChoice(
+                index=index,
+                message=AssistantMessage(content=text),
+                finish_reason=end.finish_reason or "stop",
+                logprobs=chat_logprobs(entries, top) if req.wants_log_probs() else None,
+            )
+            for index, (text, entries, end) in enumerate(answers)
+        ]
+        return ChatCompletion(
+            id=completion_id("chatcmpl"), model=model, choices=choices, usage=_choices_usage([a[2] for a in answers], req.n)
+        ).model_dump()
+
+    async def _completion_choices(self, req: CompletionRequest, http_request: Request | None) -> Any:
+        prompts = req.prompts()
+        first_text = next((p for p in prompts if isinstance(p, str)), None)
+        base = self._spec(
+            req,
+            prompt=first_text,
+            messages=None,
+            prompt_field="prompt",
+            max_tokens_field="max_tokens",
+            requested_max_tokens=req.max_tokens,
+            default_max_tokens=OPENAI_DEFAULT_COMPLETION_MAX_TOKENS,
+            stop_words=req.stop_words(),
+        )
+        per_prompt = []
+        for i, prompt in enumerate(prompts):
+            field = f"prompt[{i}]" if req.batched() else "prompt"
+            if isinstance(prompt, str):
+                per_prompt.append(dataclasses.replace(base, prompt=prompt, prompt_field=field))
+            else:
+                self._check_token_ids(field, prompt)
+                per_prompt.append(dataclasses.replace(base, prompt=None, prompt_ids=tuple(prompt), prompt_field=field))
+        specs = _choice_specs(req, per_prompt)
+        model = req.model or SERVED_MODEL_NAME
+        opened = await self._open_choices(specs, http_request)
+        if req.stream:
+            return StreamingResponse(self._completion_choices_sse(opened, req, model), media_type="text/event-stream")
+        answers = await self._collect_choices(opened, http_request)
+        choices = [
+            CompletionChoice(
+                index=index,
+                text=text,
+                finish_reason=end.finish_reason or "stop",
+                logprobs=completion_logprobs(entries) if req.wants_log_probs() else None,
+            )
+            for index, (text, entries, end) in enumerate(answers)
+        ]
+        return Completion(
+            id=completion_id("cmpl"), model=model, choices=choices, usage=_choices_usage([a[2] for a in answers], req.n)
+        ).model_dump()
+
+    def _check_token_ids(self, field: str, ids: list[int]) -> None:
+        limits = self.limits
+        if len(ids) > limits.max_input_len:
+            raise field_error(field, f"the prompt is {len(ids)} tokens, above this deployment's max_input_len ({limits.max_input_len})")
+        if limits.vocab_size is not None:
+            for j, token in enumerate(ids):
+                if token >= limits.vocab_size:
+                    raise field_error(f"{field}[{j}]", f"{token} is not a token id (vocabulary size {limits.vocab_size})")
+
+    async def _open_choices(
+        self, specs: list[GenerationSpec], http_request: Request | None
+    ) -> list[tuple[ResponseStream, str | None, list[LogProbEntry]]]:
+        """Every choice handed to a worker and its first text read, before any HTTP status is sent;
+        all admitted or none (429), and any refused choice refuses the request."""
+        pool = self.pool
+        if len(specs) > pool.max_in_flight:
+            raise field_error(
+                "n",
+                f"{len(specs)} choices (n x prompts) are more than this deployment admits at once ({pool.max_in_flight})",
+            )
+        busy = _Refused(
+            429,
+            f"too many requests in flight ({pool.open_streams} + {len(specs)} choices, the limit is {pool.max_in_flight}); retry shortly",
+            {"Retry-After": str(RETRY_AFTER_S)},
+        )
+        if pool.open_streams + len(specs) > pool.max_in_flight:
+            raise busy
+        streams: list[ResponseStream] = []
+
+        async def first_of(stream: ResponseStream) -> tuple[str | None, list[LogProbEntry]]:
+            text = await stream.next_text()
+            return text, stream.take_log_probs()
+
+        try:
+            for spec in specs:
+                try:
+                    stream = await pool.submit(spec)
+                except PoolBusy:  # taken meanwhile by requests that arrived during a submit
+                    raise busy from None
+                except PoolUnavailable:
+                    raise _Refused(503, "the model is restarting; retry shortly", {"Retry-After": str(RETRY_AFTER_S)}) from None
+                stream.listener = self._listener
+                self._listener.metrics.request_queued()
+                streams.append(stream)
+            firsts = await _unless_disconnected(
+                asyncio.gather(*(first_of(stream) for stream in streams)), http_request, "the first token"
+            )
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        for stream, (first, _) in zip(streams, firsts):
+            end = stream.end
+            if first is None and end is not None and end.error is not None:
+                for other in streams:
+                    other.close()
+                raise _Refused(end.status or 503, end.error, counted=True)
+        return [(stream, first, entries) for stream, (first, entries) in zip(streams, firsts)]
+
+    async def _collect_choices(
+        self, opened: list[tuple[ResponseStream, str | None, list[LogProbEntry]]], http_request: Request | None
+    ) -> list[tuple[str, list[LogProbEntry], StreamEnd]]:
+        """Every choice read to its end; the first that fails ends the others (and the request)."""
+
+        async def read_all(stream: ResponseStream, first: str | None, entries: list[LogProbEntry]) -> str:
+            parts = [first] if first else []
+            while (text := await stream.next_text()) is not None:
+                parts.append(text)
+            entries += stream.take_log_probs()
+            if stream.end is not None and stream.end.error is not None:
+                raise _ChoiceFailed
+            return "".join(parts)
+
+        readers = [asyncio.ensure_future(read_all(*choice)) for choice in opened]
+        texts: list[str] = []
+        try:
+            texts = await _unless_disconnected(asyncio.gather(*readers), http_request, "the answer")
+        except _ChoiceFailed:
+            pass  # its stream's end says why, below
+        finally:
+            _close_all(opened)  # cancels the engine requests of choices still running
+            for reader in readers:
+                reader.cancel()
+        for stream, _, _ in opened:
+            end = stream.end
+            if end is not None and end.error is not None:
+                raise _Refused(end.status or 503, end.error, counted=True)
+        answers = []
+        for text, (stream, _, entries) in zip(texts, opened):
+            assert stream.end is not None
+            answers.append((text, entries, stream.end))
+        return answers
+
+    async def _chat_choices_sse(
+        self, opened: list, req: ChatCompletionRequest, model: str, top_logprobs: int
+    ) -> AsyncIterator[bytes]:
+        envelope = {"id": completion_id("chatcmpl"), "model": model}
+        wants = req.wants_log_probs()
+
+        def chunk(index: int, delta: ChatDelta, entries: list[LogProbEntry], finish_reason: str | None = None) -> bytes:
+            logprobs = chat_logprobs(entries, top_logprobs) if wants and (entries or finish_reason is None) else None
+            choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+            return sse_event(ChatCompletionChunk(**envelope, choices=[choice]))
+
+        try:
+            for index in range(len(opened)):
+                yield sse_event(
+                    ChatCompletionChunk(**envelope, choices=[ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
+                )
+            ends: dict[int, StreamEnd] = {}
+            async with aclosing(_choice_updates(opened)) as updates:
+                async for index, text, entries, end in updates:
+                    if end is None:
+                        yield chunk(index, ChatDelta(content=text), entries)
+                    elif end.error is not None:
+                        logger.warning("stream ended by an error: %s", end.error)
+                        yield sse_error(end.error)
+                        return
+                    else:
+                        if text or entries:
+                            yield chunk(index, ChatDelta(content=text), entries)
+                        yield chunk(index, ChatDelta(), [], end.finish_reason or "stop")
+                        ends[index] = end
+            if req.wants_usage_chunk():
+                yield sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_choices_usage([ends[i] for i in sorted(ends)], req.n)))
+            yield SSE_DONE
+        finally:  # however the answer ends, before the updates started too
+            _close_all(opened)
+
+    async def _completion_choices_sse(self, opened: list, req: CompletionRequest, model: str) -> AsyncIterator[bytes]:
+        envelope = {"id": completion_id("cmpl"), "model": model}
+        wants = req.wants_log_probs()
+        offsets = [0] * len(opened)  # characters of each choice's text sent so far
+
+        def chunk(index: int, text: str, entries: list[LogProbEntry], finish_reason: str | None = None) -> bytes:
+            logprobs = None
+            if wants and (entries or finish_reason is None):
+                logprobs = completion_logprobs(entries, offsets[index])
+            offsets[index] += len(text)
+            choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
+            return sse_event(Completion(**envelope, choices=[choice]))
+
+        try:
+            ends: dict[int, StreamEnd] = {}
+            async with aclosing(_choice_updates(opened)) as updates:
+                async for index, text, entries, end in updates:
+                    if end is None:
+                        yield chunk(index, text, entries)
+                    elif end.error is not None:
+                        logger.warning("stream ended by an error: %s", end.error)
+                        yield sse_error(end.error)
+                        return
+                    else:
+                        if text or entries:
+                            yield chunk(index, text, entries)
+                        yield chunk(index, "", [], end.finish_reason or "stop")
+                        ends[index] = end
+            if req.wants_usage_chunk():
+                yield sse_event(Completion(**envelope, choices=[], usage=_choices_usage([ends[i] for i in sorted(ends)], req.n)))
+            yield SSE_DONE
+        finally:  # however the answer ends, before the updates started too
+            _close_all(opened)
+
 
 async def _sse_events(
     stream: ResponseStream, first: str | None, template: ChunkTemplate, closing: Callable[[StreamEnd], list[bytes]]
@@ -566,3 +823,92 @@ async def _unless_disconnected(work: Awaitable[T], http_request: Request | None,
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+
+# --- several choices: module-level helpers ---------------------------------------------------------
+
+
+def _refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """400 naming the field for what is valid OpenAI but that this engine path cannot answer."""
+    response_format = getattr(req, "response_format", None)
+    if response_format is not None and response_format.type != "text":
+        raise field_error(
+            "response_format",
+            f"{response_format.type!r} needs guided decoding, which this deployment's engine path does not offer"
+            " (only {\"type\": \"text\"} is served)",
+        )
+    if isinstance(req, ChatCompletionRequest):
+        if req.tools or req.tool_choice not in (None, "none"):
+            raise field_error(
+                "tools" if req.tools else "tool_choice",
+                "tool calls need guided decoding, which this deployment's engine path does not offer",
+            )
+        field, alternatives = "top_logprobs", req.top_logprobs or 0
+    else:
+        field, alternatives = "logprobs", req.logprobs or 0
+    # TensorRT-LLM returns the sampled token's log prob only (output_log_probs): the most likely
+    # token is known only when decoding is greedy, and never more than one.
+    if alternatives > 1 or (alternatives == 1 and not req.greedy()):
+        raise field_error(
+            field,
+            f"{alternatives} most likely tokens are not available: the engine returns the log prob of the"
+            f" sampled token only; use {field}: 0, or 1 with temperature: 0",
+        )
+
+
+def _choice_specs(req: ChatCompletionRequest | CompletionRequest, prompts: list[GenerationSpec]) -> list[GenerationSpec]:
+    """n specs per prompt, prompt-major, each choice with its own seed: drawn at random when the
+    request has none (so unseeded choices differ whatever the engine's default seed), else the
+    request's seed + j for choice j (choice 0 is what n=1 gives)."""
+    specs = []
+    for base in prompts:
+        params = base.params
+        if req.wants_log_probs():
+            params = dataclasses.replace(params, return_log_probs=True)
+        for j in range(req.n):
+            seed = params.random_seed
+            if req.n > 1:
+                seed = secrets.randbits(64) if req.seed is None else (req.seed + j) % (UINT64_MAX + 1)
+            specs.append(dataclasses.replace(base, params=dataclasses.replace(params, random_seed=seed)))
+    return specs
+
+
+def _choices_usage(ends: list[StreamEnd], n: int) -> Usage:
+    """`ends` in choice order: each prompt counted once (its first choice's count), the completion
+    tokens of every choice."""
+    return Usage.of(sum(end.prompt_tokens for end in ends[::n]), sum(end.completion_tokens for end in ends))
+
+
+async def _choice_updates(opened: list) -> AsyncIterator[tuple[int, str, list[LogProbEntry], StreamEnd | None]]:
+    """(choice index, text, log-prob entries, None) as each choice's text arrives, in arrival order,
+    then (index, "", entries, end) once per choice; closes every stream whatever happens."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: ResponseStream, first: str | None, entries: list[LogProbEntry]) -> None:
+        if first:
+            queue.put_nowait((index, first, entries, None))
+            entries = []
+        while (text := await stream.next_text()) is not None:
+            queue.put_nowait((index, text, stream.take_log_probs(), None))
+        queue.put_nowait((index, "", entries + stream.take_log_probs(), stream.end))
+
+    tasks = [asyncio.ensure_future(pump(index, *choice)) for index, choice in enumerate(opened)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            update = await queue.get()
+            if update[3] is not None:
+                remaining -= 1
+            yield update
+    finally:
+        # Nothing awaited here: under Starlette's cancelled scope (client gone) every await raises
+        # again, and the streams must be closed (their engine requests cancelled) all the same.
+        _close_all(opened)
+        for task in tasks:
+            task.cancel()
+
+
+def _close_all(opened: list) -> None:
+    for stream, _, _ in opened:
+        stream.close()

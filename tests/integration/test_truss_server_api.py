@@ -268,7 +268,7 @@ def test_openai_stop_sequence_is_removed(oai: openai.OpenAI):
 
 @pytest.mark.parametrize(
     "extra, field",
-    [({"n": 2}, "n"), ({"logit_bias": {"1": 2}}, "logit_bias"), ({"max_tokens": MAX_OUTPUT_LEN + 1}, "max_tokens")],
+    [({"n": 0}, "n"), ({"logit_bias": {"1": 2}}, "logit_bias"), ({"max_tokens": MAX_OUTPUT_LEN + 1}, "max_tokens")],
 )
 def test_openai_rejections_name_the_field(oai: openai.OpenAI, extra, field):
     with pytest.raises(openai.APIStatusError) as caught:

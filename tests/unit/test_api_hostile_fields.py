@@ -151,7 +151,8 @@ def test_body_bound_covers_a_prompt_at_the_bound_fully_escaped():
         (PredictRequest, {"prompt": "ab" * 17}, "prompt"),
         (PredictRequest, {"messages": [{"role": "user", "content": "a" * 20}, {"role": "user", "content": "b" * 20}]}, "messages"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 33}]}]}, "messages"),
-        (CompletionRequest, {"prompt": ["y" * 33]}, "prompt"),
+        (CompletionRequest, {"prompt": ["y" * 33]}, "prompt[0]"),
+        (CompletionRequest, {"prompt": ["y", "y" * 33]}, "prompt[1]"),
     ],
 )
 def test_generation_params_refuse_a_prompt_over_the_byte_bound(model, body, field):

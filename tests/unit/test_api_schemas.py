@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from fastapi import HTTPException
-
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import PredictRequest
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest, sse_error
@@ -86,19 +85,30 @@ def test_native_defaults_stream_and_accepts_legacy_fields():
 @pytest.mark.parametrize(
     "model, body, field",
     [
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "n": 129}, "n"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tools": "x"}, "tools"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "any"}, "tool_choice"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 1}, "top_logprobs"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}, "response_format.type"),
         (
             ChatCompletionRequest,
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content",
         ),
         (ChatCompletionRequest, {"model": "m"}, "messages"),
-        (CompletionRequest, {"prompt": ["a", "b"]}, "prompt"),
+        (CompletionRequest, {"prompt": []}, "prompt"),
+        (CompletionRequest, {"prompt": [[1], []]}, "prompt"),
+        (CompletionRequest, {"prompt": [1, "a"]}, "prompt"),
+        (CompletionRequest, {"prompt": [-1]}, "prompt[0]"),
+        (CompletionRequest, {"prompt": "a", "logprobs": 6}, "logprobs"),
+        (CompletionRequest, {"prompt": "a", "logprobs": True}, "logprobs"),
         (CompletionRequest, {"prompt": "a", "echo": True}, "echo"),
         (CompletionRequest, {"prompt": "a", "best_of": 3}, "best_of"),
+        (CompletionRequest, {"prompt": "a", "n": 2, "best_of": 3}, "best_of"),
         (CompletionRequest, {"prompt": "a", "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
     ],
 )
@@ -120,6 +130,44 @@ def test_openai_stop_forms_and_max_completion_tokens():
     assert chat.requested_max_tokens() == ("max_completion_tokens", 7)
     assert chat.messages[0].text() == "ab"
     assert CompletionRequest.model_validate({"prompt": ["only"], "stop": ["a", "b"]}).prompt_text() == "only"
+
+
+@pytest.mark.parametrize(
+    "prompt, prompts, batched",
+    [
+        ("a", ["a"], False),
+        (["a"], ["a"], True),
+        (["a", "b", "c", "d"], ["a", "b", "c", "d"], True),
+        ([1, 2, 3], [[1, 2, 3]], False),  # one prompt of token ids
+        ([[1, 2], [3]], [[1, 2], [3]], True),
+    ],
+)
+def test_completion_prompt_forms(prompt, prompts, batched):
+    req = CompletionRequest.model_validate({"prompt": prompt, "n": 2, "best_of": 2})
+    assert req.prompts() == prompts and req.batched() is batched
+
+
+def test_the_byte_bound_measures_the_longest_prompt_of_a_batch():
+    req = CompletionRequest.model_validate({"prompt": ["a", "bbb", "cc"]})
+    assert req.prompt_for_bound() == ("prompt[1]", "bbb")
+    assert CompletionRequest.model_validate({"prompt": [[5, 6]]}).prompt_for_bound() is None
+
+
+def test_log_prob_answers_follow_openais_schemas():
+    import openai.types.chat.chat_completion as chat_types
+    import openai.types.completion_choice as completion_types
+    from trtllm_truss.api.openai import chat_logprobs, completion_logprobs
+
+    entries = [(" a", -0.25, b" a"), ("", -1.5, b"\xe2\x98"), ("\u2603", -0.5, b"\x83")]
+    chat = chat_types.ChoiceLogprobs.model_validate(chat_logprobs(entries, 0).model_dump())
+    assert [(c.token, c.logprob, bytes(c.bytes), c.top_logprobs) for c in chat.content] == [
+        (t, lp, raw, []) for t, lp, raw in entries
+    ]
+    top = chat_logprobs(entries, 1).model_dump()["content"][2]["top_logprobs"]
+    assert top == [{"token": "\u2603", "logprob": -0.5, "bytes": [0x83]}]
+    completion = completion_types.Logprobs.model_validate(completion_logprobs(entries, text_offset=10).model_dump())
+    assert completion.tokens == [" a", "", "\u2603"] and completion.token_logprobs == [-0.25, -1.5, -0.5]
+    assert completion.text_offset == [10, 12, 12] and completion.top_logprobs == [{" a": -0.25}, {"": -1.5}, {"\u2603": -0.5}]
 
 
 def test_limits_max_tokens():

@@ -160,9 +160,38 @@ def test_log_probs_come_with_each_token(model: WorkerModel):
     entries: list = []
     spec = GenerationSpec(GenerationParams("", max_tokens=32, return_log_probs=True), prompt="Go")
     emitted, end = _run(model, ScriptedEngine(ids), spec, entries)
-    assert [token for token, _ in entries] == [model.token_text(t) for t in ids]
-    assert "".join(token for token, _ in entries) == "".join(emitted) == " alpha beta gamma"
-    assert all(lp == -0.5 for _, lp in entries) and end.completion_tokens == len(ids)
+    assert len(entries) == len(ids)
+    assert "".join(token for token, _, _ in entries) == "".join(emitted) == " alpha beta gamma"
+    assert [raw for _, _, raw in entries] == [model.decoder.token_bytes([t]) for t in ids]
+    assert all(lp == -0.5 for _, lp, _ in entries) and end.completion_tokens == len(ids)
+
+
+def test_log_prob_texts_concatenate_to_the_text_when_a_character_spans_tokens(model: WorkerModel):
+    text = " snow \u2603 and \U0001f600 ok"
+    ids = _ids(model, text)
+    entries: list = []
+    spec = GenerationSpec(GenerationParams("", max_tokens=32, return_log_probs=True), prompt="Go")
+    emitted, _ = _run(model, ScriptedEngine(ids), spec, entries)
+    assert "".join(emitted) == text == "".join(token for token, _, _ in entries)
+    assert b"".join(raw for _, _, raw in entries) == text.encode()  # each token's own bytes
+    assert len(entries) == len(ids)
+    if any(not token for token, _, _ in entries):  # a byte-level vocabulary splits the emoji
+        assert any(raw and not token for token, _, raw in entries)
+
+
+def test_log_probs_stop_with_the_text_a_stop_string_cuts(model: WorkerModel):
+    text = " my name is mode is here and more words follow"
+    ids = _ids(model, text)
+    stop = "e is mo"
+    entries: list = []
+    spec = GenerationSpec(GenerationParams("", max_tokens=32, stop_words=(stop,), return_log_probs=True), prompt="Hi")
+    emitted, end = _run(model, ScriptedEngine(ids), spec, entries)
+    returned = "".join(emitted)
+    assert returned == text[: text.index(stop)]
+    tokens = "".join(token for token, _, _ in entries)
+    # every token that added returned text, the one the cut falls in included, and none after it
+    assert tokens.startswith(returned) and len(tokens) - len(returned) < len(entries[-1][0])
+    assert len(entries) < end.completion_tokens  # tokens of the stop string itself are not reported
 
 
 def test_special_token_text_in_a_prompt_is_text_unless_asked(model: WorkerModel):

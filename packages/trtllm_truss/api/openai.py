@@ -3,6 +3,10 @@
 Streams are server-sent events: one `data: {chunk}` per delta, then `data: [DONE]`. An error in the
 middle of a stream is sent as `event: error` + `data: {"error": {...}}` and the stream then stops
 without `[DONE]`; the official `openai` client raises `APIError` on it.
+
+Log probs are the engine's own for each sampled token (TensorRT-LLM's `output_log_probs`); the
+engine returns no alternatives, so a request for the most likely tokens is answered only where the
+sampled token is the most likely one (greedy decoding, one alternative) and refused otherwise.
 """
 
 from __future__ import annotations
@@ -10,14 +14,23 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trtllm_truss.api.native import ChatMessage, FinishReason, Usage
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, StrictModel, Text
 
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+MAX_CHOICES = 128  # OpenAI's bound on `n`
+MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's bounds on chat `top_logprobs` and completions `logprobs`
+MAX_COMPLETION_LOGPROBS = 5
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+# One entry per generated token, as the stream workers send them: (text the token added, its log
+# prob, the token's own bytes). The texts of a choice's entries concatenate to its text.
+LogProbEntry = tuple[str, float, bytes]
 
 
 class StreamOptions(StrictModel):
@@ -27,18 +40,11 @@ class StreamOptions(StrictModel):
 class _OpenAIRequest(SamplingFields):
     model: Text | None = Field(None, description="accepted and echoed; this deployment serves one model")
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    n: int = Field(1, description="only 1 is supported")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices per prompt: one engine request each")
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Text | list[Text] | None = Field(None, description="up to 32 stop strings")
     user: Text | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
 
     @field_validator("stop")
     @classmethod
@@ -56,11 +62,35 @@ class _OpenAIRequest(SamplingFields):
     def wants_usage_chunk(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def greedy(self) -> bool:
+        """The sampled token is always the most likely one (temperature 0 or top_k 1)."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
 
 class ChatCompletionRequest(_OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="newer name of max_tokens")
-    logprobs: Literal[False] | None = Field(None, description="log probabilities are not returned")
+    logprobs: bool | None = Field(None, description="the log prob of each sampled token")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_CHAT_TOP_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
+    )
+    response_format: ResponseFormat | None = Field(None, description='only {"type": "text"}: no guided decoding')
+    tools: list[dict[str, Any]] | None = Field(None, description="refused unless empty: no guided decoding")
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = Field(None, description="only none")
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        return self
+
+    def wants_log_probs(self) -> bool:
+        return bool(self.logprobs)
 
     def prompt_for_bound(self) -> tuple[str, str] | None:
         return "messages", "".join(message.text() for message in self.messages)
@@ -72,10 +102,14 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 
 class CompletionRequest(_OpenAIRequest):
-    prompt: Text | list[Text] = Field(description="one prompt (a list must hold exactly one)")
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]] = Field(
+        description="a prompt, a list of prompts, token ids, or a list of token-id prompts"
+    )
     echo: Literal[False] = False
-    logprobs: None = Field(None, description="log probabilities are not returned")
-    best_of: int | None = Field(None, ge=1, le=1)
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_COMPLETION_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
+    )
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description="only equal to n: no choice is ranked")
     suffix: None = None
     literal_special_tokens: bool = Field(
         True, description="special-token text in `prompt` is plain text; false: it is the control token"
@@ -83,16 +117,50 @@ class CompletionRequest(_OpenAIRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError("exactly one prompt is supported")
+    def _prompts_not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("give at least one prompt")
+            for i, item in enumerate(value):
+                if isinstance(item, list) and not item:
+                    raise ValueError(f"prompt {i} holds no token id")
         return value
 
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(
+                f"best_of: only best_of equal to n ({self.n}) is served: choices are not ranked by their log probs"
+            )
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text, or token ids."""
+        value = self.prompt
+        if isinstance(value, str):
+            return [value]
+        if value and all(isinstance(item, int) for item in value):
+            return [list(value)]  # one prompt of token ids
+        return list(value)
+
+    def batched(self) -> bool:
+        """`prompt` is a list of prompts (choices are then indexed prompt-major)."""
+        value = self.prompt
+        return isinstance(value, list) and not all(isinstance(item, int) for item in value)
+
     def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        prompt = self.prompts()[0]
+        return prompt if isinstance(prompt, str) else ""
+
+    def wants_log_probs(self) -> bool:
+        return self.logprobs is not None
 
     def prompt_for_bound(self) -> tuple[str, str] | None:
-        return "prompt", self.prompt_text()
+        texts = [(i, p) for i, p in enumerate(self.prompts()) if isinstance(p, str)]
+        if not texts:
+            return None
+        i, longest = max(texts, key=lambda item: len(item[1]))
+        return (f"prompt[{i}]" if self.batched() else "prompt"), longest
 
 
 # --- responses ------------------------------------------------------------------------------------
@@ -113,11 +181,26 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(_Envelope):
@@ -135,7 +218,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Envelope):
@@ -144,17 +227,49 @@ class ChatCompletionChunk(_Envelope):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Envelope):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+def chat_logprobs(entries: Sequence[LogProbEntry], top_logprobs: int) -> ChatLogprobs:
+    """`choices[].logprobs` of a chat answer (or chunk) for these tokens. `top_logprobs` is 0 or 1;
+    1 only under greedy decoding, where the sampled token is the most likely one."""
+    content = []
+    for token, logprob, raw in entries:
+        raw_list = list(raw)
+        top = [TopLogprob(token=token, logprob=logprob, bytes=raw_list)] if top_logprobs else []
+        content.append(TokenLogprob(token=token, logprob=logprob, bytes=raw_list, top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+def completion_logprobs(entries: Sequence[LogProbEntry], text_offset: int = 0) -> CompletionLogprobs:
+    """`choices[].logprobs` of a completion (or chunk): `text_offset` counts characters of the
+    choice's text before these tokens. Each `top_logprobs` entry holds the sampled token, which
+    OpenAI always includes (the engine returns no other)."""
+    tokens, values, tops, offsets = [], [], [], []
+    for token, logprob, _ in entries:
+        tokens.append(token)
+        values.append(logprob)
+        tops.append({token: logprob})
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
 
 
 # --- server-sent events ---------------------------------------------------------------------------

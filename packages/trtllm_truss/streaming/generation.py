@@ -6,6 +6,7 @@ returns the request's `StreamEnd`, so it is tested without processes or sockets.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from fastapi import HTTPException
 
+from trtllm_truss.api.openai import LogProbEntry
 from trtllm_truss.api.stops import StopSequenceTrimmer
 from trtllm_truss.client import LLMAPI_UNSUPPORTED, EngineClient, EnsembleClient, LlmApiClient, UpstreamError
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
@@ -26,9 +28,9 @@ from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInf
 
 logger = logging.getLogger(__name__)
 
-# emit(text, log_probs): text for the client, and [(token text, log prob)] of the tokens behind it
-# when the request asked for log probs (else None).
-Emit = Callable[[str, "list[tuple[str, float]] | None"], None]
+# emit(text, log_probs): text for the client, and [(text the token added, log prob, token bytes)] of
+# the tokens behind it when the request asked for log probs (else None).
+Emit = Callable[[str, "list[LogProbEntry] | None"], None]
 
 # Tokens a tokenizer may add that cover no byte of the text (BOS/EOS, a sentencepiece dummy prefix).
 TOKENS_A_TOKENIZER_ADDS = 4
@@ -57,6 +59,43 @@ class RequestError(Exception):
     def __init__(self, field: str, message: str, status: int = 400) -> None:
         super().__init__(f"invalid request: {field}: {message}")
         self.status = status
+
+
+class LogProbRelease:
+    """Log-prob entries handed out with the text their tokens added: an entry leaves once the stop
+    matcher has released its text, so each update's entries and text agree, and tokens past a stop
+    string that was cut off are not reported (the token the cut falls in is)."""
+
+    def __init__(self) -> None:
+        self._pending: collections.deque[LogProbEntry] = collections.deque()
+        self._released = 0  # characters of text released so far
+        self._covered = 0  # characters of text the released entries added
+
+    def add(self, entries: list[LogProbEntry]) -> None:
+        self._pending.extend(entries)
+
+    def release(self, chars: int) -> list[LogProbEntry]:
+        """The entries whose text lies within the text released so far, after `chars` more."""
+        self._released += chars
+        out = []
+        pending = self._pending
+        while pending and self._covered + len(pending[0][0]) <= self._released:
+            entry = pending.popleft()
+            self._covered += len(entry[0])
+            out.append(entry)
+        return out
+
+    def rest(self, cut: bool) -> list[LogProbEntry]:
+        """At the end: every entry left, or after a stop string cut the text, those whose text
+        begins before the cut."""
+        out = []
+        pending = self._pending
+        while pending and (not cut or self._covered < self._released):
+            entry = pending.popleft()
+            self._covered += len(entry[0])
+            out.append(entry)
+        pending.clear()
+        return out
 
 
 class WorkerModel:
@@ -107,6 +146,12 @@ class WorkerModel:
 
     def prompt_text(self, spec: GenerationSpec) -> str:
         """The prompt as text: what the byte bound measures, and what the text ensemble is sent."""
+        if spec.prompt_ids is not None:
+            if self.ensemble is not None or self.llmapi is not None:
+                raise RequestError(
+                    spec.prompt_field, "token-id prompts need the engine's ids (runtime.detokenize_in: worker, backend tensorrtllm)"
+                )
+            return ""
         if spec.messages is not None:
             if self.ensemble is not None or self.llmapi is not None:
                 return self._chat_call(self.chat.render_chat, spec)
@@ -124,6 +169,19 @@ class WorkerModel:
         text in a message stays text). A raw prompt: BOS added as preprocessing adds it, special-token
         text plain text unless the request asked otherwise (`literal_special_tokens`)."""
         limit = self.settings.max_input_len
+        if spec.prompt_ids is not None:
+            ids = list(spec.prompt_ids)
+            vocab = self.tokenizer.vocab_size
+            for j, token in enumerate(ids):
+                if token >= vocab:
+                    raise RequestError(f"{spec.prompt_field}[{j}]", f"{token} is not a token id (vocabulary size {vocab})")
+            if len(ids) > limit:
+                raise RequestError(
+                    spec.prompt_field, f"the prompt is {len(ids)} tokens, above this deployment's max_input_len ({limit})"
+                )
+            if not ids:
+                raise RequestError(spec.prompt_field, "the prompt is empty")
+            return ids
         if len(text) > self.max_prompt_bytes or len(text.encode("utf-8")) > self.max_prompt_bytes:
             raise RequestError(
                 spec.prompt_field,
@@ -175,29 +233,38 @@ class WorkerModel:
             for name in LLMAPI_UNSUPPORTED:
                 value = getattr(spec.params, name)
                 if value not in (None, False) and not (name == "beam_width" and value == 1):
-                    raise RequestError(name, "NVIDIA's llmapi model (backend llmapi) has no input for it")
+                    field = "logprobs" if name == "return_log_probs" else name
+                    raise RequestError(field, "NVIDIA's llmapi model (backend llmapi) has no input for it")
             if spec.params.bad_words:
                 raise RequestError("bad_words_list", "NVIDIA's llmapi model (backend llmapi) has no input for it")
         pieces = self._pieces(params, text, ids)
         generated: list[str] = []
         generated_text = lambda: "".join(generated)  # noqa: E731 - read only for backend llmapi
+        release = LogProbRelease() if params.return_log_probs else None
         async with aclosing(pieces):
             async for piece, tokens, log_probs in pieces:
                 completion += tokens
                 generated.append(piece)
                 out = stops.feed(piece)
-                if out or log_probs:
+                entries = None
+                if release is not None:
+                    release.add(log_probs or [])
+                    entries = release.release(len(out))
+                if out or entries:
                     if out:
                         now = time.monotonic()
                         if last_text_at:
                             gaps.add(now - last_text_at)
                         last_text_at = now
-                    emit(out, log_probs)
+                    emit(out, entries or None)
                 if stops.stopped:
                     break  # closing the stream cancels the engine request: nothing more is generated
         tail = stops.flush()
-        if tail:
-            emit(tail, None)
+        rest = None
+        if release is not None:
+            rest = release.release(len(tail)) + release.rest(cut=stops.stopped)
+        if tail or rest:
+            emit(tail, rest or None)
         if self.llmapi is not None:  # no token ids come back: count the text that was generated
             completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
@@ -222,11 +289,17 @@ class WorkerModel:
         detokenizer = StreamDetokenizer(self.decoder, continues_prompt=True)
         async with aclosing(self.engine.generate_ids(ids, engine_params, bad_words=bad_words)) as responses:
             async for new_ids, log_probs in responses:
-                entries = None
-                if log_probs is not None:
-                    entries = [(self.token_text(t), lp) for t, lp in zip(new_ids, log_probs)]
-                yield detokenizer.feed(new_ids), len(new_ids), entries
-
-    def token_text(self, token_id: int) -> str:
-        """One token on its own, as OpenAI's log probs name it (a partial character shows as U+FFFD)."""
-        return self.decoder.token_bytes([token_id]).decode("utf-8", errors="replace")
+                if log_probs is None:
+                    yield detokenizer.feed(new_ids), len(new_ids), None
+                    continue
+                # Token by token, so each entry's text is what its token added to the answer (""
+                # for the first bytes of a character spread over tokens): the texts concatenate to
+                # the answer, and `bytes` keeps each token's own.
+                texts, entries = [], []
+                missing = len(new_ids) - len(log_probs)  # 0 unless the engine sent too few
+                for k, token in enumerate(new_ids):
+                    added = detokenizer.feed([token])
+                    texts.append(added)
+                    if k >= missing:
+                        entries.append((added, log_probs[k - missing], self.decoder.token_bytes([token])))
+                yield "".join(texts), len(new_ids), entries

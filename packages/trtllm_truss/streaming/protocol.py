@@ -7,7 +7,8 @@ the truss process wakes once for many tokens.
 
 truss -> worker: `("start", rid, GenerationSpec)`, `("cancel", rid)`.
 worker -> truss: first `("ready", WorkerInfo)`, then updates `(rid, text, log_probs, StreamEnd | None)`,
-`log_probs` a list of (token text, log prob) or None.
+`log_probs` None or a list of (text the token added, log prob, the token's bytes), one per token whose
+text is in this update's `text` (a request's entry texts concatenate to its text).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class GenerationSpec:
 
     params: GenerationParams  # sampling, max_tokens, stop strings, bad words; text_input unused
     prompt: str | None = None  # a completion prompt, or
-    messages: tuple[tuple[str, str], ...] | None = None  # chat turns (role, text)
+    messages: tuple[tuple[str, str], ...] | None = None  # chat turns (role, text), or
+    prompt_ids: tuple[int, ...] | None = None  # a completion prompt as token ids (sent as they are)
     prompt_field: str = "prompt"  # where the prompt came from, for errors about it
     keep_stop_text: bool = False  # native API: the stop string stays in the text (as the engine returns it)
     literal_special_tokens: bool = True  # special-token text in the prompt is plain text, not control tokens

@@ -1,0 +1,351 @@
+"""The official `openai` client against this repository served by truss's own model server (truss
+0.18.35, no docker) on the embedded default: log probs, n choices, batches of prompts, token-id
+prompts, JSON mode's refusal, `/v1/models`, and the fan-out's admission and cancellation.
+
+One server for the module, admitting 32 requests at once (max_batch_size 32, no queue beyond it),
+so the all-or-nothing admission of a fan-out is seen with few requests.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
+
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 240
+MAX_IN_FLIGHT = 32  # config.yaml's max_batch_size, runtime.max_queued_requests 0 below
+CHAT = [{"role": "user", "content": "Tell me about the sea"}]
+# Sampling needs top_p or top_k: with neither, TensorRT-LLM (and the stand-in) decode greedily.
+PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "Dear diary,"]
+
+
+def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[TrussServer]:
+    work = tmp_path_factory.mktemp("truss_server_openai")
+    fs_root = build_server_root(REPO_ROOT, work)
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"}
+    proc = start_truss_server(fs_root, work / "server.log", env=env)
+    try:
+        proc.wait_ready(STARTUP_TIMEOUT_S)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(server: TrussServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+def standin_metric(server: TrussServer, name: str) -> float:
+    """A sample of the stand-in engine on Triton's own /metrics (port from tritonserver's command line)."""
+    (triton,) = server.descendants("tritonserver")
+    port = re.search(r"--metrics-port[= ](\d+)", " ".join(triton.cmdline()))
+    assert port
+    text = httpx.get(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=5).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    assert values, f"{name} not exported by Triton"
+    return sum(values)
+
+
+def greedy(**extra) -> dict:
+    return {"model": "embedded", "temperature": 0, "extra_body": {"ignore_eos": True}, **extra}
+
+
+# --------------------------------------------------------------------------------- log probs
+
+
+def _check_completion_logprobs(text: str, logprobs, completion_tokens: int) -> None:
+    assert "".join(logprobs.tokens) == text  # each token's piece of the text, in order
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == completion_tokens
+    assert all(isinstance(lp, float) and lp <= 0.0 for lp in logprobs.token_logprobs)
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    # the sampled token, which OpenAI always includes (the engine returns no alternative)
+    assert logprobs.top_logprobs == [{t: lp} for t, lp in zip(logprobs.tokens, logprobs.token_logprobs)]
+
+
+@pytest.mark.parametrize("logprobs", [0, 1])
+def test_completion_logprobs_streamed_and_not(oai: openai.OpenAI, logprobs: int):
+    body = greedy(prompt="The history of the", max_tokens=12, logprobs=logprobs)
+    whole = oai.completions.create(**body)
+    choice = whole.choices[0]
+    _check_completion_logprobs(choice.text, choice.logprobs, whole.usage.completion_tokens)
+    assert whole.usage.completion_tokens == 12
+
+    chunks = [c for c in oai.completions.create(**body, stream=True) if c.choices]
+    text = "".join(c.choices[0].text for c in chunks)
+    tokens, values, offsets = [], [], []
+    for c in chunks:
+        if c.choices[0].logprobs is not None:
+            lp = c.choices[0].logprobs
+            assert "".join(lp.tokens) == c.choices[0].text  # each chunk's tokens are its text
+            tokens += lp.tokens
+            values += lp.token_logprobs
+            offsets += lp.text_offset
+    assert text == choice.text and tokens == choice.logprobs.tokens  # greedy: the same tokens either way
+    assert offsets == choice.logprobs.text_offset
+    assert values == pytest.approx(choice.logprobs.token_logprobs, abs=1e-4)
+
+
+def test_chat_logprobs_with_the_top_token_streamed_and_not(oai: openai.OpenAI):
+    body = greedy(messages=CHAT, max_tokens=10, logprobs=True, top_logprobs=1)
+    whole = oai.chat.completions.create(**body)
+    content = whole.choices[0].logprobs.content
+    assert "".join(entry.token for entry in content) == whole.choices[0].message.content
+    assert len(content) == whole.usage.completion_tokens == 10
+    for entry in content:
+        assert entry.logprob <= 0.0 and entry.bytes is not None
+        # greedy decoding: the sampled token is the most likely one
+        assert [(t.token, t.logprob) for t in entry.top_logprobs] == [(entry.token, entry.logprob)]
+    assert b"".join(bytes(entry.bytes) for entry in content).decode() == whole.choices[0].message.content
+
+    streamed = [c for c in oai.chat.completions.create(**body, stream=True) if c.choices]
+    entries = [e for c in streamed if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == whole.choices[0].message.content
+    assert [e.token for e in entries] == [e.token for e in content]
+
+
+def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
+    completion = oai.chat.completions.create(
+        model="embedded", messages=CHAT, max_tokens=6, temperature=0.8, seed=5, logprobs=True
+    )
+    content = completion.choices[0].logprobs.content
+    assert content and all(entry.top_logprobs == [] for entry in content)
+
+
+@pytest.mark.parametrize(
+    "route, extra, field",
+    [
+        ("chat", {"logprobs": True, "top_logprobs": 3, "temperature": 0}, "top_logprobs"),
+        ("chat", {"logprobs": True, "top_logprobs": 1, "temperature": 0.7}, "top_logprobs"),
+        ("completions", {"logprobs": 2, "temperature": 0}, "logprobs"),
+        ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ("completions", {"n": 2, "best_of": 3}, "best_of"),
+        ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
+    ],
+)
+def test_what_the_engine_cannot_answer_is_refused_naming_the_field(oai: openai.OpenAI, route, extra, field):
+    with pytest.raises(openai.BadRequestError if field != "best_of" else openai.UnprocessableEntityError) as caught:
+        if route == "chat":
+            oai.chat.completions.create(model="embedded", messages=CHAT, max_tokens=2, **extra)
+        else:
+            oai.completions.create(model="embedded", prompt="x", max_tokens=2, **extra)
+    assert f"{field}:" in caught.value.message, caught.value.message
+
+
+def test_response_format_text_is_served(oai: openai.OpenAI):
+    completion = oai.chat.completions.create(
+        **greedy(messages=CHAT, max_tokens=3, response_format={"type": "text"})
+    )
+    assert completion.usage.completion_tokens == 3
+
+
+# --------------------------------------------------------------------------------- n choices
+
+
+def test_chat_n3_choices_have_their_own_seeds_and_one_prompt_count(oai: openai.OpenAI):
+    body = {"model": "embedded", "messages": CHAT, "max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "seed": 1234,
+            "extra_body": {"ignore_eos": True}}
+    three = oai.chat.completions.create(**body, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.message.content for c in three.choices]
+    assert len(set(texts)) > 1, texts  # distinct seeds: the choices differ
+    one = oai.chat.completions.create(**body)
+    assert one.choices[0].message.content == texts[0]  # choice 0 is what n=1 gives with that seed
+    assert oai.chat.completions.create(**body, n=3).choices[2].message.content == texts[2]  # reproducible
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert three.usage.completion_tokens == 3 * 12
+    assert three.usage.total_tokens == three.usage.prompt_tokens + 36
+
+
+def test_chat_n3_stream_carries_each_choices_index(oai: openai.OpenAI):
+    body = {"model": "embedded", "messages": CHAT, "max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 99,
+            "extra_body": {"ignore_eos": True}}
+    whole = oai.chat.completions.create(**body, n=3)
+    texts: dict[int, str] = defaultdict(str)
+    finishes: dict[int, list] = defaultdict(list)
+    roles: dict[int, str] = {}
+    chunks = list(oai.chat.completions.create(**body, n=3, stream=True, stream_options={"include_usage": True}))
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.delta.role:
+                roles[choice.index] = choice.delta.role
+            if choice.finish_reason:
+                finishes[choice.index].append(choice.finish_reason)
+    assert dict(texts) == {c.index: c.message.content for c in whole.choices}
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert dict(finishes) == {0: ["length"], 1: ["length"], 2: ["length"]}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_unseeded_choices_differ(oai: openai.OpenAI):
+    completion = oai.completions.create(
+        model="embedded", prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=1.0, n=3, extra_body={"ignore_eos": True}
+    )
+    assert len({c.text for c in completion.choices}) > 1
+
+
+# --------------------------------------------------------------------------------- batches of prompts
+
+
+def test_a_batch_of_4_prompts_with_n2_is_indexed_prompt_major(oai: openai.OpenAI):
+    singles = [oai.completions.create(**greedy(prompt=p, max_tokens=6)) for p in PROMPTS]
+    batch = oai.completions.create(**greedy(prompt=PROMPTS, max_tokens=6, n=2))
+    assert [c.index for c in batch.choices] == list(range(8))
+    for i, single in enumerate(singles):
+        for j in range(2):  # greedy: both choices of prompt i are its single answer
+            assert batch.choices[i * 2 + j].text == single.choices[0].text, (i, j)
+    assert batch.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)  # each prompt once
+    assert batch.usage.completion_tokens == 8 * 6
+
+    streamed: dict[int, str] = defaultdict(str)
+    finished = []
+    for chunk in oai.completions.create(**greedy(prompt=PROMPTS, max_tokens=6, n=2), stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+            if choice.finish_reason:
+                finished.append(choice.index)
+    assert dict(streamed) == {c.index: c.text for c in batch.choices}
+    assert sorted(finished) == list(range(8))
+
+
+def test_token_id_prompts_reach_the_engine_as_sent(oai: openai.OpenAI):
+    from trtllm_truss.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(REPO_ROOT / "data" / "embedded-llama")
+    ids = [tokenizer.encode(p, add_special_tokens=True) for p in PROMPTS[:2]]
+    by_text = oai.completions.create(**greedy(prompt=PROMPTS[:2], max_tokens=5))
+    one = oai.completions.create(**greedy(prompt=ids[0], max_tokens=5))
+    assert one.choices[0].text == by_text.choices[0].text and one.usage.prompt_tokens == len(ids[0])
+    batch = oai.completions.create(**greedy(prompt=ids, max_tokens=5))
+    assert [c.text for c in batch.choices] == [c.text for c in by_text.choices]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.completions.create(model="embedded", prompt=[[1, 2], [3, 10**7]], max_tokens=2)
+    assert "prompt[1][1]:" in caught.value.message
+
+
+def test_a_bad_prompt_in_a_batch_refuses_the_request_naming_it(oai: openai.OpenAI):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.completions.create(model="embedded", prompt=["fine", "word " * 600], max_tokens=2)
+    assert "prompt[1]:" in caught.value.message and "max_input_len (512)" in caught.value.message
+
+
+# --------------------------------------------------------------------------------- /v1/models
+
+
+def test_models_list_is_not_routed_by_truss(oai: openai.OpenAI, server: TrussServer):
+    """truss 0.18.35 routes no `GET /v1/models` to a model (docs/api.md): the client gets a 404."""
+    with pytest.raises(openai.NotFoundError):
+        oai.models.list()
+    assert httpx.get(server.url + "/v1/models/model", timeout=10).json() == {}  # truss's readiness route
+
+
+# --------------------------------------------------------------------------------- admission, cancellation
+
+
+def test_a_fan_out_is_admitted_whole_or_refused_with_429(server: TrussServer, oai: openai.OpenAI):
+    holding = MAX_IN_FLIGHT - 2
+    with httpx.Client(base_url=server.url, timeout=120.0) as client:
+        body = {"prompt": "Hold on", "max_tokens": 256, "ignore_eos": True, "n": holding, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as held:
+            assert held.status_code == 200
+            lines = held.iter_lines()
+            next(lines)  # admitted and under way; the slots stay taken until this answer is closed
+            with pytest.raises(openai.RateLimitError):
+                oai.completions.create(model="embedded", prompt="three more", max_tokens=2, n=3)
+            fits = oai.completions.create(model="embedded", prompt="two more", max_tokens=2, n=2)
+            assert len(fits.choices) == 2
+    poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 0, timeout_s=20, what="all choices ended")
+
+
+def test_a_client_leaving_cancels_every_choice(server: TrussServer):
+    cancelled_before = standin_metric(server, "trtllm_standin_cancelled_requests_total")
+    with httpx.Client(base_url=server.url, timeout=120.0) as client:
+        body = {"model": "embedded", "messages": CHAT, "max_tokens": 256, "n": 3, "stream": True,
+                "ignore_eos": True, "temperature": 1.0, "top_p": 1.0}
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            next(lines)
+            poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 3, timeout_s=10, what="3 running")
+    poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 0, timeout_s=20, what="every choice freed")
+    assert standin_metric(server, "trtllm_standin_cancelled_requests_total") == cancelled_before + 3
+
+
+def _stream_workers(server: TrussServer) -> list:
+    import psutil
+
+    found = []
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if "trtllm_truss.streaming.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: TrussServer, oai: openai.OpenAI, stream: bool):
+    """Last: it kills the stream workers (they are restarted)."""
+    import os
+    import signal
+    import threading
+
+    poll(lambda: len(_stream_workers(server)) > 0, timeout_s=60, what="stream workers running")
+    workers = _stream_workers(server)
+    body = {"model": "embedded", "messages": CHAT, "max_tokens": 256, "n": 3, "temperature": 1.0, "top_p": 1.0,
+            "extra_body": {"ignore_eos": True}}
+    if stream:
+        with pytest.raises(openai.APIError, match="stream worker"):
+            for i, _ in enumerate(oai.chat.completions.create(**body, stream=True)):
+                if i == 4:  # role chunks, then text: under way
+                    for worker in workers:
+                        os.kill(worker.pid, signal.SIGKILL)
+    else:
+        # killed once all three are running in the engine
+        def kill_when_running() -> None:
+            poll(lambda: standin_metric(server, "trtllm_standin_active_requests") == 3, timeout_s=30, what="3 running")
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_running)
+        killer.start()
+        with pytest.raises(openai.InternalServerError, match="stream worker"):
+            oai.chat.completions.create(**body)
+        killer.join()
+    old = {w.pid for w in workers}
+    poll(lambda: _stream_workers(server) and not old & {w.pid for w in _stream_workers(server)}, timeout_s=60, what="workers restarted")
+    # every slot of the failed request is free again: a request taking all of them is admitted
+    answer = poll(
+        lambda: (r := httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": MAX_IN_FLIGHT}, timeout=60))
+        .status_code == 200 and r,
+        timeout_s=30,
+        what="all slots free",
+    )
+    assert len(answer.json()["choices"]) == MAX_IN_FLIGHT
