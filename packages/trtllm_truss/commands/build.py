@@ -1,8 +1,10 @@
 """`trtllm-truss build [TRUSS_DIR]`: build (or fetch) the engine now and report key, location, size, time.
 
-Build mode: the engine comes from the content-addressed cache, built on a miss. On a machine without
-TensorRT-LLM (or with `--dry-run`) the build commands are printed instead, for the version given by
-`--trtllm-version`. Serve mode: the engine and tokenizer are fetched and verified.
+Build mode: the engine comes from the content-addressed cache, built on a miss. Serve mode: the engine
+and tokenizer are fetched and verified. With `--dry-run`, or where this machine cannot run the backend,
+nothing is built or fetched: the plan of the deployment's machine is printed (`plan_for_target`: the
+TensorRT-LLM of `--trtllm-version` or of base_image, the GPUs of resources.accelerator), the same plan
+`trtllm-truss validate` prints.
 """
 
 from __future__ import annotations
