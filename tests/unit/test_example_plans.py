@@ -168,3 +168,33 @@ def test_cpu_deployment_plans_the_stand_in(capsys) -> None:
     code, out, err = _run(capsys, "validate", str(REPO))
     assert code == 0, err
     assert "# backend pytorch: " in out and printed_commands(out) == []
+
+
+LLAMA_SCRIPT_ARCHITECTURES = ["llama", "mistral", "mixtral", "deepseek", "internlm"]
+QUANTIZATIONS = ["no_quant", "weights_int8", "weights_kv_int8", "weights_int4", "weights_kv_int4", "smooth_quant", "awq",
+                 "fp8", "fp8_kv"]
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+@pytest.mark.parametrize("architecture", LLAMA_SCRIPT_ARCHITECTURES)
+def test_0_16_plans_of_the_llama_script_family_use_only_recorded_flags(architecture: str, quantization: str) -> None:
+    """Beyond the examples: every quantization of every architecture NVIDIA converts with
+    examples/llama/convert_checkpoint.py, planned for 0.16.0 (the Triton 24.12 image)."""
+    from pydantic import ValidationError
+
+    from trtllm_truss.artifacts.build import plan_build
+    from trtllm_truss.config.schema import BuildConfig
+
+    try:
+        config = BuildConfig(base_model_architecture=architecture, huggingface_ckpt_repository="o/m",
+                             quantization_type=quantization, tensor_parallel_count=2,
+                             **({"smoothquant": {"per_token": True, "per_channel": True}} if quantization == "smooth_quant" else {}))
+    except ValidationError:
+        pytest.skip("combination rejected by the schema")
+    plan = plan_build(config, trtllm_version="0.16.0", checkpoint_dir=Path("/ckpt"), output_dir=Path("/engine"),
+                      work_dir=Path("/work"), python="/usr/bin/python3")
+    printed = printed_commands(plan.describe())
+    assert [argv[0] for argv in printed] == ["/usr/bin/python3", "trtllm-build"]
+    for argv in printed:
+        tool, problems = command_problems(argv, "0.16.0")
+        assert problems == [], f"{tool}: {problems}"
