@@ -15,7 +15,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from trtllm_truss.artifacts.engine_builder import EngineBuilder
+    from trtllm_truss.artifacts.target import DeployTarget, PlanVersion
+    from trtllm_truss.config import ResolvedConfig
+    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.probe import RuntimeFacts
 
 HELP = "build or fetch the engine now; print the cache key, location, sizes and time"
 
@@ -114,16 +121,18 @@ def run(args: argparse.Namespace) -> int:
 class TargetPlan:
     """The plan the deployment's machine would make, and how its TensorRT-LLM version was chosen."""
 
-    plan: Any  # ServingPlan
-    version: Any  # artifacts.target.PlanVersion
-    deploy: Any  # artifacts.target.DeployTarget
+    plan: ServingPlan
+    version: PlanVersion
+    deploy: DeployTarget
     local: bool  # True: planned with this machine's own facts (it can run TensorRT-LLM)
     python: str  # the interpreter the printed commands name
     examples_dir: Path | None
     notes: tuple[str, ...] = ()
 
 
-def plan_for_target(resolved, facts, requested_version: str | None, *, examples_dir: Path | None = None) -> TargetPlan:
+def plan_for_target(
+    resolved: ResolvedConfig, facts: RuntimeFacts, requested_version: str | None, *, examples_dir: Path | None = None
+) -> TargetPlan:
     """make_plan for the machine the config deploys to, downloading and building nothing.
 
     The TensorRT-LLM version: `requested_version`, else the one installed here when it can run (this is
@@ -170,7 +179,7 @@ def plan_for_target(resolved, facts, requested_version: str | None, *, examples_
     )
 
 
-def describe_target_plan(target: TargetPlan, resolved) -> list[str]:
+def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[str]:
     """What the deployment's machine would run, as printed by `validate` and `build --dry-run`: the
     trtllm-build flow's commands, the llmapi model.yaml, or what serve mode fetches. No network."""
     from trtllm_truss.artifacts.build import plan_build
@@ -220,7 +229,7 @@ def describe_target_plan(target: TargetPlan, resolved) -> list[str]:
     return lines
 
 
-def _print_target_plan(target: TargetPlan, builder, resolved) -> int:
+def _print_target_plan(target: TargetPlan, builder: EngineBuilder, resolved: ResolvedConfig) -> int:
     plan = target.plan
     if plan.backend == "tensorrtllm" and plan.mode == "build":
         build = plan.build
