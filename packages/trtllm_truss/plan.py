@@ -54,7 +54,11 @@ _FALLBACK_CONTEXT_LEN = 2048
 
 
 class PlanError(ValueError):
-    """The configuration cannot run on this machine; one line naming the key to change."""
+    """The configuration cannot run on this machine; one line per problem, each naming the key to change."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems: list[str] = list(problems) if problems else [message]
 
 
 @dataclass(frozen=True)
@@ -327,7 +331,7 @@ def make_plan(
     backend, reason = choose_backend(runtime.backend, facts, trt.world_size, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     if problems:
-        raise PlanError("; ".join(problems))
+        raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
         "backend": backend,
         "backend_reason": reason,

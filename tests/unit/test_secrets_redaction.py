@@ -76,7 +76,9 @@ def test_validate_hides_every_declared_secret_value(tmp_path: Path, capsys):
                 "engine_repository": f"org/{ENV_SECRET}",
                 "engine_revision": FILE_SECRET,
                 "tokenizer_repository": INLINE_SECRET,
-            }
+            },
+            # a CPU deployment (no resources.accelerator) runs the stand-in, which validate's plan requires a model for
+            "runtime": {"pytorch": {"model": "org/tiny"}},
         },
         secrets={"inline": INLINE_SECRET},
     )

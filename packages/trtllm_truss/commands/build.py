@@ -1,8 +1,10 @@
 """`trtllm-truss build [TRUSS_DIR]`: build (or fetch) the engine now and report key, location, size, time.
 
-Build mode: the engine comes from the content-addressed cache, built on a miss. On a machine without
-TensorRT-LLM (or with `--dry-run`) the build commands are printed instead, for the version given by
-`--trtllm-version`. Serve mode: the engine and tokenizer are fetched and verified.
+Build mode: the engine comes from the content-addressed cache, built on a miss. Serve mode: the engine
+and tokenizer are fetched and verified. With `--dry-run`, or where this machine cannot run the backend,
+nothing is built or fetched: the plan of the deployment's machine is printed (`plan_for_target`: the
+TensorRT-LLM of `--trtllm-version` or of base_image, the GPUs of resources.accelerator), the same plan
+`trtllm-truss validate` prints.
 """
 
 from __future__ import annotations
@@ -11,13 +13,19 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from trtllm_truss.artifacts.engine_builder import EngineBuilder
+    from trtllm_truss.artifacts.target import DeployTarget, PlanVersion
+    from trtllm_truss.config import ResolvedConfig
+    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.probe import RuntimeFacts
 
 HELP = "build or fetch the engine now; print the cache key, location, sizes and time"
 
-# The version whose commands a machine without TensorRT-LLM is shown (newest with trtllm-build).
-DEFAULT_PLAN_VERSION = "0.21.0"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trtllm-version",
         default=None,
-        help=f"plan for this TensorRT-LLM version (default: the installed one, else {DEFAULT_PLAN_VERSION})",
+        help="plan for this TensorRT-LLM version (default: the installed one, else base_image's, else the newest 0.x)",
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="engine cache directory (default: <artifacts>/engines)")
     parser.add_argument("--examples-dir", type=Path, default=None, help="NVIDIA's examples/ directory (0.x builds)")
@@ -69,25 +77,31 @@ def run(args: argparse.Namespace) -> int:
 
     facts = probe_facts()
     started = time.monotonic()
+    builder = EngineBuilder(cache_root=args.cache_dir, max_cache_bytes=args.max_cache_bytes, examples_dir=args.examples_dir)
     try:
-        if args.dry_run and (not facts.trtllm_usable or args.trtllm_version):
-            facts = _target_machine(facts, resolved, args.trtllm_version or facts.trtllm_version or DEFAULT_PLAN_VERSION)
-        # A dry run plans for the target machine: NVIDIA's llmapi model files need not be here.
-        plan = make_plan(resolved, facts, check_backend_files=not args.dry_run)
+        if args.dry_run:
+            # A dry run plans for the deployment's machine (its image's TensorRT-LLM, its GPUs); see TargetPlan.
+            target = plan_for_target(resolved, facts, args.trtllm_version, examples_dir=args.examples_dir)
+            return _print_target_plan(target, builder, resolved)
+        plan = make_plan(resolved, facts)
         if plan.mode == "serve":
             return _fetch_serve_artifacts(plan, args, started)
-        builder = EngineBuilder(
-            cache_root=args.cache_dir, max_cache_bytes=args.max_cache_bytes, examples_dir=args.examples_dir
-        )
-        if plan.backend != "tensorrtllm" or args.dry_run:
-            return _print_plan(plan, builder, facts, resolved, args)
+        if plan.backend != "tensorrtllm":
+            # Nothing to build on this machine: show what the deployment's machine would run.
+            target = plan_for_target(resolved, facts, args.trtllm_version, examples_dir=args.examples_dir)
+            _say(f"no engine is built on this machine: {plan.backend_reason}")
+            return _print_target_plan(target, builder, resolved)
         # Tokenizer fetch + engine (cache hit or build) + verification against this machine.
         _, results = prepare_artifacts(plan, build_engine=builder)
         acquisition = builder.last_acquisition
         assert acquisition is not None
         for result in results:
             _say(f"{result.kind}: {result.path} ({_human(result.total_bytes)})", file=out)
-    except (PlanError, BuildPlanError, FetchError, ValueError) as exc:  # ValueError: engine verification
+    except PlanError as exc:
+        for problem in exc.problems:
+            _say(f"error: {problem}", file=err)
+        return 1
+    except (BuildPlanError, FetchError, ValueError) as exc:  # ValueError: engine verification
         _say(f"error: {exc}", file=err)
         return 1
     except BuildStepError as exc:
@@ -103,80 +117,140 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _target_machine(facts, resolved, version: str):
-    """The GPU machine a dry run plans for: TensorRT-LLM `version` and as many GPUs as the world size
-    (named after resources.accelerator), so the plan shows what that machine would run."""
-    from trtllm_truss.probe import GpuInfo, RuntimeFacts
+@dataclass(frozen=True)
+class TargetPlan:
+    """The plan the deployment's machine would make, and how its TensorRT-LLM version was chosen."""
 
-    name = str(resolved.accelerator or "GPU").split(":")[0]
-    return RuntimeFacts(
-        gpus=tuple(GpuInfo(name=name) for _ in range(resolved.trt_llm.world_size)),
-        trtllm_version=version,
-        tensorrt_version=facts.tensorrt_version,
-        trtllm_unavailable_reason=None,
-        notes=(f"dry run: planned for TensorRT-LLM {version} on {resolved.trt_llm.world_size} x {name}",),
-    )
+    plan: ServingPlan
+    version: PlanVersion
+    deploy: DeployTarget
+    local: bool  # True: planned with this machine's own facts (it can run TensorRT-LLM)
+    python: str  # the interpreter the printed commands name
+    examples_dir: Path | None
+    notes: tuple[str, ...] = ()
 
 
-def _print_plan(plan, builder, facts, resolved, args: argparse.Namespace) -> int:
-    from trtllm_truss.config import resolve_repository
-    from trtllm_truss.plan import backend_setting_problems, llmapi_incompatibility, llmapi_version_ok
+def plan_for_target(
+    resolved: ResolvedConfig, facts: RuntimeFacts, requested_version: str | None, *, examples_dir: Path | None = None
+) -> TargetPlan:
+    """make_plan for the machine the config deploys to, downloading and building nothing.
 
-    build = resolved.trt_llm.build
-    version = args.trtllm_version or facts.trtllm_version or DEFAULT_PLAN_VERSION
-    requested = resolved.trt_llm.runtime.backend.value
-    # The backend a GPU machine with `version` would choose (the same rule as choose_backend's auto).
-    target = plan.backend if plan.backend != "pytorch" else (
-        "llmapi"
-        if requested in ("auto", "llmapi") and llmapi_version_ok(version) and llmapi_incompatibility(build) is None
-        else "tensorrtllm"
-    )
-    problems = backend_setting_problems(resolved.trt_llm, target, version)
-    if problems:
-        for problem in problems:
-            print(f"error: {problem}", file=sys.stderr)
-        return 1
-    if target == "llmapi":
-        return _print_llmapi(plan, build, resolved, version)
-    if plan.backend != "tensorrtllm":
-        _say(f"no engine is built on this machine: {plan.backend_reason}")
-        _say(f"a GPU machine with TensorRT-LLM {version} would run the commands below")
-    location = resolve_repository(build.huggingface_ckpt_repository, resolved.truss_dir)
-    checkpoint_dir = plan.checkpoint.dest if plan.checkpoint is not None else (
-        location.local_path if location.kind == "local" else Path("<artifacts>/checkpoint")
-    )
-    try:
-        key, inputs = builder.key_for(
-            build, source=build.huggingface_ckpt_repository, revision=build.huggingface_ckpt_revision,
-            location=location.kind, facts=facts, truss_dir=resolved.truss_dir,
+    The TensorRT-LLM version: `requested_version`, else the one installed here when it can run (this is
+    that machine), else base_image's (artifacts.target.IMAGE_TRTLLM_VERSIONS), else the default. The GPUs:
+    resources.accelerator (none: no GPU, so backend auto means the stand-in), or with an explicit version
+    and no accelerator, as many as the world size. Raises PlanError (with `.problems`, one per key) for
+    settings that backend would refuse, exactly as `serve` would.
+    """
+    from trtllm_truss.artifacts.target import DEFAULT_TARGET_PYTHON, plan_version, read_deploy_target, target_facts
+    from trtllm_truss.plan import make_plan
+
+    deploy = read_deploy_target(resolved.truss_dir)
+    version = plan_version(requested_version, facts, deploy)
+    local = version.basis == "installed here"
+    if not local:
+        accelerator = resolved.accelerator
+        gpus = accelerator.count if accelerator is not None else (resolved.trt_llm.world_size if requested_version else 0)
+        facts = target_facts(gpus, accelerator, version.version, tensorrt_version=facts.tensorrt_version)
+    # NVIDIA's llmapi model files are looked for on the target machine, not here.
+    plan = make_plan(resolved, facts, check_backend_files=local)
+    notes: list[str] = []
+    chosen_examples = examples_dir or deploy.examples_dir
+    if (
+        not local
+        and plan.backend == "tensorrtllm"
+        and plan.mode == "build"
+        and chosen_examples is None
+        and not version.version.startswith(("1.", "2."))
+    ):
+        notes.append(
+            f"TensorRT-LLM {version.version} builds need NVIDIA's examples/ of that release, which images do not always"
+            " ship (tensorrtllm_backend issue 739): if base_image keeps them outside /app/tensorrt_llm/examples,"
+            " /opt/tensorrt_llm/examples and /workspace/TensorRT-LLM/examples, set TRTLLM_EXAMPLES_DIR in"
+            " environment_variables (an engine already in the cache or in build.publish_repository needs no build)"
         )
-        _say(f"cache key (this machine's TensorRT-LLM/GPU facts): {key}")
-        _say("key inputs: " + json.dumps(inputs, sort_keys=True))
-    except Exception as exc:  # noqa: BLE001 - the key needs the checkpoint revision; show why it is unknown
-        _say(f"cache key: unknown until the checkpoint revision resolves ({type(exc).__name__}: {exc})")
-    _say(builder.build_plan_for(build, Path(checkpoint_dir), version).describe())
-    return 0
+    return TargetPlan(
+        plan=plan,
+        version=version,
+        deploy=deploy,
+        local=local,
+        python=sys.executable if local else (deploy.python or DEFAULT_TARGET_PYTHON),
+        examples_dir=chosen_examples,
+        notes=tuple(notes),
+    )
 
 
-def _print_llmapi(plan, build, resolved, version: str) -> int:
-    from trtllm_truss.repository.llmapi import MODEL_NAME, render_model_yaml
+def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[str]:
+    """What the deployment's machine would run, as printed by `validate` and `build --dry-run`: the
+    trtllm-build flow's commands, the llmapi model.yaml, or what serve mode fetches. No network."""
+    from trtllm_truss.artifacts.build import plan_build
+    from trtllm_truss.config import resolve_repository
 
-    if plan.backend != "llmapi":
-        print(f"no model is loaded on this machine: {plan.backend_reason}")
-    model_dir = plan.model_dir if plan.backend == "llmapi" else "<the checkpoint folder after download>"
-    print(f"# TensorRT-LLM {version} (llmapi): no engine build; NVIDIA's LLM API loads the checkpoint")
-    print(f"# {MODEL_NAME}/1/model.yaml of the Triton repository:")
-    print(render_model_yaml(build, resolved.trt_llm.runtime, model_dir), end="")
+    plan = target.plan
+    gpus = f"{plan.facts.gpu_count} x {plan.facts.gpus[0].name}" if plan.facts.gpus else "no GPU"
+    where = "this machine" if target.local else "the deployment's machine"
+    lines = [
+        f"# plan for {where}: {gpus}, TensorRT-LLM {target.version.version} ({target.version.basis})",
+        f"# backend {plan.backend}: {plan.backend_reason}",
+    ]
+    lines += [f"# note: {note}" for note in target.notes]
+    if plan.mode == "serve":
+        lines += [
+            f"would fetch {request.role}: {request.source}@{request.revision or 'main'} -> {request.dest}"
+            for request in plan.fetches
+        ]
+        return lines
+    if plan.backend == "pytorch":
+        lines.append(f"# no engine build: the pytorch stand-in runs the checkpoint {plan.model_dir}")
+        return lines
+    if plan.backend == "llmapi":
+        from trtllm_truss.repository.llmapi import MODEL_NAME, render_model_yaml
+
+        lines.append(
+            f"# TensorRT-LLM {target.version.version} (llmapi): no engine build; NVIDIA's LLM API (PyTorch backend)"
+            " loads the checkpoint"
+        )
+        lines.append(f"# {MODEL_NAME}/1/model.yaml of the Triton repository:")
+        lines += render_model_yaml(plan.build, plan.runtime, plan.model_dir).splitlines()
+        return lines
+    build = plan.build
+    checkpoint_dir = plan.checkpoint.dest if plan.checkpoint is not None else (
+        resolve_repository(build.huggingface_ckpt_repository, resolved.truss_dir).local_path
+    )
+    build_plan = plan_build(
+        build,
+        trtllm_version=target.version.version,
+        checkpoint_dir=Path(checkpoint_dir),
+        output_dir=Path("<engine cache>/scratch/<key>/engine"),
+        work_dir=Path("<engine cache>/scratch/<key>/work"),
+        examples_dir=target.examples_dir,
+        python=target.python,
+    )
+    lines += build_plan.describe().splitlines()
+    return lines
+
+
+def _print_target_plan(target: TargetPlan, builder: EngineBuilder, resolved: ResolvedConfig) -> int:
+    plan = target.plan
+    if plan.backend == "tensorrtllm" and plan.mode == "build":
+        build = plan.build
+        checkpoint = plan.checkpoint
+        try:
+            key, inputs = builder.key_for(
+                build, source=checkpoint.source, revision=checkpoint.revision, location=checkpoint.location,
+                facts=plan.facts, truss_dir=resolved.truss_dir,
+            )
+            _say(f"cache key (for the planned machine's TensorRT-LLM/GPU facts): {key}")
+            _say("key inputs: " + json.dumps(inputs, sort_keys=True))
+        except Exception as exc:  # noqa: BLE001 - the key needs the checkpoint revision; show why it is unknown
+            _say(f"cache key: unknown until the checkpoint revision resolves ({type(exc).__name__}: {exc})")
+    for line in describe_target_plan(target, resolved):
+        _say(line)
     return 0
 
 
 def _fetch_serve_artifacts(plan, args: argparse.Namespace, started: float) -> int:
     from trtllm_truss.artifacts.prepare import prepare_artifacts
 
-    if args.dry_run:
-        for request in plan.fetches:
-            _say(f"would fetch {request.role}: {request.source}@{request.revision or 'main'} -> {request.dest}")
-        return 0
     _, results = prepare_artifacts(plan)
     for result in results:
         _say(f"{result.kind}: {result.path} ({len(result.files)} files, {_human(result.total_bytes)}, "

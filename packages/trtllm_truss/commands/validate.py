@@ -1,4 +1,11 @@
-"""`trtllm-truss validate [TRUSS_DIR]`: load the configuration, print each value and its origin."""
+"""`trtllm-truss validate [TRUSS_DIR]`: load the configuration, print each value and its origin, then plan.
+
+The plan is the one the deployment's machine would make (`trtllm_truss.commands.build.plan_for_target`:
+base_image's TensorRT-LLM version, resources.accelerator's GPUs), made without downloading or building
+anything: settings the chosen backend would refuse at load are reported here, one line per key (exit 1),
+and what that machine would run is printed (the engine build commands, the llmapi model.yaml, or the
+serve-mode fetches).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "check config.yaml (+ environment overrides) and show every resolved value and its source"
+HELP = "check config.yaml (+ environment overrides), show every resolved value and its source, and the plan"
 
 # Options of a quantization recipe that is not selected are noise in the listing.
 _ONLY_WITH_QUANTIZATION = {"build.smoothquant.": "smooth_quant", "build.awq.": "awq"}
@@ -15,6 +22,11 @@ _ONLY_WITH_QUANTIZATION = {"build.smoothquant.": "smooth_quant", "build.awq.": "
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("truss_dir", nargs="?", default=".", type=Path, help="truss directory (default: .)")
     parser.add_argument("--all", action="store_true", help="also list options of unselected quantization recipes")
+    parser.add_argument(
+        "--trtllm-version",
+        default=None,
+        help="plan for this TensorRT-LLM version (default: the installed one, else base_image's, else the newest 0.x)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +71,30 @@ def run(args: argparse.Namespace) -> int:
     )
     for warning in resolved.warnings:
         err.print(f"warning: {redact(warning)}", markup=False)
+    return _check_plan(resolved, args, out, err)
+
+
+def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
+    """Plan for the deployment's machine (no download, no build): refusals -> exit 1, else print the plan."""
+    from trtllm_truss.artifacts.build import BuildPlanError
+    from trtllm_truss.commands.build import describe_target_plan, plan_for_target
+    from trtllm_truss.config.errors import redact
+    from trtllm_truss.plan import PlanError
+    from trtllm_truss.probe import probe_facts
+
+    try:
+        target = plan_for_target(resolved, probe_facts(), args.trtllm_version)
+        lines = describe_target_plan(target, resolved)
+    except PlanError as exc:
+        err.print(f"plan: {len(exc.problems)} problem(s)", markup=False)
+        for problem in exc.problems:
+            err.print(f"error: {redact(problem)}", markup=False)
+        return 1
+    except BuildPlanError as exc:
+        err.print(f"error: {redact(str(exc))}", markup=False)
+        return 1
+    for line in lines:  # plain print: a command must stay on one line whatever the terminal width
+        print(redact(line), file=out.file)
     return 0
 
 
