@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Protocol
 
+from trtllm_truss.api.openai import LogProbEntry
 from trtllm_truss.streaming.generation import WorkerSettings
 from trtllm_truss.streaming.protocol import FrameReader, GenerationSpec, StreamEnd, WorkerInfo, encode_frame
 
@@ -70,7 +71,7 @@ class ResponseStream:
         self.rid = rid
         self._worker = worker
         self._parts: list[str] = []
-        self._log_probs: list[tuple[str, float]] = []
+        self._log_probs: list[LogProbEntry] = []
         self.end: StreamEnd | None = None
         self._waiter: asyncio.Future | None = None
         self._closed = False
@@ -128,8 +129,9 @@ class ResponseStream:
         parts, self._parts = self._parts, []
         return parts[0] if len(parts) == 1 else "".join(parts)
 
-    def take_log_probs(self) -> list[tuple[str, float]]:
-        """(token text, log prob) of the tokens delivered since the last call (requests that asked)."""
+    def take_log_probs(self) -> list[LogProbEntry]:
+        """(text the token added, log prob, token bytes) of the tokens delivered since the last call
+        (requests that asked for log probs)."""
         taken, self._log_probs = self._log_probs, []
         return taken
 
