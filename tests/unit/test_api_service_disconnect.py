@@ -79,6 +79,17 @@ class _Pool:
         return self.stream
 
 
+@pytest.fixture(autouse=True)
+def _private_metrics(monkeypatch):
+    """The service's metrics on a registry of this test's own, not the process's default one."""
+    from prometheus_client import CollectorRegistry
+
+    from trtllm_truss import service
+    from trtllm_truss.metrics import ServingMetrics
+
+    monkeypatch.setattr(service, "_METRICS", ServingMetrics(CollectorRegistry()))
+
+
 def _service(pool: _Pool) -> LLMService:
     service = LLMService(".")
     service._pool = pool
