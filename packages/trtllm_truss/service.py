@@ -329,17 +329,7 @@ class LLMService:
         _refuse_what_the_engine_cannot_do(req)
         if req.n > 1 or req.wants_log_probs():
             return await self._chat_choices(req, http_request)
-        max_tokens_field, requested = req.requested_max_tokens()
-        spec = self._spec(
-            req,
-            prompt=None,
-            messages=req.messages,
-            prompt_field="messages",
-            max_tokens_field=max_tokens_field,
-            requested_max_tokens=requested,
-            default_max_tokens=self.limits.max_output_len,
-            stop_words=req.stop_words(),
-        )
+        spec = self._chat_spec(req)
         model = req.model or SERVED_MODEL_NAME
         stream, first = await self._open(spec, http_request)
         if req.stream:
@@ -358,16 +348,7 @@ class LLMService:
         prompts = req.prompts()
         if req.n > 1 or req.wants_log_probs() or len(prompts) > 1 or not isinstance(prompts[0], str):
             return await self._completion_choices(req, http_request)
-        spec = self._spec(
-            req,
-            prompt=req.prompt_text(),
-            messages=None,
-            prompt_field="prompt",
-            max_tokens_field="max_tokens",
-            requested_max_tokens=req.max_tokens,
-            default_max_tokens=OPENAI_DEFAULT_COMPLETION_MAX_TOKENS,
-            stop_words=req.stop_words(),
-        )
+        spec = self._completion_spec(req, req.prompt_text())
         model = req.model or SERVED_MODEL_NAME
         stream, first = await self._open(spec, http_request)
         if req.stream:
@@ -421,6 +402,31 @@ class LLMService:
             yield event
 
     # --- shared steps ----------------------------------------------------------------------------
+
+    def _chat_spec(self, req: ChatCompletionRequest) -> GenerationSpec:
+        max_tokens_field, requested = req.requested_max_tokens()
+        return self._spec(
+            req,
+            prompt=None,
+            messages=req.messages,
+            prompt_field="messages",
+            max_tokens_field=max_tokens_field,
+            requested_max_tokens=requested,
+            default_max_tokens=self.limits.max_output_len,
+            stop_words=req.stop_words(),
+        )
+
+    def _completion_spec(self, req: CompletionRequest, prompt: str | None) -> GenerationSpec:
+        return self._spec(
+            req,
+            prompt=prompt,
+            messages=None,
+            prompt_field="prompt",
+            max_tokens_field="max_tokens",
+            requested_max_tokens=req.max_tokens,
+            default_max_tokens=OPENAI_DEFAULT_COMPLETION_MAX_TOKENS,
+            stop_words=req.stop_words(),
+        )
 
     def _spec(
         self,
@@ -508,17 +514,7 @@ class LLMService:
     # cancelled when the client leaves or one of them fails.
 
     async def _chat_choices(self, req: ChatCompletionRequest, http_request: Request | None) -> Any:
-        max_tokens_field, requested = req.requested_max_tokens()
-        spec = self._spec(
-            req,
-            prompt=None,
-            messages=req.messages,
-            prompt_field="messages",
-            max_tokens_field=max_tokens_field,
-            requested_max_tokens=requested,
-            default_max_tokens=self.limits.max_output_len,
-            stop_words=req.stop_words(),
-        )
+        spec = self._chat_spec(req)
         specs = _choice_specs(req, [spec])
         model = req.model or SERVED_MODEL_NAME
         opened = await self._open_choices(specs, http_request)
@@ -542,16 +538,7 @@ class LLMService:
     async def _completion_choices(self, req: CompletionRequest, http_request: Request | None) -> Any:
         prompts = req.prompts()
         first_text = next((p for p in prompts if isinstance(p, str)), None)
-        base = self._spec(
-            req,
-            prompt=first_text,
-            messages=None,
-            prompt_field="prompt",
-            max_tokens_field="max_tokens",
-            requested_max_tokens=req.max_tokens,
-            default_max_tokens=OPENAI_DEFAULT_COMPLETION_MAX_TOKENS,
-            stop_words=req.stop_words(),
-        )
+        base = self._completion_spec(req, first_text)
         per_prompt = []
         for i, prompt in enumerate(prompts):
             field = f"prompt[{i}]" if req.batched() else "prompt"

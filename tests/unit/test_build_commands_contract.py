@@ -9,13 +9,13 @@ which carry the required flags.
 from __future__ import annotations
 
 import itertools
-import textwrap
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
+from trtllm_flags_check import FLAGS_DIR, flag_problems, load_flags
 from trtllm_truss.artifacts.build import BuildPlan, BuildStep, plan_build
 from trtllm_truss.config.schema import (
     Architecture,
@@ -24,8 +24,6 @@ from trtllm_truss.config.schema import (
     ChatglmModelVersion,
     Quantization,
 )
-
-FLAGS_DIR = Path(__file__).resolve().parents[1] / "data" / "trtllm_flags"
 
 LLAMA_FAMILY = {Architecture.LLAMA, Architecture.MISTRAL, Architecture.MIXTRAL, Architecture.DEEPSEEK, Architecture.INTERNLM}
 CONVERT_FLAGS_FILE = {
@@ -39,40 +37,6 @@ CONVERT_FLAGS_FILE = {
     Architecture.SANTACODER: "gpt",
     Architecture.STARCODER: "gpt",
 }
-
-
-def load_flags(version: str, name: str) -> dict:
-    doc = json.loads((FLAGS_DIR / version / f"{name}.json").read_text())
-    assert doc["trtllm_version"] == version and doc["source"]["path"], f"{name}: provenance missing"
-    return doc
-
-
-def flag_problems(argv: tuple[str, ...], accepted: dict, required: list[str]) -> list[str]:
-    problems, seen, index = [], set(), 0
-    while index < len(argv):
-        token = argv[index]
-        if not token.startswith("-"):
-            problems.append(f"unexpected positional {token!r}")
-            index += 1
-            continue
-        spec = accepted.get(token)
-        if spec is None:
-            problems.append(f"{token} is not a flag of this version")
-            index += 1
-            continue
-        seen.add(token)
-        if spec["takes_value"]:
-            if index + 1 >= len(argv):
-                problems.append(f"{token} needs a value")
-                break
-            value = argv[index + 1]
-            if spec["choices"] is not None and value not in spec["choices"]:
-                problems.append(f"{token} {value!r} not in {spec['choices']}")
-            index += 2
-        else:
-            index += 1
-    problems += [f"required {flag} missing" for flag in required if flag not in seen]
-    return problems
 
 
 def config_for(arch: Architecture, quant: Quantization, **extra) -> BuildConfig | None:
@@ -192,7 +156,7 @@ def test_checker_catches_the_hyphen_bug() -> None:
 
 
 def test_quantization_mapping() -> None:
-    mk = lambda q, **kw: make_plan(config_for(Architecture.LLAMA, q, **kw), "0.21.0").steps[0].argv  # noqa: E731
+    mk = lambda q, **kw: make_plan(config_for(Architecture.LLAMA, q, **kw), "0.21.0").steps[0].argv
     assert mk(Quantization.FP8_KV)[mk(Quantization.FP8_KV).index("--qformat") + 1] == "fp8"
     assert "--kv_cache_dtype" in mk(Quantization.FP8_KV) and "--kv_cache_dtype" not in mk(Quantization.FP8)
     awq = mk(Quantization.AWQ, awq={"calib_size": 64})
@@ -222,8 +186,8 @@ def test_chatglm_rejects_pipeline_parallel() -> None:
 
 
 def test_example_dir_found_in_the_release_wins_over_the_version_rule(tmp_path: Path) -> None:
-    from trtllm_truss.artifacts.build import convert_script_relpath
     from trtllm_truss.artifacts.build import TrtllmVersion as V
+    from trtllm_truss.artifacts.build import convert_script_relpath
 
     assert convert_script_relpath(Architecture.FALCON, V.parse("0.16.0")) == "falcon/convert_checkpoint.py"
     assert convert_script_relpath(Architecture.FALCON, V.parse("0.21.0")) == "models/contrib/falcon/convert_checkpoint.py"
@@ -296,7 +260,6 @@ def test_shipped_examples_build_with_flags_of_their_images_release(config_path: 
     """Each example's trtllm-build command uses only options recorded for the TensorRT-LLM of its image;
     settings that release would ignore are refused (none in the shipped examples)."""
     import yaml
-
     from trtllm_truss.config.schema import TrtLlmConfig
     from trtllm_truss.plan import backend_setting_problems
 

@@ -175,20 +175,13 @@ class WorkerModel:
             for j, token in enumerate(ids):
                 if token >= vocab:
                     raise RequestError(f"{spec.prompt_field}[{j}]", f"{token} is not a token id (vocabulary size {vocab})")
-            if len(ids) > limit:
-                raise RequestError(
-                    spec.prompt_field, f"the prompt is {len(ids)} tokens, above this deployment's max_input_len ({limit})"
-                )
-            if not ids:
-                raise RequestError(spec.prompt_field, "the prompt is empty")
-            return ids
-        if len(text) > self.max_prompt_bytes or len(text.encode("utf-8")) > self.max_prompt_bytes:
+        elif len(text) > self.max_prompt_bytes or len(text.encode("utf-8")) > self.max_prompt_bytes:
             raise RequestError(
                 spec.prompt_field,
                 f"the prompt is over {limit} tokens, this deployment's max_input_len (refused by its length"
                 f" of {len(text)} characters without tokenizing it)",
             )
-        if spec.messages is not None:
+        elif spec.messages is not None:
             ids = self._chat_call(self.chat.chat_ids, spec)
         else:
             ids = self.tokenizer.encode(
