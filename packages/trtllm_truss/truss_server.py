@@ -107,6 +107,21 @@ class TrussServer:
                 continue
         return found
 
+    def stream_workers(self) -> list[psutil.Process]:
+        """The model's live stream-worker processes (python -m trtllm_truss.streaming.worker)."""
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        found = []
+        for child in children:
+            try:
+                if "trtllm_truss.streaming.worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (the model's shutdown stops tritonserver), then SIGKILL the whole group."""
         if self.process.poll() is None:

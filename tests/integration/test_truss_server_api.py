@@ -85,19 +85,6 @@ def oai(server: TrussServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=60.0)
 
 
-def stream_workers_of(server: TrussServer) -> list:
-    import psutil
-
-    found = []
-    for child in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            if "trtllm_truss.streaming.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 def tritonserver_of(server: TrussServer):
     processes = server.descendants("tritonserver")
     assert len(processes) == 1, f"expected one tritonserver under the truss server, found {processes}"
@@ -410,7 +397,7 @@ def test_requests_beyond_the_admission_limit_get_429_with_retry_after(slow_serve
 
 
 def test_a_killed_stream_worker_fails_its_streams_and_is_replaced(slow_server: TrussServer):
-    workers = stream_workers_of(slow_server)
+    workers = slow_server.stream_workers()
     assert workers, "no stream worker under the truss server"
     with httpx.Client(base_url=slow_server.url, timeout=60.0) as client:
         body = {"prompt": "A story cut short", "max_tokens": MAX_OUTPUT_LEN, "ignore_eos": True}
@@ -423,8 +410,8 @@ def test_a_killed_stream_worker_fails_its_streams_and_is_replaced(slow_server: T
                             os.kill(worker.pid, signal.SIGKILL)
         old = {w.pid for w in workers}
         poll(
-            lambda: len(stream_workers_of(slow_server)) == len(workers)
-            and not old & {w.pid for w in stream_workers_of(slow_server)},
+            lambda: len(slow_server.stream_workers()) == len(workers)
+            and not old & {w.pid for w in slow_server.stream_workers()},
             timeout_s=60,
             what="stream workers restarted",
         )

@@ -297,19 +297,6 @@ def test_a_client_leaving_cancels_every_choice(server: TrussServer):
     assert standin_metric(server, "trtllm_standin_cancelled_requests_total") == cancelled_before + 3
 
 
-def _stream_workers(server: TrussServer) -> list:
-    import psutil
-
-    found = []
-    for child in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            if "trtllm_truss.streaming.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 @pytest.mark.parametrize("stream", [True, False])
 def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: TrussServer, oai: openai.OpenAI, stream: bool):
     """Last: it kills the stream workers (they are restarted)."""
@@ -317,8 +304,8 @@ def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: Tru
     import signal
     import threading
 
-    poll(lambda: len(_stream_workers(server)) > 0, timeout_s=60, what="stream workers running")
-    workers = _stream_workers(server)
+    poll(lambda: len(server.stream_workers()) > 0, timeout_s=60, what="stream workers running")
+    workers = server.stream_workers()
     body = {"model": "embedded", "messages": CHAT, "max_tokens": 256, "n": 3, "temperature": 1.0, "top_p": 1.0,
             "extra_body": {"ignore_eos": True}}
     if stream:
@@ -340,7 +327,7 @@ def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: Tru
             oai.chat.completions.create(**body)
         killer.join()
     old = {w.pid for w in workers}
-    poll(lambda: _stream_workers(server) and not old & {w.pid for w in _stream_workers(server)}, timeout_s=60, what="workers restarted")
+    poll(lambda: server.stream_workers() and not old & {w.pid for w in server.stream_workers()}, timeout_s=60, what="workers restarted")
     # every slot of the failed request is free again: a request taking all of them is admitted
     answer = poll(
         lambda: (r := httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": MAX_IN_FLIGHT}, timeout=60))
