@@ -659,48 +659,33 @@ class LLMService:
             answers.append((text, entries, stream.end))
         return answers
 
-    async def _chat_choices_sse(
+    def _chat_choices_sse(
         self, opened: list, req: ChatCompletionRequest, model: str, top_logprobs: int
     ) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("chatcmpl"), "model": model}
         wants = req.wants_log_probs()
 
-        def chunk(index: int, delta: ChatDelta, entries: list[LogProbEntry], finish_reason: str | None = None) -> bytes:
+        def chunk(index: int, text: str, entries: list[LogProbEntry], finish_reason: str | None) -> bytes:
             logprobs = chat_logprobs(entries, top_logprobs) if wants and (entries or finish_reason is None) else None
+            delta = ChatDelta(content=text) if finish_reason is None else ChatDelta()
             choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
             return sse_event(ChatCompletionChunk(**envelope, choices=[choice]))
 
-        try:
-            for index in range(len(opened)):
-                yield sse_event(
-                    ChatCompletionChunk(**envelope, choices=[ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
-                )
-            ends: dict[int, StreamEnd] = {}
-            async with aclosing(_choice_updates(opened)) as updates:
-                async for index, text, entries, end in updates:
-                    if end is None:
-                        yield chunk(index, ChatDelta(content=text), entries)
-                    elif end.error is not None:
-                        logger.warning("stream ended by an error: %s", end.error)
-                        yield sse_error(end.error)
-                        return
-                    else:
-                        if text or entries:
-                            yield chunk(index, ChatDelta(content=text), entries)
-                        yield chunk(index, ChatDelta(), [], end.finish_reason or "stop")
-                        ends[index] = end
-            if req.wants_usage_chunk():
-                yield sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_choices_usage([ends[i] for i in sorted(ends)], req.n)))
-            yield SSE_DONE
-        finally:  # however the answer ends, before the updates started too
-            _close_all(opened)
+        roles = [
+            sse_event(ChatCompletionChunk(**envelope, choices=[ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]))
+            for index in range(len(opened))
+        ]
+        def usage(ends: list[StreamEnd]) -> bytes:
+            return sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_choices_usage(ends, req.n)))
 
-    async def _completion_choices_sse(self, opened: list, req: CompletionRequest, model: str) -> AsyncIterator[bytes]:
+        return _choices_sse(opened, chunk, roles, usage if req.wants_usage_chunk() else None)
+
+    def _completion_choices_sse(self, opened: list, req: CompletionRequest, model: str) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("cmpl"), "model": model}
         wants = req.wants_log_probs()
         offsets = [0] * len(opened)  # characters of each choice's text sent so far
 
-        def chunk(index: int, text: str, entries: list[LogProbEntry], finish_reason: str | None = None) -> bytes:
+        def chunk(index: int, text: str, entries: list[LogProbEntry], finish_reason: str | None) -> bytes:
             logprobs = None
             if wants and (entries or finish_reason is None):
                 logprobs = completion_logprobs(entries, offsets[index])
@@ -708,26 +693,43 @@ class LLMService:
             choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
             return sse_event(Completion(**envelope, choices=[choice]))
 
-        try:
-            ends: dict[int, StreamEnd] = {}
-            async with aclosing(_choice_updates(opened)) as updates:
-                async for index, text, entries, end in updates:
-                    if end is None:
-                        yield chunk(index, text, entries)
-                    elif end.error is not None:
-                        logger.warning("stream ended by an error: %s", end.error)
-                        yield sse_error(end.error)
-                        return
-                    else:
-                        if text or entries:
-                            yield chunk(index, text, entries)
-                        yield chunk(index, "", [], end.finish_reason or "stop")
-                        ends[index] = end
-            if req.wants_usage_chunk():
-                yield sse_event(Completion(**envelope, choices=[], usage=_choices_usage([ends[i] for i in sorted(ends)], req.n)))
-            yield SSE_DONE
-        finally:  # however the answer ends, before the updates started too
-            _close_all(opened)
+        def usage(ends: list[StreamEnd]) -> bytes:
+            return sse_event(Completion(**envelope, choices=[], usage=_choices_usage(ends, req.n)))
+
+        return _choices_sse(opened, chunk, [], usage if req.wants_usage_chunk() else None)
+
+
+async def _choices_sse(
+    opened: list,
+    chunk: Callable[[int, str, list[LogProbEntry], str | None], bytes],
+    preamble: list[bytes],
+    usage: Callable[[list[StreamEnd]], bytes] | None,
+) -> AsyncIterator[bytes]:
+    """The events of several choices as their text arrives: `chunk(index, text, entries, None)` per
+    piece, `chunk(index, "", [], finish_reason)` when a choice ends, then the usage event and
+    `[DONE]`; the first failure ends the answer with `event: error` (and no `[DONE]`)."""
+    try:
+        for event in preamble:
+            yield event
+        ends: dict[int, StreamEnd] = {}
+        async with aclosing(_choice_updates(opened)) as updates:
+            async for index, text, entries, end in updates:
+                if end is None:
+                    yield chunk(index, text, entries, None)
+                elif end.error is not None:
+                    logger.warning("stream ended by an error: %s", end.error)
+                    yield sse_error(end.error)
+                    return
+                else:
+                    if text or entries:
+                        yield chunk(index, text, entries, None)
+                    yield chunk(index, "", [], end.finish_reason or "stop")
+                    ends[index] = end
+        if usage is not None:
+            yield usage([ends[i] for i in sorted(ends)])
+        yield SSE_DONE
+    finally:  # however the answer ends, before the updates started too
+        _close_all(opened)
 
 
 async def _sse_events(
