@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,21 +94,15 @@ class TrussServer:
 
     def descendants(self, name: str) -> list[psutil.Process]:
         """Processes started under the server whose executable name is `name` (e.g. tritonserver)."""
-        try:
-            children = psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        found = []
-        for child in children:
-            try:
-                if child.name() == name:
-                    found.append(child)
-            except psutil.NoSuchProcess:
-                continue
-        return found
+        return self._descendants(lambda child: child.name() == name)
 
     def stream_workers(self) -> list[psutil.Process]:
         """The model's live stream-worker processes (python -m trtllm_truss.streaming.worker)."""
+        return self._descendants(
+            lambda child: "trtllm_truss.streaming.worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
+        )
+
+    def _descendants(self, matches: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
         try:
             children = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -116,7 +110,7 @@ class TrussServer:
         found = []
         for child in children:
             try:
-                if "trtllm_truss.streaming.worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                if matches(child):
                     found.append(child)
             except psutil.NoSuchProcess:
                 continue

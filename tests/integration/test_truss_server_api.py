@@ -13,20 +13,18 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
+from trtllm_truss.truss_server import TrussServer
+from truss_serving import poll, serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICT = "/v1/models/model:predict"
 READY = "/v1/models/model"
-STARTUP_TIMEOUT_S = 240
 # Limits of the embedded default (config.yaml: model_metadata.trt_llm.build)
 MAX_INPUT_LEN = 512
 MAX_OUTPUT_LEN = 256
@@ -37,29 +35,9 @@ ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
 CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
 
 
-def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
-
-
-def _truss_server(work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
-    fs_root = build_server_root(REPO_ROOT, work)
-    proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env})
-    try:
-        proc.wait_ready(STARTUP_TIMEOUT_S)
-        yield proc
-    finally:
-        proc.stop()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from _truss_server(tmp_path_factory.mktemp("truss_server"), {})
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server"), {})
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +49,7 @@ def slow_server(tmp_path_factory) -> Iterator[TrussServer]:
         # batch 32 + 4 queued: the 37th request in flight is refused with 429
         "TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": str(QUEUED_BEYOND_BATCH),
     }
-    yield from _truss_server(tmp_path_factory.mktemp("truss_server_slow"), env)
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_slow"), env)
 
 
 @pytest.fixture(scope="module")

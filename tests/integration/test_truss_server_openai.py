@@ -9,47 +9,26 @@ so the all-or-nothing admission of a fan-out is seen with few requests.
 from __future__ import annotations
 
 import re
-import time
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
+from trtllm_truss.truss_server import TrussServer
+from truss_serving import REPO_ROOT, poll, serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 240
 MAX_IN_FLIGHT = 32  # config.yaml's max_batch_size, runtime.max_queued_requests 0 below
 CHAT = [{"role": "user", "content": "Tell me about the sea"}]
 # Sampling needs top_p or top_k: with neither, TensorRT-LLM (and the stand-in) decode greedily.
 PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "Dear diary,"]
 
 
-def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[TrussServer]:
-    work = tmp_path_factory.mktemp("truss_server_openai")
-    fs_root = build_server_root(REPO_ROOT, work)
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"}
-    proc = start_truss_server(fs_root, work / "server.log", env=env)
-    try:
-        proc.wait_ready(STARTUP_TIMEOUT_S)
-        yield proc
-    finally:
-        proc.stop()
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_openai"), {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"})
 
 
 @pytest.fixture(scope="module")
