@@ -38,6 +38,7 @@ from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
 from trtllm_truss.api.openai import (
     OPENAI_DEFAULT_COMPLETION_MAX_TOKENS,
+    OPENAI_DEFAULT_TOP_P,
     SSE_DONE,
     AssistantMessage,
     ChatChoice,
@@ -414,6 +415,7 @@ class LLMService:
             requested_max_tokens=requested,
             default_max_tokens=self.limits.max_output_len,
             stop_words=req.stop_words(),
+            default_top_p=OPENAI_DEFAULT_TOP_P,
         )
 
     def _completion_spec(self, req: CompletionRequest, prompt: str | None) -> GenerationSpec:
@@ -426,6 +428,7 @@ class LLMService:
             requested_max_tokens=req.max_tokens,
             default_max_tokens=OPENAI_DEFAULT_COMPLETION_MAX_TOKENS,
             stop_words=req.stop_words(),
+            default_top_p=OPENAI_DEFAULT_TOP_P,
         )
 
     def _spec(
@@ -442,6 +445,7 @@ class LLMService:
         keep_stop_text: bool = False,
         bad_words: list[str] | None = None,
         beam_width: int | None = None,
+        default_top_p: float | None = None,
     ) -> GenerationSpec:
         limits = self.limits
         max_tokens = resolve_max_tokens(max_tokens_field, requested_max_tokens, default_max_tokens, limits)
@@ -453,6 +457,7 @@ class LLMService:
             stop_words=stop_words,
             bad_words=bad_words or (),
             beam_width=beam_width,
+            default_top_p=default_top_p,
         )
         return GenerationSpec(
             params=params,

@@ -198,6 +198,18 @@ def test_generation_params_translation():
     assert params.end_id == IGNORE_EOS_END_ID and params.stop_words == (".",) and params.stream
     greedy = _params({"temperature": 0, "top_p": 0.5})
     assert greedy.top_k == 1 and greedy.temperature is None and greedy.top_p is None
+
+
+def test_the_openai_default_top_p_applies_only_when_the_request_sets_neither_top_p_nor_top_k():
+    # TensorRT-LLM decodes greedily with neither set: an OpenAI client that sent only a temperature
+    # would never sample. The OpenAI routes send OpenAI's top_p 1.0 then; the native route does not.
+    assert _params({"temperature": 0.8}).top_p is None
+    assert _params({"temperature": 0.8}, default_top_p=1.0).top_p == 1.0
+    assert _params({}, default_top_p=1.0).top_p == 1.0
+    assert _params({"top_p": 0.5}, default_top_p=1.0).top_p == 0.5
+    assert _params({"top_k": 40}, default_top_p=1.0).top_p is None
+    greedy = _params({"temperature": 0}, default_top_p=1.0)
+    assert greedy.top_k == 1 and greedy.top_p is None
     unset = _params({})
     assert unset.temperature is None and unset.top_k is None and unset.end_id is None
     assert not _params({"stream": False}, beam_width=2).stream  # beams come back whole

@@ -23,6 +23,9 @@ from trtllm_truss.api.native import ChatMessage, FinishReason, Usage
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, StrictModel, Text
 
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+# OpenAI's default top_p: a request without top_p/top_k samples from the whole distribution, as on
+# OpenAI (and trtllm-serve); TensorRT-LLM's own default (neither set) is greedy decoding.
+OPENAI_DEFAULT_TOP_P = 1.0
 MAX_CHOICES = 128  # OpenAI's bound on `n`
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's bounds on chat `top_logprobs` and completions `logprobs`
 MAX_COMPLETION_LOGPROBS = 5

@@ -122,8 +122,12 @@ def to_generation_params(
     stop_words: Sequence[str] = (),
     bad_words: Sequence[str] = (),
     beam_width: int | None = None,
+    default_top_p: float | None = None,
 ) -> GenerationParams:
-    """The ensemble request for validated fields; raises HTTP 400 naming the field on a limit breach."""
+    """The ensemble request for validated fields; raises HTTP 400 naming the field on a limit breach.
+
+    `default_top_p`: sent when the request sets neither `top_p` nor `top_k` (the OpenAI routes send
+    OpenAI's 1.0; with neither, TensorRT-LLM decodes greedily whatever the temperature)."""
     prompt = sampling.prompt_for_bound()
     if prompt is not None:
         check_prompt_bytes(*prompt, limits)
@@ -139,6 +143,7 @@ def to_generation_params(
         if limits.vocab_size is not None and sampling.end_id >= limits.vocab_size:
             raise field_error("end_id", f"{sampling.end_id} is not a token id (vocabulary size {limits.vocab_size})")
     greedy = sampling.temperature == 0.0
+    top_p = sampling.top_p if sampling.top_p is not None or sampling.top_k is not None else default_top_p
     return GenerationParams(
         text_input=text_input,
         max_tokens=max_tokens,
@@ -146,7 +151,7 @@ def to_generation_params(
         stream=not (beam_width or 1) > 1,
         end_id=IGNORE_EOS_END_ID if sampling.ignore_eos else sampling.end_id,
         top_k=1 if greedy else sampling.top_k,
-        top_p=None if greedy else sampling.top_p,
+        top_p=None if greedy else top_p,
         temperature=None if greedy else sampling.temperature,
         random_seed=sampling.seed,
         repetition_penalty=sampling.repetition_penalty,
