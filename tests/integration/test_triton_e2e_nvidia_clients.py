@@ -11,6 +11,7 @@ CI) and true (streaming). The engine is the synthetic stand-in (deterministic pe
 
 from __future__ import annotations
 
+import json
 import queue
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,3 +221,197 @@ def test_a_refused_request_counts_as_a_failure_when_not_decoupled(unary_triton) 
     while _failures(unary_triton) < before + 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _failures(unary_triton) == before + 1
+
+
+# ------------------------------------------------------------------ every output's shape and dtype
+# From NVIDIA's v0.19.0 sources: model_instance_state.cc fillTritonResponse (each response is one
+# batch item x one sequence: [1, ...]; batch_index / sequence_index / perf metrics [1, 1]; logits
+# [1, prompt_len, vocab] and [1, beams, tokens, vocab]), postprocessing/1/model.py (OUTPUT 1-D, one
+# text per batch item x beam of its input), end_to_end_grpc_client.py (reads text_output[0],
+# batch_index[0][0], sequence_index[0][0], perf metric [0][0]).
+VOCAB = json.loads((Path(__file__).resolve().parents[2] / "data" / "embedded-llama" / "config.json").read_text())["vocab_size"]
+PERF_DTYPES = {
+    "kv_cache_alloc_new_blocks": np.int32,
+    "kv_cache_reused_blocks": np.int32,
+    "kv_cache_alloc_total_blocks": np.int32,
+    "arrival_time_ns": np.int64,
+    "first_scheduled_time_ns": np.int64,
+    "first_token_time_ns": np.int64,
+    "last_token_time_ns": np.int64,
+    "acceptance_rate": np.float32,
+    "total_accepted_draft_tokens": np.int32,
+    "total_draft_tokens": np.int32,
+}
+
+
+def _client_inputs(module, prompts: list[str], *, stream: bool, n: int | None, extras: bool) -> list:
+    """end_to_end_grpc_client.py's prepare_inputs for each prompt, stacked on axis 0 (--batch-inputs)."""
+    rows = len(prompts)
+    arrays = {
+        "text_input": np.array([[p] for p in prompts], dtype=object),
+        "max_tokens": np.full((rows, 1), OUTPUT_LEN, dtype=np.int32),
+        "stream": np.full((rows, 1), stream, dtype=np.bool_),
+        "beam_width": np.ones((rows, 1), dtype=np.int32),
+        "temperature": np.ones((rows, 1), dtype=np.float32),
+        "exclude_input_in_output": np.full((rows, 1), False, dtype=np.bool_),
+    }
+    if n is not None:
+        arrays["num_return_sequences"] = np.full((rows, 1), n, dtype=np.int32)
+    if extras:
+        for name in ("return_log_probs", "return_context_logits", "return_generation_logits", "return_perf_metrics"):
+            arrays[name] = np.ones((rows, 1), dtype=np.bool_)
+    return [_tensor(module, name, array) for name, array in arrays.items()]
+
+
+def _requested(module, *, batch: bool, n: int | None, extras: bool) -> list:
+    """The outputs end_to_end_grpc_client.py asks for with these flags."""
+    names = ["text_output"]
+    if extras:
+        names += ["cum_log_probs", "output_log_probs", "context_logits", "generation_logits", *PERF_DTYPES]
+    if n is not None and n > 1:
+        names.append("sequence_index")
+    if batch:
+        names.append("batch_index")
+    return [module.InferRequestedOutput(name) for name in names]
+
+
+def _prompt_len(client, module, prompt: str) -> int:
+    pre = client.infer(
+        "preprocessing",
+        [
+            _tensor(module, "QUERY", np.array([[prompt]], dtype=object)),
+            _tensor(module, "REQUEST_OUTPUT_LEN", np.array([[OUTPUT_LEN]], dtype=np.int32)),
+        ],
+    )
+    return int(pre.as_numpy("REQUEST_INPUT_LEN")[0, 0])
+
+
+def _check_extras(result, *, prompt_len: int, generated_shape: tuple[int, ...]) -> None:
+    assert _shape_dtype(result, "cum_log_probs") == ((1, 1), "f")
+    logits = result.as_numpy("context_logits")
+    assert logits.shape == (1, prompt_len, VOCAB) and logits.dtype == np.float32
+    generation = result.as_numpy("generation_logits")
+    assert generation.shape == generated_shape and generation.dtype == np.float32
+    for name, dtype in PERF_DTYPES.items():
+        array = result.as_numpy(name)
+        assert array is not None and array.shape == (1, 1) and array.dtype == dtype, name
+    times = [int(result.as_numpy(f"{t}_time_ns")[0][0]) for t in ("arrival", "first_scheduled", "first_token", "last_token")]
+    assert times == sorted(times) and times[0] > 0  # steady-clock nanoseconds, in NVIDIA's order
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_every_output_shape_and_dtype_unary(unary_triton, module) -> None:
+    """decoupled_mode false (NVIDIA's CI): batch 1 with every return_* flag; batch 2 refused with
+    NVIDIA's message (its backend needs the decoupled policy for batches)."""
+    client = _client(module, unary_triton)
+    prompt_len = _prompt_len(client, module, PROMPT)
+    result = client.infer(
+        "ensemble", _client_inputs(module, [PROMPT], stream=False, n=None, extras=True), outputs=_requested(module, batch=False, n=None, extras=True)
+    )
+    text = result.as_numpy("text_output")
+    assert text.shape == (1,) and text.dtype == np.object_ and text[0].decode().startswith(PROMPT)
+    # Not streaming and the prompt not excluded: log probs cover the generated tokens, the
+    # generation logits the request's max new tokens (TensorRT-LLM's buffer).
+    assert _shape_dtype(result, "output_log_probs") == ((1, 1, OUTPUT_LEN), "f")
+    _check_extras(result, prompt_len=prompt_len, generated_shape=(1, 1, OUTPUT_LEN, VOCAB))
+    assert result.as_numpy("batch_index") is None and result.as_numpy("sequence_index") is None
+    with pytest.raises(Exception, match="Batch size > 1 requires the tensorrt_llm backend to be using decoupled"):
+        client.infer("ensemble", _client_inputs(module, [PROMPT, "Another"], stream=False, n=None, extras=False))
+
+
+def _stream_all(server, inputs: list, outputs: list | None) -> list:
+    """One request on a gRPC stream (as end_to_end_grpc_client.py sends it); every response to it."""
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        client.async_stream_infer("ensemble", inputs, outputs=outputs, request_id="b", enable_empty_final_response=True)
+        results = []
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if result.as_numpy("text_output") is not None:
+                results.append(result)
+            if final:
+                return results
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_every_output_shape_and_dtype_decoupled_batch_and_sequences(decoupled_triton, stream: bool) -> None:
+    """--batch-inputs -n 2 with every return_* flag: each response is one batch item x sequence,
+    tagged with batch_index and sequence_index; texts join per (item, sequence) as the client does."""
+    prompts = [PROMPT, "Another prompt"]
+    client = _client(grpcclient, decoupled_triton)
+    prompt_lens = [_prompt_len(client, grpcclient, p) for p in prompts]
+    results = _stream_all(
+        decoupled_triton,
+        _client_inputs(grpcclient, prompts, stream=stream, n=2, extras=True),
+        _requested(grpcclient, batch=True, n=2, extras=True),
+    )
+    texts: dict[tuple[int, int], str] = {}
+    counts: dict[tuple[int, int], int] = {}
+    for result in results:
+        text = result.as_numpy("text_output")
+        assert text.shape == (1,) and text.dtype == np.object_
+        assert _shape_dtype(result, "batch_index") == ((1, 1), "i") and result.as_numpy("batch_index").dtype == np.int32
+        assert _shape_dtype(result, "sequence_index") == ((1, 1), "i") and result.as_numpy("sequence_index").dtype == np.int32
+        key = (int(result.as_numpy("batch_index")[0][0]), int(result.as_numpy("sequence_index")[0][0]))
+        tokens = 1 if stream else OUTPUT_LEN
+        assert _shape_dtype(result, "output_log_probs") == ((1, 1, tokens), "f")
+        generated = (1, 1, 1, VOCAB) if stream else (1, 1, OUTPUT_LEN, VOCAB)
+        _check_extras(result, prompt_len=prompt_lens[key[0]], generated_shape=generated)
+        texts[key] = texts.get(key, "") + text[0].decode("utf-8")
+        counts[key] = counts.get(key, 0) + 1
+    assert set(texts) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert set(counts.values()) == {OUTPUT_LEN if stream else 1}
+    if not stream:  # the prompt comes first (exclude_input_in_output false)
+        assert all(texts[(b, s)].startswith(prompts[b]) for b, s in texts)
+
+
+def test_batch_one_has_no_batch_or_sequence_index_decoupled(decoupled_triton) -> None:
+    """NVIDIA's backend sends batch_index only for batch > 1 and sequence_index only for n > 1."""
+    results = _stream_all(
+        decoupled_triton, _client_inputs(grpcclient, [PROMPT], stream=True, n=1, extras=False), None
+    )
+    assert len(results) == OUTPUT_LEN
+    for result in results:
+        assert result.as_numpy("text_output").shape == (1,)
+        assert result.as_numpy("batch_index") is None and result.as_numpy("sequence_index") is None
+        assert result.as_numpy("context_logits") is None and result.as_numpy("arrival_time_ns") is None
+
+
+def test_core_model_with_n_sequences_and_batch(decoupled_triton) -> None:
+    """inflight_batcher_llm_client.py against tensorrt_llm: -n 2 on a batch of 2 rows (padded ids,
+    input_lengths per row); output_ids [1, 1, tokens] per response with batch/sequence index."""
+    inputs = [
+        _tensor(grpcclient, "input_ids", np.array([[300, 301, 302], [400, 401, 0]], dtype=np.int32)),
+        _tensor(grpcclient, "input_lengths", np.array([[3], [2]], dtype=np.int32)),
+        _tensor(grpcclient, "request_output_len", np.array([[4], [4]], dtype=np.int32)),
+        _tensor(grpcclient, "num_return_sequences", np.array([[2], [2]], dtype=np.int32)),
+        _tensor(grpcclient, "streaming", np.array([[False], [False]], dtype=np.bool_)),
+        _tensor(grpcclient, "exclude_input_in_output", np.array([[True], [True]], dtype=np.bool_)),
+    ]
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(decoupled_triton.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        seen = set()
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                assert ids.shape == (1, 1, 4) and ids.dtype == np.int32
+                assert result.as_numpy("sequence_length").tolist() == [[4]]
+                seen.add((int(result.as_numpy("batch_index")[0][0]), int(result.as_numpy("sequence_index")[0][0])))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert seen == {(0, 0), (0, 1), (1, 0), (1, 1)}

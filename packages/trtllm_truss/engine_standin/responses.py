@@ -73,7 +73,7 @@ def generation_logits_array(rows: list[np.ndarray], vocab_size: int, *, streamin
     executor's buffer is sized by the request's max new tokens; positions never generated are 0)."""
     tokens = np.concatenate(rows, axis=0) if rows else np.zeros((0, vocab_size), dtype=np.float32)
     if streaming:
-        return tokens.reshape(tokens.shape[0], 1, -1)
+        return tokens.reshape(tokens.shape[0], 1, tokens.shape[1])
     out = np.zeros((1, max(max_new_tokens, tokens.shape[0]), tokens.shape[1] if tokens.size else vocab_size), dtype=np.float32)
     out[0, : tokens.shape[0]] = tokens
     return out

@@ -533,20 +533,26 @@ class TritonPythonModel:
 
     def _send_outputs(self, lane: _Lane, outputs, merge: bool) -> None:
         if merge:
-            batches = _merged(outputs)
+            batches = [(*entry, None) for entry in _merged(outputs)]  # logits only travel unmerged
         else:
-            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
-            for flight, output in outputs:  # logits only travel with unmerged outputs
+            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None, o) for f, o in outputs]
+        for flight, tokens, log_probs, finish, output in batches:
+            if output is not None:
                 if output.context_logits is not None:
                     flight.context_logits = output.context_logits
                 if output.generation_logits is not None:
                     flight.generation_logits.append(output.generation_logits)
-        for flight, tokens, log_probs, finish in batches:
             try:
                 self._respond(flight, tokens, log_probs, finish)
             except Exception:
                 log.exception("sending a response failed; cancelling request %s", flight.engine_id)
                 self.engine.cancel(flight.engine_id)
+                if finish is not None:
+                    # _respond counted this generation as finished: end the request visibly.
+                    try:
+                        self._fail(flight.sender, "tensorrt_llm (PyTorch stand-in): building the response failed", final=flight.group.remaining == 0)
+                    except Exception:
+                        log.exception("sending the error response failed for %s", flight.engine_id)
             if finish is not None:
                 flight.finished = True
                 flight.sender = None  # released: see _send_loop
