@@ -415,3 +415,43 @@ def test_core_model_with_n_sequences_and_batch(decoupled_triton) -> None:
         client.stop_stream()
         client.close()
     assert seen == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def test_a_refused_request_counts_as_a_failure_when_decoupled(decoupled_triton) -> None:
+    """The default (decoupled) layout, as the truss proxy calls it (ensemble_ids, gRPC stream): a
+    request the engine refuses moves nv_inference_request_failure of tensorrt_llm (NVIDIA's
+    dashboards and its CI's metrics check read it per model) and of the ensemble."""
+    import time
+
+    def failures(model: str) -> float:
+        import urllib.request
+
+        with urllib.request.urlopen(decoupled_triton.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("nv_inference_request_failure{") and f'model="{model}"' in line
+        )
+
+    before = {model: failures(model) for model in ("tensorrt_llm", "ensemble_ids")}
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(decoupled_triton.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        bad = [
+            _tensor(grpcclient, "text_input", np.array([[PROMPT]], dtype=object)),
+            _tensor(grpcclient, "max_tokens", np.array([[4]], dtype=np.int32)),
+            _tensor(grpcclient, "top_p", np.array([[5.0]], dtype=np.float32)),  # outside [0, 1]
+        ]
+        client.async_stream_infer("ensemble_ids", bad, enable_empty_final_response=True)
+        _, error = events.get(timeout=60)
+        assert error is not None and "runtime_top_p" in str(error)
+    finally:
+        client.stop_stream()
+        client.close()
+    deadline = time.monotonic() + 10
+    while failures("tensorrt_llm") < before["tensorrt_llm"] + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert failures("tensorrt_llm") == before["tensorrt_llm"] + 1
+    assert failures("ensemble_ids") > before["ensemble_ids"]  # Triton 2.51 counts an ensemble's failure twice

@@ -316,13 +316,15 @@ class TritonPythonModel:
             except Exception as exc:  # a malformed request fails alone
                 log.exception("rejected a request")
                 rejected.append((request, f"tensorrt_llm (PyTorch stand-in): {exc}"))
-        if rejected and len(rejected) == len(requests) and not self.decoupled:
+        if rejected and len(rejected) == len(requests):
             # Raising is the only way a python-backend model makes Triton count a request as failed
-            # (nv_inference_request_failure): the backend then answers every request of this
-            # execute() with the error. So only when all of them were refused (the usual case: a
-            # bad request arrives alone), and only when not decoupled: raising from a decoupled
-            # execute() crashed tritonserver 2.51 now and then (SIGSEGV) in our tests. Otherwise
-            # each refusal goes through its sender (counted as a success by Triton).
+            # (nv_inference_request_failure, reason BACKEND: the python backend reports statistics
+            # per execute(), failed only when it raises, decoupled or not; an error response sent
+            # through a sender counts as a success). The backend then answers every request of
+            # this execute() with the error, so only when all of them were refused (the usual case:
+            # a bad request arrives alone), and always before any response sender was taken (a
+            # raise after a sender was taken would let the backend delete a factory the stub still
+            # uses). Otherwise each refusal goes through its sender.
             raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
         for request, message in rejected:
             self._fail(request.get_response_sender(), message)
