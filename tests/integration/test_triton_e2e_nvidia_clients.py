@@ -455,3 +455,32 @@ def test_a_refused_request_counts_as_a_failure_when_decoupled(decoupled_triton) 
         time.sleep(0.1)
     assert failures("tensorrt_llm") == before["tensorrt_llm"] + 1
     assert failures("ensemble_ids") > before["ensemble_ids"]  # Triton 2.51 counts an ensemble's failure twice
+
+
+def test_generate_stream_over_http_decoupled_carries_the_extras(decoupled_triton) -> None:
+    """HTTP on the decoupled layout (Triton's generate_stream, as genai-perf uses it): one event per
+    token, each with its text and, when asked, the perf metrics and logits of that response."""
+    import urllib.request
+
+    body = {
+        "text_input": PROMPT,
+        "max_tokens": OUTPUT_LEN,
+        "stream": True,
+        "return_perf_metrics": True,
+        "return_generation_logits": True,
+    }
+    request = urllib.request.Request(
+        f"{decoupled_triton.http_url}/v2/models/ensemble/generate_stream",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        events = [json.loads(line[len(b"data: "):]) for line in response.read().splitlines() if line.startswith(b"data: ")]
+    assert len(events) == OUTPUT_LEN
+    for event in events:
+        assert "error" not in event, event
+        assert isinstance(event["text_output"], str)
+        assert isinstance(event["arrival_time_ns"], int) and event["arrival_time_ns"] <= event["last_token_time_ns"]
+        assert isinstance(event["acceptance_rate"], float)
+        assert len(event["generation_logits"]) == VOCAB  # [1, 1, 1, vocab], flattened by Triton
+        assert "batch_index" not in event and "sequence_index" not in event
