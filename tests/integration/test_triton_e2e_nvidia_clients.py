@@ -30,7 +30,7 @@ PROMPT = "The module"
 OUTPUT_LEN = 8
 
 
-def _repository(tmp_path_factory: pytest.TempPathFactory, *, decoupled: bool) -> Iterator[object]:
+def _repository(tmp_path_factory: pytest.TempPathFactory, *, decoupled: bool, window_relay: bool | None = None) -> Iterator[object]:
     runtime = RuntimeConfig(
         preprocessing_instance_count=1,
         postprocessing_instance_count=1,
@@ -38,7 +38,9 @@ def _repository(tmp_path_factory: pytest.TempPathFactory, *, decoupled: bool) ->
         pytorch={"device": "cpu", "num_threads": 1, "synthetic": {"step_time_ms": 0.0}, "instance_count": 1},
     )
     name = "decoupled" if decoupled else "unary"
-    repository = render_repository(_plan(runtime, max_batch_size=4), tmp_path_factory.mktemp(name) / "model_repository")
+    repository = render_repository(
+        _plan(runtime, max_batch_size=4), tmp_path_factory.mktemp(name) / "model_repository", window_relay=window_relay
+    )
     yield from _serve(repository)
 
 
@@ -50,6 +52,12 @@ def unary_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def decoupled_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     yield from _repository(tmp_path_factory, decoupled=True)
+
+
+@pytest.fixture(scope="module")
+def relayed_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The GPU path's layout (ensemble -> tensorrt_llm_window relay -> engine), the stand-in as engine."""
+    yield from _repository(tmp_path_factory, decoupled=True, window_relay=True)
 
 
 def _tensor(module, name: str, array: np.ndarray):
@@ -341,9 +349,12 @@ def _stream_all(server, inputs: list, outputs: list | None) -> list:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_every_output_shape_and_dtype_decoupled_batch_and_sequences(decoupled_triton, stream: bool) -> None:
+@pytest.mark.parametrize("layout", ["decoupled_triton", "relayed_triton"])
+def test_every_output_shape_and_dtype_decoupled_batch_and_sequences(layout: str, stream: bool, request) -> None:
     """--batch-inputs -n 2 with every return_* flag: each response is one batch item x sequence,
-    tagged with batch_index and sequence_index; texts join per (item, sequence) as the client does."""
+    tagged with batch_index and sequence_index; texts join per (item, sequence) as the client does.
+    Also through the GPU path's window relay (it keeps a prefix window per item and sequence)."""
+    decoupled_triton = request.getfixturevalue(layout)
     prompts = [PROMPT, "Another prompt"]
     client = _client(grpcclient, decoupled_triton)
     prompt_lens = [_prompt_len(client, grpcclient, p) for p in prompts]
@@ -370,6 +381,11 @@ def test_every_output_shape_and_dtype_decoupled_batch_and_sequences(decoupled_tr
     assert set(counts.values()) == {OUTPUT_LEN if stream else 1}
     if not stream:  # the prompt comes first (exclude_input_in_output false)
         assert all(texts[(b, s)].startswith(prompts[b]) for b, s in texts)
+    # Each (item, sequence) reads as that prompt's own request would (the synthetic engine is
+    # deterministic per prompt): no piece of one stream is decoded in another's context.
+    for b, prompt in enumerate(prompts):
+        alone = _stream_all(decoupled_triton, _client_inputs(grpcclient, [prompt], stream=stream, n=None, extras=False), None)
+        assert texts[(b, 0)] == texts[(b, 1)] == "".join(r.as_numpy("text_output")[0].decode("utf-8") for r in alone)
 
 
 def test_batch_one_has_no_batch_or_sequence_index_decoupled(decoupled_triton) -> None:
