@@ -35,7 +35,8 @@ def _repository(tmp_path_factory: pytest.TempPathFactory, *, decoupled: bool, wi
         preprocessing_instance_count=1,
         postprocessing_instance_count=1,
         decoupled_mode=decoupled,
-        pytorch={"device": "cpu", "num_threads": 1, "synthetic": {"step_time_ms": 0.0}, "instance_count": 1},
+        # 5 ms steps: a 250-token request runs long enough for a stop request to catch it.
+        pytorch={"device": "cpu", "num_threads": 1, "synthetic": {"step_time_ms": 5.0}, "instance_count": 1},
     )
     name = "decoupled" if decoupled else "unary"
     repository = render_repository(
@@ -500,3 +501,47 @@ def test_generate_stream_over_http_decoupled_carries_the_extras(decoupled_triton
         assert isinstance(event["acceptance_rate"], float)
         assert len(event["generation_logits"]) == VOCAB  # [1, 1, 1, vocab], flattened by Triton
         assert "batch_index" not in event and "sequence_index" not in event
+
+
+def test_stop_by_request_id_ends_every_row_of_a_batched_request(decoupled_triton) -> None:
+    """inflight_batcher_llm_client.py --stop-after-ms with a request id, on a request of 2 rows:
+    NVIDIA's backend cancels every generation of that id; the request still ends with its final flag."""
+    long_rows = [
+        _tensor(grpcclient, "input_ids", np.array([[300, 301], [400, 401]], dtype=np.int32)),
+        _tensor(grpcclient, "input_lengths", np.array([[2], [2]], dtype=np.int32)),
+        _tensor(grpcclient, "request_output_len", np.array([[250], [250]], dtype=np.int32)),
+        _tensor(grpcclient, "streaming", np.array([[True], [True]], dtype=np.bool_)),
+    ]
+    stop = [
+        _tensor(grpcclient, "input_ids", np.array([[1]], dtype=np.int32)),
+        _tensor(grpcclient, "input_lengths", np.array([[1]], dtype=np.int32)),
+        _tensor(grpcclient, "request_output_len", np.array([[1]], dtype=np.int32)),
+        _tensor(grpcclient, "stop", np.array([[True]], dtype=np.bool_)),
+    ]
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(decoupled_triton.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    stopper = grpcclient.InferenceServerClient(decoupled_triton.grpc_url)
+    stop_events: queue.Queue = queue.Queue()
+    stopper.start_stream(callback=lambda result, error: stop_events.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", long_rows, request_id="batch-stop", enable_empty_final_response=True)
+        tokens = {0: 0, 1: 0}
+        stopped = False
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            if result.as_numpy("output_ids") is not None:
+                tokens[int(result.as_numpy("batch_index")[0][0])] += result.as_numpy("output_ids").shape[-1]
+            if not stopped and min(tokens.values()) >= 2:
+                stopper.async_stream_infer("tensorrt_llm", stop, request_id="batch-stop")
+                stopped = True
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        _, stop_error = stop_events.get(timeout=30)
+        assert stop_error is None
+    finally:
+        for c in (client, stopper):
+            c.stop_stream()
+            c.close()
+    assert stopped and all(2 <= count < 250 for count in tokens.values()), tokens

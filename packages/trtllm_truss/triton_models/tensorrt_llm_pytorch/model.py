@@ -390,8 +390,10 @@ class TritonPythonModel:
                 flight.sender = sender
                 self._in_flight[flight.engine_id] = flight
                 flight.lane.flights[flight.engine_id] = flight
-                if triton_id:
-                    self._by_triton_id.setdefault(triton_id, []).append(flight.engine_id)
+            if triton_id:
+                # A later request with the same id takes the id over, as in NVIDIA's backend
+                # (mTritonRequestIdToRequestIds): `stop` then ends that request's generations.
+                self._by_triton_id[triton_id] = [flight.engine_id for flight, _ in flights]
         for index, (flight, generation) in enumerate(flights):
             try:
                 self.engine.submit(generation, lambda output, f=flight: self._on_output(f, output))
