@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from trtllm_truss.engine_standin.responses import (
     ENGINE_OUTPUT_NAMES,
     PerfMetrics,

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtllm_truss.repository.interface import ENGINE_OPTIONAL_OUTPUTS, ENGINE_OUTPUTS, PREFIX_IDS_OUTPUT
+from trtllm_truss.repository.interface import (
+    ENGINE_OPTIONAL_OUTPUTS,
+    ENGINE_OUTPUTS,
+    PREFIX_IDS_OUTPUT,
+)
 
 # Everything the stand-in can send (the repository declares the same for its `tensorrt_llm`).
 ENGINE_OUTPUT_NAMES = frozenset(t.name for t in (*ENGINE_OUTPUTS, *ENGINE_OPTIONAL_OUTPUTS, PREFIX_IDS_OUTPUT))

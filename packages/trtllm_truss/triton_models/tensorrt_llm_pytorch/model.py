@@ -31,6 +31,7 @@ from trtllm_truss.engine_standin import (
     build_engine,
     parse_word_list,
 )
+from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
 from trtllm_truss.engine_standin.responses import (
     ENGINE_OUTPUT_NAMES,
     NO_EXTRAS,
@@ -39,7 +40,6 @@ from trtllm_truss.engine_standin.responses import (
     generation_logits_array,
     response_arrays,
 )
-from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 
 STANDIN_MODEL_INTERFACE = """
