@@ -545,3 +545,38 @@ def test_stop_by_request_id_ends_every_row_of_a_batched_request(decoupled_triton
             c.stop_stream()
             c.close()
     assert stopped and all(2 <= count < 250 for count in tokens.values()), tokens
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_preprocessing_and_postprocessing_with_batch_two(unary_triton, module) -> None:
+    """NVIDIA's preprocessing/postprocessing take a request of N rows (they are not decoupled):
+    INPUT_ID [N, longest] right-padded, every other output [N, ...]; OUTPUT one text per row x beam."""
+    client = _client(module, unary_triton)
+    pre = client.infer(
+        "preprocessing",
+        [
+            _tensor(module, "QUERY", np.array([[PROMPT], ["A longer second prompt"]], dtype=object)),
+            _tensor(module, "REQUEST_OUTPUT_LEN", np.array([[4], [6]], dtype=np.int32)),
+            _tensor(module, "STOP_WORDS_DICT", np.array([["a"], ["b c"]], dtype=object)),
+        ],
+    )
+    input_ids, lengths = pre.as_numpy("INPUT_ID"), pre.as_numpy("REQUEST_INPUT_LEN")
+    assert input_ids.shape == (2, int(lengths.max())) and input_ids.dtype == np.int32
+    assert lengths.shape == (2, 1) and lengths[0, 0] < lengths[1, 0]
+    assert set(input_ids[0, lengths[0, 0] :].tolist()) == {int(pre.as_numpy("OUT_PAD_ID")[0, 0])}
+    assert pre.as_numpy("REQUEST_OUTPUT_LEN").tolist() == [[4], [6]]
+    for name in ("DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN", "OUT_END_ID", "OUT_PAD_ID"):
+        assert _shape_dtype(pre, name) == ((2, 1), "i"), name
+    stop = pre.as_numpy("STOP_WORDS_IDS")
+    assert stop.shape[:2] == (2, 2) and stop.dtype == np.int32
+    assert _shape_dtype(pre, "BAD_WORDS_IDS") == ((2, 2, 0), "i")
+    assert _shape_dtype(pre, "EMBEDDING_BIAS") == ((2, 0), "f")
+    post = client.infer(
+        "postprocessing",
+        [
+            _tensor(module, "TOKENS_BATCH", input_ids.reshape(2, 1, -1)),
+            _tensor(module, "SEQUENCE_LENGTH", lengths.astype(np.int32)),
+        ],
+    )
+    texts = post.as_numpy("OUTPUT")
+    assert texts.shape == (2,) and [t.decode() for t in texts] == [PROMPT, "A longer second prompt"]
