@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,20 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ", 1)[1][:1] != "Z"
 
 
-def test_tritonserver_exits_within_its_exit_timeout_after_the_service_stops(tmp_path: Path) -> None:
+@pytest.fixture
+def process_metrics_restored() -> Iterator[None]:
+    """LLMService registers the process's serving metrics in prometheus' default registry once;
+    a service made here must not leave them behind for later tests of this process."""
+    import trtllm_truss.service as service_module
+
+    had_metrics = service_module._METRICS is not None
+    yield
+    if not had_metrics and service_module._METRICS is not None:
+        service_module._METRICS.unregister()
+        service_module._METRICS = None
+
+
+def test_tritonserver_exits_within_its_exit_timeout_after_the_service_stops(tmp_path: Path, process_metrics_restored) -> None:
     from trtllm_truss.service import LLMService
 
     service = LLMService(_truss_with(tmp_path))
