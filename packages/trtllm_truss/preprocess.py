@@ -55,6 +55,8 @@ def word_list_tensor(tokenizer: LoadedTokenizer, words: Sequence[str] | None) ->
 
 @dataclass(frozen=True)
 class PreprocessedRequest:
+    """One request's tensors; N rows when the request has batch size N (the shapes below say 1)."""
+
     input_ids: np.ndarray  # [1, L] INT32
     input_length: np.ndarray  # [1, 1] INT32
     request_output_len: np.ndarray  # [1, 1] INT32
@@ -158,4 +160,40 @@ def _one(
         decoder_input_ids=_scalar(pad_id),
         decoder_input_length=_scalar(1),
         embedding_bias=embedding_bias_tensor(tokenizer, request.embedding_bias_words, request.embedding_bias_weights),
+    )
+
+
+def stack_rows(rows: Sequence[PreprocessedRequest], pad_id: int) -> PreprocessedRequest:
+    """The rows of one request of batch size N as NVIDIA's preprocessing returns them: INPUT_ID
+    [N, longest] right-padded with the tokenizer's pad id, word lists [N, 2, widest] (ids padded
+    with 0, offsets with -1), every other tensor [N, ...] row by row."""
+    if len(rows) == 1:
+        return rows[0]
+
+    def right_padded(arrays: list[np.ndarray], fill: int | list[int]) -> np.ndarray:
+        width = max(a.shape[-1] for a in arrays)
+        padded = []
+        for array in arrays:
+            extra = width - array.shape[-1]
+            if extra:
+                if isinstance(fill, list):  # word lists: one fill value per inner row
+                    pad = np.stack([np.full(extra, value, dtype=array.dtype) for value in fill])[None]
+                else:
+                    pad = np.full((*array.shape[:-1], extra), fill, dtype=array.dtype)
+                array = np.concatenate([array, pad], axis=-1)
+            padded.append(array)
+        return np.concatenate(padded, axis=0)
+
+    return PreprocessedRequest(
+        input_ids=right_padded([r.input_ids for r in rows], pad_id),
+        input_length=np.concatenate([r.input_length for r in rows]),
+        request_output_len=np.concatenate([r.request_output_len for r in rows]),
+        bad_words_ids=right_padded([r.bad_words_ids for r in rows], [0, -1]),
+        stop_words_ids=right_padded([r.stop_words_ids for r in rows], [0, -1]),
+        end_id=np.concatenate([r.end_id for r in rows]),
+        pad_id=np.concatenate([r.pad_id for r in rows]),
+        decoder_input_ids=np.concatenate([r.decoder_input_ids for r in rows]),
+        decoder_input_length=np.concatenate([r.decoder_input_length for r in rows]),
+        # [N, V] when the request sent bias words, else [N, 0] (all rows alike: one tensor per request)
+        embedding_bias=np.concatenate([r.embedding_bias for r in rows]),
     )

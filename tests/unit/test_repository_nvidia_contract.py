@@ -85,7 +85,9 @@ NVIDIA_TENSORRTLLM_PARAMETERS: dict[str, object] = {
 # (name, data_type, dims, optional) from the v0.19.0 ensemble config.pbtxt (the inputs we expose).
 NVIDIA_ENSEMBLE_INPUTS = {
     "text_input": ("TYPE_STRING", (1,), False),
+    "decoder_text_input": ("TYPE_STRING", (1,), True),
     "max_tokens": ("TYPE_INT32", (1,), False),
+    "num_return_sequences": ("TYPE_INT32", (1,), True),
     "bad_words": ("TYPE_STRING", (-1,), True),
     "stop_words": ("TYPE_STRING", (-1,), True),
     "end_id": ("TYPE_INT32", (1,), True),
@@ -100,16 +102,38 @@ NVIDIA_ENSEMBLE_INPUTS = {
     "frequency_penalty": ("TYPE_FP32", (1,), True),
     "random_seed": ("TYPE_UINT64", (1,), True),
     "return_log_probs": ("TYPE_BOOL", (1,), True),
+    "return_context_logits": ("TYPE_BOOL", (1,), True),
+    "return_generation_logits": ("TYPE_BOOL", (1,), True),
+    "return_perf_metrics": ("TYPE_BOOL", (1,), True),
     "beam_width": ("TYPE_INT32", (1,), True),
     "stream": ("TYPE_BOOL", (1,), True),
     "exclude_input_in_output": ("TYPE_BOOL", (1,), True),
     "embedding_bias_words": ("TYPE_STRING", (-1,), True),
     "embedding_bias_weights": ("TYPE_FP32", (-1,), True),
 }
+# The engine's outputs a response carries only when asked for (v0.19.0 tensorrt_llm and ensemble
+# config.pbtxt; the ensemble passes them through under the same names).
+NVIDIA_OPTIONAL_ENGINE_OUTPUTS = {
+    "context_logits": ("TYPE_FP32", (-1, -1)),  # ${logits_datatype}: TYPE_FP32 by default
+    "generation_logits": ("TYPE_FP32", (-1, -1, -1)),
+    "batch_index": ("TYPE_INT32", (1,)),
+    "sequence_index": ("TYPE_INT32", (1,)),
+    "kv_cache_alloc_new_blocks": ("TYPE_INT32", (1,)),
+    "kv_cache_reused_blocks": ("TYPE_INT32", (1,)),
+    "kv_cache_alloc_total_blocks": ("TYPE_INT32", (1,)),
+    "arrival_time_ns": ("TYPE_INT64", (1,)),
+    "first_scheduled_time_ns": ("TYPE_INT64", (1,)),
+    "first_token_time_ns": ("TYPE_INT64", (1,)),
+    "last_token_time_ns": ("TYPE_INT64", (1,)),
+    "acceptance_rate": ("TYPE_FP32", (1,)),
+    "total_accepted_draft_tokens": ("TYPE_INT32", (1,)),
+    "total_draft_tokens": ("TYPE_INT32", (1,)),
+}
 NVIDIA_ENSEMBLE_OUTPUTS = {
     "text_output": ("TYPE_STRING", (-1,)),
     "cum_log_probs": ("TYPE_FP32", (-1,)),
     "output_log_probs": ("TYPE_FP32", (-1, -1)),
+    **NVIDIA_OPTIONAL_ENGINE_OUTPUTS,
 }
 # tensorrt_llm inputs of v0.19.0: (data_type, dims, optional, reshaped to a scalar)
 NVIDIA_ENGINE_INPUTS = {
@@ -157,10 +181,7 @@ NVIDIA_ENGINE_OUTPUTS = {
     "sequence_length": ("TYPE_INT32", (-1,)),
     "cum_log_probs": ("TYPE_FP32", (-1,)),
     "output_log_probs": ("TYPE_FP32", (-1, -1)),
-    "context_logits": ("TYPE_FP32", (-1, -1)),  # ${logits_datatype}: TYPE_FP32 by default
-    "generation_logits": ("TYPE_FP32", (-1, -1, -1)),
-    "batch_index": ("TYPE_INT32", (1,)),
-    "sequence_index": ("TYPE_INT32", (1,)),
+    **NVIDIA_OPTIONAL_ENGINE_OUTPUTS,
 }
 NVIDIA_PREPROCESSING_INPUTS = {
     "QUERY": ("TYPE_STRING", (1,), False),
@@ -311,6 +332,11 @@ def test_stand_in_engine_declares_the_subset_it_implements() -> None:
         assert (tensor.data_type.value, tensor.dims, tensor.optional) == (data_type, dims, optional)
         assert tensor.reshape is None
     assert engine.output("prefix_ids").data_type is DataType.INT32
+    # Every output NVIDIA's engine declares (context_phase_params, disaggregated serving, aside).
+    for name, (data_type, dims) in NVIDIA_ENGINE_OUTPUTS.items():
+        assert (engine.output(name).data_type.value, engine.output(name).dims) == (data_type, dims), name
+    for name in ("num_return_sequences", "return_context_logits", "return_generation_logits", "return_perf_metrics"):
+        assert engine.input(name).optional, name
 
 
 @pytest.mark.parametrize("backend", ["tensorrtllm", "pytorch"])

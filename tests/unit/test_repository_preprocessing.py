@@ -10,6 +10,7 @@ from trtllm_truss.preprocess import (
     PreprocessingError,
     RawRequest,
     preprocess_batch,
+    stack_rows,
     word_list_tensor,
 )
 from trtllm_truss.tokenizer import LoadedTokenizer, load_tokenizer
@@ -97,3 +98,32 @@ def test_decoder_ids_and_embedding_bias_as_nvidia_sends_them(tokenizer: LoadedTo
     word_ids = set(tokenizer.encode(" world", add_special_tokens=True))
     assert {int(i) for i in np.nonzero(biased.embedding_bias[0])[0]} == word_ids
     assert isinstance(mismatched, PreprocessingError) and "embedding_bias_weights" in str(mismatched)
+
+
+def test_rows_of_one_request_stack_as_nvidias_batch(tokenizer: LoadedTokenizer) -> None:
+    """A request of batch size 2 (NVIDIA's --batch-inputs): INPUT_ID [2, longest] right-padded with
+    the pad id, word lists [2, 2, widest] (ids 0, offsets -1), every other output [2, ...]."""
+    short, long = preprocess_batch(
+        tokenizer,
+        [RawRequest("Hi", 4, stop_words=("x",)), RawRequest("A much longer prompt than the first", 6, stop_words=("a b c", "d"))],
+        add_special_tokens=True,
+        max_input_len=None,
+        max_output_len=None,
+    )
+    stacked = stack_rows([short, long], pad_id=tokenizer.pad_id)
+    width = long.input_ids.shape[1]
+    assert stacked.input_ids.shape == (2, width) and stacked.input_ids.dtype == np.int32
+    assert stacked.input_ids[0, : short.input_ids.shape[1]].tolist() == short.input_ids[0].tolist()
+    assert set(stacked.input_ids[0, short.input_ids.shape[1] :].tolist()) == {tokenizer.pad_id}
+    assert stacked.input_length.tolist() == [[short.input_ids.shape[1]], [width]]
+    assert stacked.request_output_len.tolist() == [[4], [6]]
+    for name in ("end_id", "pad_id", "decoder_input_ids", "decoder_input_length"):
+        assert getattr(stacked, name).shape == (2, 1), name
+    words = stacked.stop_words_ids
+    assert words.shape[:2] == (2, 2) and words.shape[2] == long.stop_words_ids.shape[2]
+    narrow = short.stop_words_ids.shape[2]
+    assert words[0, 0, narrow:].tolist() == [0] * (words.shape[2] - narrow)
+    assert words[0, 1, narrow:].tolist() == [-1] * (words.shape[2] - narrow)
+    assert stacked.bad_words_ids.shape == (2, 2, 0)  # not sent: NVIDIA's [batch, 2, 0]
+    assert stacked.embedding_bias.shape == (2, 0)
+    assert stack_rows([short], pad_id=0) is short

@@ -324,3 +324,38 @@ def test_embedded_model_files_size_and_exact_non_ascii_round_trip():
         assert tokenizer.decode(ids, skip_special_tokens=True) == text
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert chat.endswith("### assistant:\n")
+
+
+def test_context_and_generation_logits_are_the_models_raw_logits(engine, runner, tokenizer):
+    """return_context_logits / return_generation_logits: the model's logits of every prompt
+    position, and of each generated token before sampling (greedy: its argmax is the token)."""
+    ids = encode(tokenizer, PROMPTS[0])
+    got = run(engine, GenerationRequest("logits", ids, 4, return_context_logits=True, return_generation_logits=True))
+    first = got.outputs[0]
+    assert first.context_logits.shape == (len(ids), runner.vocab_size) and first.context_logits.dtype.name == "float32"
+    with torch.inference_mode():
+        expected = runner.model(torch.tensor([ids])).logits[0].float().numpy()
+    assert abs(first.context_logits - expected).max() < 1e-3
+    rows = [o.generation_logits for o in got.outputs if o.token_ids]
+    assert [r.shape for r in rows] == [(1, runner.vocab_size)] * 4
+    assert [int(r[0].argmax()) for r in rows] == got.tokens
+    assert all(o.context_logits is None for o in got.outputs[1:])
+    plain = run(engine, GenerationRequest("plain", ids, 2))
+    assert all(o.context_logits is None and o.generation_logits is None for o in plain.outputs)
+
+
+def test_the_engine_stamps_admission_time(engine, tokenizer):
+    request = GenerationRequest("stamp", encode(tokenizer, "x"), 1)
+    before = time.monotonic_ns()
+    run(engine, request)
+    assert request.first_scheduled_ns is not None and before <= request.first_scheduled_ns <= time.monotonic_ns()
+
+
+def test_synthetic_logits_are_zero_placeholders_of_nvidias_shape():
+    engine = SyntheticEngine(EngineLimits(4, 64, 64), 100, [10, 11, 12]).start()
+    try:
+        got = run(engine, GenerationRequest("s", [1, 2, 3], 3, return_context_logits=True, return_generation_logits=True))
+    finally:
+        engine.shutdown()
+    assert got.outputs[0].context_logits.shape == (3, 100) and not got.outputs[0].context_logits.any()
+    assert [o.generation_logits.shape for o in got.outputs] == [(1, 100)] * 3

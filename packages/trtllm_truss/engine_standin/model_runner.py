@@ -28,12 +28,15 @@ class CausalLMRunner:
         self.vocab_size = int(self.model.config.vocab_size)
 
     @torch.inference_mode()
-    def prefill(self, input_ids: list[int]) -> tuple[torch.Tensor, BatchKVCache]:
-        """Run one prompt alone (no padding); returns the last position's logits [vocab] and its cache."""
+    def prefill(self, input_ids: list[int], *, all_logits: bool = False) -> tuple[torch.Tensor, BatchKVCache, torch.Tensor | None]:
+        """Run one prompt alone (no padding); returns the last position's logits [vocab], its cache
+        and, with `all_logits`, every position's logits [prompt_len, vocab] (NVIDIA's context logits)."""
         cache = BatchKVCache()
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float().cpu(), cache
+        # logits_to_keep=0 keeps every position.
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if all_logits else 1)
+        context = out.logits[0].float().cpu() if all_logits else None
+        return out.logits[0, -1].float().cpu(), cache, context
 
     @torch.inference_mode()
     def decode(self, cache: BatchKVCache, last_tokens: list[int], positions: list[int], pads: list[int]) -> torch.Tensor:

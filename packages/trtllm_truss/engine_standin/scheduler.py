@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,6 +193,7 @@ class EngineBase:
                 admitted: list[_Sequence] = []
                 while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
                     admitted.append(self._waiting.popleft())
+                    admitted[-1].request.first_scheduled_ns = time.monotonic_ns()
                 # Cancelled requests still waiting never start.
                 for seq in [s for s in self._waiting if s.request.request_id in cancelled]:
                     self._waiting.remove(seq)
@@ -234,8 +236,9 @@ class EngineBase:
         if len(keep) != len(self._running):
             self._remove_rows(keep)
 
-    def _after_token(self, seq: _Sequence, token: int, log_prob: float | None) -> GenerationOutput:
-        """Record a sampled token and decide whether the request is finished (TensorRT-LLM's rules)."""
+    def _after_token(self, seq: _Sequence, token: int, log_prob: float | None, logits=None) -> GenerationOutput:
+        """Record a sampled token and decide whether the request is finished (TensorRT-LLM's rules).
+        `logits`: this step's raw logits row [vocab] when the request returns generation logits."""
         request, state = seq.request, seq.state
         assert state is not None
         if request.end_id is not None and token == request.end_id:
@@ -248,7 +251,13 @@ class EngineBase:
         elif state.generated >= request.max_new_tokens:
             reason = FinishReason.LENGTH
         log_probs = [log_prob] if log_prob is not None else None
-        return GenerationOutput(request.request_id, [token], log_probs, reason is not None, reason, None, state.generated)
+        generation_logits = None
+        if request.return_generation_logits and logits is not None:
+            generation_logits = logits.reshape(1, -1).numpy().astype("float32", copy=True)
+        return GenerationOutput(
+            request.request_id, [token], log_probs, reason is not None, reason, None, state.generated,
+            generation_logits=generation_logits,
+        )
 
 
 class StandinEngine(EngineBase):
@@ -262,9 +271,12 @@ class StandinEngine(EngineBase):
     def _start(self, seq: _Sequence) -> bool:
         request = seq.request
         seq.state = SequenceSamplingState(request, list(request.input_ids), self.vocab_size)
-        logits, cache = self.runner.prefill(request.input_ids)
+        logits, cache, context = self.runner.prefill(request.input_ids, all_logits=request.return_context_logits)
+        raw = logits.clone() if request.return_generation_logits else None
         tokens, log_probs = select_next_tokens(logits[None, :], [seq.state], request.return_log_probs)
-        output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None)
+        output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None, raw)
+        if context is not None:
+            output.context_logits = context.numpy().astype("float32", copy=False)
         self._emit(seq, output)
         if output.finished:
             return False
@@ -286,10 +298,14 @@ class StandinEngine(EngineBase):
         positions = [len(s.tokens) - 1 for s in states]
         logits = self.runner.decode(self._cache, last, positions, [seq.pad for seq in running])
         want_log_probs = any(seq.request.return_log_probs for seq in running)
+        # Raw rows kept before sampling transforms them, only for requests that return them.
+        raw = {i: logits[i].clone() for i, seq in enumerate(running) if seq.request.return_generation_logits}
         tokens, log_probs = select_next_tokens(logits, states, want_log_probs)
         keep = []
         for i, seq in enumerate(running):
-            output = self._after_token(seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None)
+            output = self._after_token(
+                seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None, raw.get(i)
+            )
             self._emit(seq, output)
             if not output.finished:
                 keep.append(i)

@@ -3,13 +3,16 @@
 It keeps the scheduling of the real stand-in (batch limit, queue, cancellation, request_output_len,
 stop words, end of request) but replaces the model with a cycle through ordinary vocabulary ids, so
 detokenization downstream still does real work. `step_time_ms` paces decode steps (0 = as fast as
-the loop runs); each step gives every running request one token.
+the loop runs); each step gives every running request one token. It has no model, so the logits it
+returns when asked (context / generation logits) are zero-filled placeholders of NVIDIA's shapes.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import numpy as np
 
 from trtllm_truss.engine_standin.sampling import SequenceSamplingState
 from trtllm_truss.engine_standin.scheduler import EngineBase, _Sequence
@@ -67,9 +70,13 @@ class SyntheticEngine(EngineBase):
         greedy = SamplingParams()
         seq.state = SequenceSamplingState(request.__class__(**{**request.__dict__, "sampling": greedy}), list(request.input_ids[-8:]), self.vocab_size)
         seq.cycle_offset = sum(request.input_ids) % len(self.token_cycle)
-        return self._advance(seq)
+        return self._advance(seq, first=True)
 
-    def _advance(self, seq: _Sequence) -> bool:
+    def _placeholder_logits(self, rows: int) -> np.ndarray:
+        """Zero-filled logits (no model to compute them): NVIDIA's shape and dtype, no content."""
+        return np.zeros((rows, self.vocab_size), dtype=np.float32)
+
+    def _advance(self, seq: _Sequence, first: bool = False) -> bool:
         state = seq.state
         assert state is not None
         token = self.token_cycle[(seq.cycle_offset + state.generated) % len(self.token_cycle)]
@@ -80,22 +87,28 @@ class SyntheticEngine(EngineBase):
             from trtllm_truss.engine_standin.words import ends_with_any
 
             if ends_with_any(state.tokens, request.stop_words):
-                self._emit(seq, GenerationOutput(request.request_id, [token], None, True, FinishReason.STOP_WORDS, None, state.generated))
+                self._emit(seq, self._logits(seq, first, GenerationOutput(request.request_id, [token], None, True, FinishReason.STOP_WORDS, None, state.generated)))
                 return False
         finished = state.generated >= request.max_new_tokens
-        self._emit(
-            seq,
-            GenerationOutput(
-                request.request_id,
-                [token],
-                [0.0] if request.return_log_probs else None,
-                finished,
-                FinishReason.LENGTH if finished else None,
-                None,
-                state.generated,
-            ),
+        output = GenerationOutput(
+            request.request_id,
+            [token],
+            [0.0] if request.return_log_probs else None,
+            finished,
+            FinishReason.LENGTH if finished else None,
+            None,
+            state.generated,
         )
+        self._emit(seq, self._logits(seq, first, output))
         return not finished
+
+    def _logits(self, seq: _Sequence, first: bool, output: GenerationOutput) -> GenerationOutput:
+        request = seq.request
+        if request.return_generation_logits:
+            output.generation_logits = self._placeholder_logits(len(output.token_ids))
+        if first and request.return_context_logits:
+            output.context_logits = self._placeholder_logits(len(request.input_ids))
+        return output
 
     def _step(self) -> None:
         if self.step_time_s:

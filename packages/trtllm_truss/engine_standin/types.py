@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class FinishReason(str, Enum):
@@ -64,6 +65,13 @@ class GenerationRequest:
     beam_width: int = 1
     return_log_probs: bool = False
     embedding_bias: list[float] | None = None  # added to the logits each step (one value per vocab id)
+    # NVIDIA's return_context_logits / return_generation_logits: the model's raw logits (before
+    # bias, penalties and sampling) of every prompt position / of each generated token.
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    # When the engine admitted the request (time.monotonic_ns(), the clock of NVIDIA's
+    # std::chrono::steady_clock perf metrics); set by the engine.
+    first_scheduled_ns: int | None = None
 
 
 @dataclass
@@ -77,3 +85,5 @@ class GenerationOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     generated_count: int = 0  # tokens generated so far for this request, these included
+    context_logits: Any = None  # numpy float32 [prompt_len, vocab], first output only (when asked)
+    generation_logits: Any = None  # numpy float32 [len(token_ids), vocab] (when asked)

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from trtllm_truss.repository.model_config import DataType, Tensor
 
-BOOL, INT32, UINT64, FP16, FP32, STRING, UINT8 = (
+BOOL, INT32, INT64, UINT64, FP16, FP32, STRING, UINT8 = (
     DataType.BOOL,
     DataType.INT32,
+    DataType.INT64,
     DataType.UINT64,
     DataType.FP16,
     DataType.FP32,
     DataType.STRING,
     DataType.UINT8,
 )
+# NVIDIA's `${logits_datatype}` (context_logits, generation_logits): TYPE_FP32 in its examples.
+LOGITS = DataType.FP32
 
 
 def _opt(name: str, dtype: DataType, dims: tuple[int, ...] = (1,)) -> Tensor:
@@ -30,7 +33,9 @@ def _opt(name: str, dtype: DataType, dims: tuple[int, ...] = (1,)) -> Tensor:
 # ---------------------------------------------------------------- ensemble (user-facing)
 ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", STRING, (1,)),
+    _opt("decoder_text_input", STRING),  # encoder-decoder only: preprocessing refuses it by name
     Tensor("max_tokens", INT32, (1,)),
+    _opt("num_return_sequences", INT32),
     _opt("bad_words", STRING, (-1,)),
     _opt("stop_words", STRING, (-1,)),
     _opt("end_id", INT32),
@@ -45,16 +50,46 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _opt("frequency_penalty", FP32),
     _opt("random_seed", UINT64),
     _opt("return_log_probs", BOOL),
+    _opt("return_context_logits", BOOL),
+    _opt("return_generation_logits", BOOL),
+    _opt("return_perf_metrics", BOOL),
     _opt("beam_width", INT32),
     _opt("stream", BOOL),
     _opt("exclude_input_in_output", BOOL),
     _opt("embedding_bias_words", STRING, (-1,)),
     _opt("embedding_bias_weights", FP32, (-1,)),
 )
+# The engine's outputs that a response carries only when asked for (NVIDIA's fillTritonResponse):
+# logits with return_*_logits, batch_index when the request has batch size > 1, sequence_index
+# when num_return_sequences > 1, the perf metrics with return_perf_metrics. Each is [1]-shaped per
+# response ([1, 1] with the batch dimension) except the logits.
+PERF_METRIC_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("kv_cache_alloc_new_blocks", INT32, (1,)),
+    Tensor("kv_cache_reused_blocks", INT32, (1,)),
+    Tensor("kv_cache_alloc_total_blocks", INT32, (1,)),
+    Tensor("arrival_time_ns", INT64, (1,)),
+    Tensor("first_scheduled_time_ns", INT64, (1,)),
+    Tensor("first_token_time_ns", INT64, (1,)),
+    Tensor("last_token_time_ns", INT64, (1,)),
+    Tensor("acceptance_rate", FP32, (1,)),
+    Tensor("total_accepted_draft_tokens", INT32, (1,)),
+    Tensor("total_draft_tokens", INT32, (1,)),
+)
+ENGINE_OPTIONAL_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("context_logits", LOGITS, (-1, -1)),
+    Tensor("generation_logits", LOGITS, (-1, -1, -1)),
+    Tensor("batch_index", INT32, (1,)),
+    Tensor("sequence_index", INT32, (1,)),
+    *PERF_METRIC_OUTPUTS,
+)
+
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", STRING, (-1,)),
     Tensor("cum_log_probs", FP32, (-1,)),
     Tensor("output_log_probs", FP32, (-1, -1)),
+    # Passed through from the engine as NVIDIA's ensemble does (v0.19.0 lists
+    # kv_cache_alloc_total_blocks twice; it is declared once here).
+    *ENGINE_OPTIONAL_OUTPUTS,
     # Ours, beside NVIDIA's: tokens in this response per beam (engine's sequence_length), for usage.
     Tensor("sequence_length", INT32, (-1,)),
 )
@@ -108,6 +143,10 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
     ("frequency_penalty", FP32, (1,), True, False),
     ("random_seed", UINT64, (1,), True, False),
     ("return_log_probs", BOOL, (1,), True, False),
+    ("return_context_logits", BOOL, (1,), True, False),
+    ("return_generation_logits", BOOL, (1,), True, False),
+    ("return_perf_metrics", BOOL, (1,), True, False),
+    ("num_return_sequences", INT32, (1,), True, False),
     ("exclude_input_in_output", BOOL, (1,), True, False),
     ("stop", BOOL, (1,), True, False),
     ("streaming", BOOL, (1,), True, False),
@@ -121,15 +160,11 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
 # that send them keep working. The stand-in does not declare them (Triton then rejects them with
 # a clear "unexpected input" error instead of silently ignoring them).
 _ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
-    ("num_return_sequences", INT32, (1,), True, False),
     ("runtime_top_p_min", FP32, (1,), True, False),
     ("runtime_top_p_decay", FP32, (1,), True, False),
     ("runtime_top_p_reset_ids", INT32, (1,), True, False),
     ("early_stopping", BOOL, (1,), True, False),
     ("beam_search_diversity_rate", FP32, (1,), True, False),
-    ("return_context_logits", BOOL, (1,), True, False),
-    ("return_generation_logits", BOOL, (1,), True, False),
-    ("return_perf_metrics", BOOL, (1,), True, False),
     ("prompt_embedding_table", FP16, (-1, -1), True, True),
     ("prompt_vocab_size", INT32, (1,), True, False),
     ("lora_task_id", UINT64, (1,), True, False),
@@ -142,12 +177,6 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("sequence_length", INT32, (-1,)),
     Tensor("cum_log_probs", FP32, (-1,)),
     Tensor("output_log_probs", FP32, (-1, -1)),
-)
-ENGINE_ONLY_GPU_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("context_logits", FP32, (-1, -1)),
-    Tensor("generation_logits", FP32, (-1, -1, -1)),
-    Tensor("batch_index", INT32, (1,)),
-    Tensor("sequence_index", INT32, (1,)),
 )
 # `ensemble_ids` (ours): the ensemble's inputs, the engine's token outputs under the engine's names.
 IDS_ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(t for t in ENGINE_OUTPUTS if t.name in ("output_ids", "sequence_length"))
@@ -187,6 +216,10 @@ ENSEMBLE_TO_ENGINE_PASSTHROUGH: tuple[tuple[str, str], ...] = (
     ("frequency_penalty", "frequency_penalty"),
     ("random_seed", "random_seed"),
     ("return_log_probs", "return_log_probs"),
+    ("return_context_logits", "return_context_logits"),
+    ("return_generation_logits", "return_generation_logits"),
+    ("return_perf_metrics", "return_perf_metrics"),
+    ("num_return_sequences", "num_return_sequences"),
     ("beam_width", "beam_width"),
     ("streaming", "stream"),
     ("exclude_input_in_output", "exclude_input_in_output"),

@@ -113,7 +113,7 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
         decoupled=runtime.decoupled_mode,  # streaming needs it; non-streamed requests get one response
         dynamic_batching=_queue(plan, preferred=True),
         inputs=nv.engine_inputs(cpp_backend=True),
-        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_ONLY_GPU_OUTPUTS,
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS,
         instance_groups=(InstanceGroup(1),),  # the backend drives all GPUs of the rank itself
         parameters=_parameters(
             ("gpt_model_type", BATCHING_STRATEGY),
@@ -162,7 +162,7 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
         inputs=nv.engine_inputs(cpp_backend=False),
-        outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
         # Each instance batches continuously across its requests, with its share of max_batch_size.
         instance_groups=(InstanceGroup(standin_instance_count(plan)),),
         parameters=_parameters(
@@ -194,7 +194,7 @@ def window_relay_config(plan: ServingPlan) -> ModelConfig:
         decoupled=True,
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
         inputs=nv.engine_inputs(cpp_backend=False),
-        outputs=nv.ENGINE_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
         # One relay thread per request; the instance only moves tensors.
         instance_groups=(InstanceGroup(1),),
         parameters=_parameters(
@@ -212,6 +212,7 @@ def _preprocessing_step() -> EnsembleStep:
         model_name=PREPROCESSING,
         input_map=(
             ("QUERY", "text_input"),
+            ("DECODER_QUERY", "decoder_text_input"),
             ("REQUEST_OUTPUT_LEN", "max_tokens"),
             ("BAD_WORDS_DICT", "bad_words"),
             ("STOP_WORDS_DICT", "stop_words"),
@@ -263,6 +264,9 @@ def ensemble_config(plan: ServingPlan, *, engine_sends_prefix_ids: bool, engine_
         ("sequence_length", "sequence_length"),
         ("cum_log_probs", "cum_log_probs"),
         ("output_log_probs", "output_log_probs"),
+        # Sent by the engine only when asked for (or, batch_index / sequence_index, when the
+        # request has several rows / sequences); then passed through as NVIDIA's ensemble does.
+        *((t.name, t.name) for t in nv.ENGINE_OPTIONAL_OUTPUTS),
     )
     if engine_sends_prefix_ids:
         engine_outputs += (("prefix_ids", "_PREFIX_IDS"),)

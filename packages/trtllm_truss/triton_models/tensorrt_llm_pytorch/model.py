@@ -31,14 +31,22 @@ from trtllm_truss.engine_standin import (
     build_engine,
     parse_word_list,
 )
-from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, response_arrays
 from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
+from trtllm_truss.engine_standin.responses import (
+    ENGINE_OUTPUT_NAMES,
+    NO_EXTRAS,
+    PerfMetrics,
+    ResponseExtras,
+    generation_logits_array,
+    response_arrays,
+)
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 
 STANDIN_MODEL_INTERFACE = """
 Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
 (not decoupled: one response per request, streaming and batches refused with NVIDIA's messages),
-max_batch_size > 0 (every tensor below has a leading batch dimension of 1 per request).
+max_batch_size > 0: every tensor below has a leading batch dimension. A request of N rows (decoupled
+only, as NVIDIA's) is N generations; every response belongs to one row and carries batch_index.
 
 Inputs (NVIDIA's names and dtypes; * = optional):
   input_ids INT32 [-1]            prompt token ids (ragged); only the first input_lengths are used
@@ -54,6 +62,9 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   presence_penalty* FP32 [1]  frequency_penalty* FP32 [1]  min_length* INT32 [1]
   random_seed* UINT64 [1]         default: a fresh random seed per request (unseeded sampling differs)
   return_log_probs* BOOL [1]  exclude_input_in_output* BOOL [1]  streaming* BOOL [1]
+  num_return_sequences* INT32 [1] sequences per row (decoupled only when > 1); sequence s > 0 of a
+                                  seeded request samples with random_seed + s
+  return_context_logits* return_generation_logits* return_perf_metrics* BOOL [1]
   embedding_bias* FP32 [-1]       one value per vocabulary id, added to the logits (empty: none)
   decoder_input_ids* INT32 [-1]  decoder_input_lengths* INT32 [1]   accepted, ignored (decoder-only)
   stop* BOOL [1]                  true: cancel the in-flight request with the same Triton request id
@@ -68,6 +79,17 @@ Outputs:
   output_log_probs FP32 [-1,-1]   beams x generated tokens of this response (zeros unless asked)
   prefix_ids INT32 [-1]           ours: up to prefix_window_tokens ids immediately preceding this
                                   response's output_ids in prompt + generated (empty if none)
+  batch_index INT32 [1]           the row this response belongs to (only when the request has > 1)
+  sequence_index INT32 [1]        0..num_return_sequences-1 (only when num_return_sequences > 1)
+  context_logits FP32 [-1,-1]     prompt_len x vocab, in every response (return_context_logits)
+  generation_logits FP32 [-1,-1,-1]  streaming: tokens x beams x vocab of this response; otherwise
+                                  beams x request_output_len x vocab (return_generation_logits)
+                                  (the synthetic engine's logits are zero-filled placeholders)
+  kv_cache_alloc_new_blocks, kv_cache_reused_blocks, kv_cache_alloc_total_blocks, total_draft_tokens,
+  total_accepted_draft_tokens INT32 [1]; arrival_time_ns, first_scheduled_time_ns,
+  first_token_time_ns, last_token_time_ns INT64 [1]; acceptance_rate FP32 [1]
+                                  in every response with return_perf_metrics (PerfMetrics says how
+                                  the stand-in fills them)
 
 Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir, max_batch_size,
   max_input_len, max_output_len, max_num_sequences, max_beam_width (must be 1), device
@@ -76,7 +98,8 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 1),
   merge_responses (default false).
 
-Responses: one per request per engine step, as NVIDIA's engine sends them; a sender that falls
+Responses: one per generation (row x sequence) per engine step, as NVIDIA's engine sends them; the
+final flag comes with the last generation's last response; a sender that falls
 behind queues them in order (merge_responses=true instead merges the waiting tokens of a request
 into one response). Several instances (instance_group count) each run their own engine with a
 share of max_batch_size; a `send()` is an IPC round trip to tritonserver, so more instances and
@@ -96,6 +119,8 @@ STOP_WITHOUT_ID_ERROR = "Trying to stop a request but request ID is not provided
 # NVIDIA's messages (utils.cc, createRequestsFromInputTensors) when the model is not decoupled.
 BATCH_NEEDS_DECOUPLED_ERROR = "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
 STREAMING_NEEDS_DECOUPLED_ERROR = "Streaming is only supported if model is deployed using decoupled mode."
+# Ours: NVIDIA's backend would send several responses where a non-decoupled model may send one.
+SEQUENCES_NEED_DECOUPLED_ERROR = "num_return_sequences > 1 requires the tensorrt_llm model to be decoupled (runtime.decoupled_mode)"
 
 def _input(request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -107,6 +132,36 @@ def _scalar(request, name: str, default):
     if array is None or array.size == 0:
         return default
     return array.reshape(-1)[0].item()
+
+
+def _row(array, row: int):
+    """Row `row` of a batched input (Triton gives every input of a request the same batch size)."""
+    if array is None:
+        return None
+    if array.ndim == 0:
+        return array.reshape(1)
+    return array[row] if array.shape[0] > row else array[0]
+
+
+def _row_scalar(arrays: dict, name: str, row: int, default):
+    value = _row(arrays.get(name), row)
+    if value is None or value.size == 0:
+        return default
+    return value.reshape(-1)[0].item()
+
+
+class _Group:
+    """The generations (rows x sequences) of one Triton request: they share its response sender,
+    and only the last of them to finish sends the final flag (NVIDIA's pendingBatchedRequestIds).
+    Touched only by the lane all of them are pinned to."""
+
+    def __init__(self, size: int) -> None:
+        self.remaining = size
+
+    def finish_one(self) -> bool:
+        """True for the generation that finishes last."""
+        self.remaining -= 1
+        return self.remaining == 0
 
 
 @dataclass
@@ -124,6 +179,16 @@ class _InFlight:
     want_log_probs: bool
     outputs: frozenset  # the requested outputs: only these are built (engine_standin/responses.py says why)
     history: deque  # the last prefix_window tokens of prompt + already-sent tokens
+    group: _Group = field(default_factory=lambda: _Group(1))
+    generation: GenerationRequest | None = None  # the engine request (perf metrics read its admission time)
+    batch_index: int | None = None  # set when the Triton request has several rows
+    sequence_index: int | None = None  # set when num_return_sequences > 1
+    want_perf: bool = False
+    arrival_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    context_logits: object = None  # numpy [prompt_len, vocab], from the first output
+    generation_logits: list = field(default_factory=list)  # numpy rows not yet sent
     prompt: list[int] = field(default_factory=list)  # kept only when the prompt is echoed
     sent_tokens: list[int] = field(default_factory=list)  # non-streaming: everything, sent at the end
     sent_log_probs: list[float] = field(default_factory=list)
@@ -220,7 +285,7 @@ class TritonPythonModel:
 
         self._lock = threading.Lock()  # guards the two maps below
         self._in_flight: dict[str, _InFlight] = {}
-        self._by_triton_id: dict[str, str] = {}
+        self._by_triton_id: dict[str, list[str]] = {}  # Triton id -> its generations' engine ids
         self._stopping = threading.Event()
         self._lanes = [_Lane(i) for i in range(self.settings.sender_threads)]
         self._next_lane = itertools.count()
@@ -251,25 +316,26 @@ class TritonPythonModel:
             except Exception as exc:  # a malformed request fails alone
                 log.exception("rejected a request")
                 rejected.append((request, f"tensorrt_llm (PyTorch stand-in): {exc}"))
-        if rejected and len(rejected) == len(requests) and not self.decoupled:
+        if rejected and len(rejected) == len(requests):
             # Raising is the only way a python-backend model makes Triton count a request as failed
-            # (nv_inference_request_failure): the backend then answers every request of this
-            # execute() with the error. So only when all of them were refused (the usual case: a
-            # bad request arrives alone), and only when not decoupled: raising from a decoupled
-            # execute() crashed tritonserver 2.51 now and then (SIGSEGV) in our tests. Otherwise
-            # each refusal goes through its sender (counted as a success by Triton).
+            # (nv_inference_request_failure, reason BACKEND: the python backend reports statistics
+            # per execute(), failed only when it raises, decoupled or not; an error response sent
+            # through a sender counts as a success). The backend then answers every request of
+            # this execute() with the error, so only when all of them were refused (the usual case:
+            # a bad request arrives alone), and always before any response sender was taken (a
+            # raise after a sender was taken would let the backend delete a factory the stub still
+            # uses). Otherwise each refusal goes through its sender.
             raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
         for request, message in rejected:
             self._fail(request.get_response_sender(), message)
 
     def _stop_local(self, triton_id: str) -> bool:
-        """Cancel the request with this Triton id if this instance serves it."""
+        """Cancel the generations of the request with this Triton id if this instance serves it."""
         with self._lock:
-            engine_id = self._by_triton_id.get(triton_id)
-        if engine_id is None:
-            return False
-        self.engine.cancel(engine_id)
-        return True
+            engine_ids = list(self._by_triton_id.get(triton_id, ()))
+        for engine_id in engine_ids:
+            self.engine.cancel(engine_id)
+        return bool(engine_ids)
 
     def _accept(self, request) -> None:
         """Refusals raise before the response sender is taken (execute() may fail the request)."""
@@ -284,100 +350,164 @@ class TritonPythonModel:
                 self._stop_relay.forward(triton_id)
             request.get_response_sender().send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        input_ids = _input(request, "input_ids")
+        arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+        input_ids = arrays.get("input_ids")
         if input_ids is None:
             raise RequestRejected("input_ids: required")
-        if not self.decoupled and input_ids.ndim >= 2 and input_ids.shape[0] > 1:
+        rows = input_ids.shape[0] if input_ids.ndim >= 2 else 1
+        if not self.decoupled and rows > 1:
             raise RequestRejected(BATCH_NEEDS_DECOUPLED_ERROR)
         if not self.decoupled and _scalar(request, "streaming", False):
             raise RequestRejected(STREAMING_NEEDS_DECOUPLED_ERROR)
-        if input_ids.ndim >= 2 and input_ids.shape[0] != 1:
-            raise RequestRejected(f"input_ids: batch dimension must be 1 per request, got {input_ids.shape[0]}")
-        flat = input_ids.reshape(-1)
-        length = int(_scalar(request, "input_lengths", flat.size))
+        if input_ids.ndim < 2:
+            input_ids = input_ids.reshape(1, -1)
+        # Every generation is built and validated before the sender is taken: a bad row fails the
+        # whole request, as NVIDIA's backend refuses it before enqueueing any of its rows.
+        flights: list[tuple[_InFlight, GenerationRequest]] = []
+        arrival_ns = time.monotonic_ns()
+        sequences = [int(_row_scalar(arrays, "num_return_sequences", row, 1)) for row in range(rows)]
+        for row, count in enumerate(sequences):
+            if count < 1:
+                raise RequestRejected(f"num_return_sequences: must be >= 1, got {count}")
+            if count > 1 and not self.decoupled:
+                raise RequestRejected(SEQUENCES_NEED_DECOUPLED_ERROR)
+        group = _Group(sum(sequences))
+        lane = self._lanes[next(self._next_lane) % len(self._lanes)]  # one lane: the sender is shared
+        requested = frozenset(request.requested_output_names()) or ENGINE_OUTPUT_NAMES
+        for row in range(rows):
+            for sequence in range(sequences[row]):
+                flights.append(
+                    self._generation(
+                        arrays, input_ids[row], row, sequence, triton_id,
+                        batch_index=row if rows > 1 else None,
+                        sequence_index=sequence if sequences[row] > 1 else None,
+                        group=group, lane=lane, requested=requested, arrival_ns=arrival_ns,
+                    )
+                )
+        sender = request.get_response_sender()
+        with self._lock:
+            for flight, _ in flights:
+                flight.sender = sender
+                self._in_flight[flight.engine_id] = flight
+                flight.lane.flights[flight.engine_id] = flight
+            if triton_id:
+                # A later request with the same id takes the id over, as in NVIDIA's backend
+                # (mTritonRequestIdToRequestIds): `stop` then ends that request's generations.
+                self._by_triton_id[triton_id] = [flight.engine_id for flight, _ in flights]
+        for index, (flight, generation) in enumerate(flights):
+            try:
+                self.engine.submit(generation, lambda output, f=flight: self._on_output(f, output))
+            except RequestRejected as exc:  # shutting down: the sender is taken, so answer through it
+                for other, _ in flights[index:]:
+                    self._forget(other)
+                self._fail(sender, str(exc))
+                for other, _ in flights[:index]:
+                    self.engine.cancel(other.engine_id)
+                return
+
+    def _generation(
+        self, arrays: dict, row_ids, row: int, sequence: int, triton_id: str, *,
+        batch_index: int | None, sequence_index: int | None, group: _Group, lane: _Lane,
+        requested: frozenset, arrival_ns: int,
+    ) -> tuple[_InFlight, GenerationRequest]:
+        """One engine request for row `row`, sequence `sequence` of a Triton request."""
+        flat = row_ids.reshape(-1)
+        where = f" (row {row})" if batch_index is not None else ""
+        length = int(_row_scalar(arrays, "input_lengths", row, flat.size))
         if not 0 < length <= flat.size:
-            raise RequestRejected(f"input_lengths: {length} does not fit the {flat.size} input_ids sent")
+            raise RequestRejected(f"input_lengths: {length} does not fit the {flat.size} input_ids sent{where}")
         prompt = flat[:length].astype(np.int64).tolist()
-        output_len = _scalar(request, "request_output_len", None)
+        output_len = _row_scalar(arrays, "request_output_len", row, None)
         if output_len is None:
             raise RequestRejected("request_output_len: required")
-        end_id = _scalar(request, "end_id", self.default_end_id)
-        seed = _scalar(request, "random_seed", None)
+        end_id = _row_scalar(arrays, "end_id", row, self.default_end_id)
+        seed = _row_scalar(arrays, "random_seed", row, None)
         sampling = SamplingParams(
-            temperature=float(_scalar(request, "temperature", 1.0)),
-            top_k=int(_scalar(request, "runtime_top_k", 0)),
-            top_p=float(_scalar(request, "runtime_top_p", 0.0)),
-            repetition_penalty=float(_scalar(request, "repetition_penalty", 1.0)),
-            presence_penalty=float(_scalar(request, "presence_penalty", 0.0)),
-            frequency_penalty=float(_scalar(request, "frequency_penalty", 0.0)),
-            min_length=int(_scalar(request, "min_length", 0)),
+            temperature=float(_row_scalar(arrays, "temperature", row, 1.0)),
+            top_k=int(_row_scalar(arrays, "runtime_top_k", row, 0)),
+            top_p=float(_row_scalar(arrays, "runtime_top_p", row, 0.0)),
+            repetition_penalty=float(_row_scalar(arrays, "repetition_penalty", row, 1.0)),
+            presence_penalty=float(_row_scalar(arrays, "presence_penalty", row, 0.0)),
+            frequency_penalty=float(_row_scalar(arrays, "frequency_penalty", row, 0.0)),
+            min_length=int(_row_scalar(arrays, "min_length", row, 0)),
             # No seed: a fresh one per request, so unseeded sampling is not repeated across requests.
-            random_seed=secrets.randbits(64) if seed is None else int(seed),
+            # Several sequences of a seeded request: seed + sequence, so they differ reproducibly.
+            random_seed=secrets.randbits(64) if seed is None else (int(seed) + sequence) & 0xFFFF_FFFF_FFFF_FFFF,
         )
         try:
-            stop_words = parse_word_list(_input(request, "stop_words_list"), "stop_words_list")
-            bad_words = parse_word_list(_input(request, "bad_words_list"), "bad_words_list")
+            stop_words = parse_word_list(_row(arrays.get("stop_words_list"), row), "stop_words_list")
+            bad_words = parse_word_list(_row(arrays.get("bad_words_list"), row), "bad_words_list")
         except ValueError as exc:
-            raise RequestRejected(str(exc)) from exc
-        bias = _input(request, "embedding_bias")
+            raise RequestRejected(f"{exc}{where}") from exc
+        bias = _row(arrays.get("embedding_bias"), row)
         engine_id = uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=engine_id,
             input_ids=prompt,
             max_new_tokens=int(output_len),
             end_id=None if end_id is None else int(end_id),
-            pad_id=_scalar(request, "pad_id", None),
+            pad_id=_row_scalar(arrays, "pad_id", row, None),
             sampling=sampling,
             stop_words=stop_words,
             bad_words=bad_words,
-            beam_width=int(_scalar(request, "beam_width", 1)),
-            return_log_probs=bool(_scalar(request, "return_log_probs", False)),
+            beam_width=int(_row_scalar(arrays, "beam_width", row, 1)),
+            return_log_probs=bool(_row_scalar(arrays, "return_log_probs", row, False)),
             # NVIDIA's preprocessing sends an empty bias when none was asked for.
             embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
+            return_context_logits=bool(_row_scalar(arrays, "return_context_logits", row, False)),
+            return_generation_logits=bool(_row_scalar(arrays, "return_generation_logits", row, False)),
         )
-        self.engine.validate(generation)  # refusals raise here, before the sender is taken
-        streaming = bool(_scalar(request, "streaming", False))
-        exclude_input = bool(_scalar(request, "exclude_input_in_output", self.settings.exclude_input_in_output))
+        try:
+            self.engine.validate(generation)  # refusals raise here, before the sender is taken
+        except RequestRejected as exc:
+            raise RequestRejected(f"{exc}{where}") from exc
+        streaming = bool(_row_scalar(arrays, "streaming", row, False))
+        exclude_input = bool(_row_scalar(arrays, "exclude_input_in_output", row, self.settings.exclude_input_in_output))
         flight = _InFlight(
             engine_id=engine_id,
             triton_id=triton_id,
-            sender=request.get_response_sender(),
-            lane=self._lanes[next(self._next_lane) % len(self._lanes)],
+            sender=None,  # set once every generation of the request is accepted
+            lane=lane,
             streaming=streaming,
             exclude_input=exclude_input,
             want_log_probs=generation.return_log_probs,
-            outputs=frozenset(request.requested_output_names()) or ENGINE_OUTPUT_NAMES,
+            outputs=requested,
             history=deque(prompt[-self.prefix_window :], maxlen=self.prefix_window),
+            group=group,
+            generation=generation,
+            batch_index=batch_index,
+            sequence_index=sequence_index,
+            want_perf=bool(_row_scalar(arrays, "return_perf_metrics", row, False)),
+            arrival_ns=arrival_ns,
             prompt=prompt if not (streaming or exclude_input) else [],
         )
-        with self._lock:
-            self._in_flight[engine_id] = flight
-            flight.lane.flights[engine_id] = flight
-            if triton_id:
-                self._by_triton_id[triton_id] = engine_id
-        try:
-            self.engine.submit(generation, lambda output, f=flight: self._on_output(f, output))
-        except RequestRejected as exc:  # shutting down: the sender is taken, so answer through it
-            self._forget(flight)
-            self._fail(flight.sender, str(exc))
+        return flight, generation
 
     def _forget(self, flight: _InFlight) -> None:
         with self._lock:
             self._in_flight.pop(flight.engine_id, None)
             flight.lane.flights.pop(flight.engine_id, None)
-            if self._by_triton_id.get(flight.triton_id) == flight.engine_id:
-                del self._by_triton_id[flight.triton_id]
+            engine_ids = self._by_triton_id.get(flight.triton_id)
+            if engine_ids and flight.engine_id in engine_ids:
+                engine_ids.remove(flight.engine_id)
+                if not engine_ids:
+                    del self._by_triton_id[flight.triton_id]
 
     @staticmethod
-    def _fail(sender, message: str) -> None:
+    def _fail(sender, message: str, *, final: bool = True) -> None:
+        # Not final: another generation of the same request is still running (batch / n > 1).
         sender.send(
             pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
-            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0,
         )
 
     # ------------------------------------------------------- engine -> responses
     def _on_output(self, flight: _InFlight, output: GenerationOutput) -> None:
         """Engine thread: only queue; the request's lane builds and sends, one response per output."""
+        if flight.want_perf and output.token_ids:
+            now = time.monotonic_ns()
+            flight.first_token_ns = flight.first_token_ns or now
+            flight.last_token_ns = now
         lane = flight.lane
         with lane.cond:
             lane.outputs.append((flight, output))
@@ -407,15 +537,26 @@ class TritonPythonModel:
 
     def _send_outputs(self, lane: _Lane, outputs, merge: bool) -> None:
         if merge:
-            batches = _merged(outputs)
+            batches = [(*entry, None) for entry in _merged(outputs)]  # logits only travel unmerged
         else:
-            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None) for f, o in outputs]
-        for flight, tokens, log_probs, finish in batches:
+            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None, o) for f, o in outputs]
+        for flight, tokens, log_probs, finish, output in batches:
+            if output is not None:
+                if output.context_logits is not None:
+                    flight.context_logits = output.context_logits
+                if output.generation_logits is not None:
+                    flight.generation_logits.append(output.generation_logits)
             try:
                 self._respond(flight, tokens, log_probs, finish)
             except Exception:
                 log.exception("sending a response failed; cancelling request %s", flight.engine_id)
                 self.engine.cancel(flight.engine_id)
+                if finish is not None:
+                    # _respond counted this generation as finished: end the request visibly.
+                    try:
+                        self._fail(flight.sender, "tensorrt_llm (PyTorch stand-in): building the response failed", final=flight.group.remaining == 0)
+                    except Exception:
+                        log.exception("sending the error response failed for %s", flight.engine_id)
             if finish is not None:
                 flight.finished = True
                 flight.sender = None  # released: see _send_loop
@@ -461,10 +602,45 @@ class TritonPythonModel:
             except Exception:
                 log.exception("checking cancellation of %s failed", flight.engine_id)
 
+    def _extras(self, flight: _InFlight, *, streaming: bool) -> ResponseExtras:
+        """batch_index, sequence_index, logits and perf metrics, as far as this request has them."""
+        generation = flight.generation
+        if not (
+            flight.batch_index is not None
+            or flight.sequence_index is not None
+            or flight.want_perf
+            or (generation is not None and (generation.return_context_logits or generation.return_generation_logits))
+        ):
+            return NO_EXTRAS
+        generation_logits = None
+        if generation is not None and generation.return_generation_logits:
+            generation_logits = generation_logits_array(
+                flight.generation_logits, self.engine.vocab_size, streaming=streaming, max_new_tokens=generation.max_new_tokens
+            )
+            flight.generation_logits = []
+        perf = None
+        if flight.want_perf:
+            scheduled = (generation.first_scheduled_ns if generation is not None else None) or flight.arrival_ns
+            perf = PerfMetrics(
+                arrival_time_ns=flight.arrival_ns,
+                first_scheduled_time_ns=scheduled,
+                first_token_time_ns=flight.first_token_ns or scheduled,
+                last_token_time_ns=flight.last_token_ns or scheduled,
+            )
+        return ResponseExtras(
+            batch_index=flight.batch_index,
+            sequence_index=flight.sequence_index,
+            context_logits=flight.context_logits,
+            generation_logits=generation_logits,
+            perf=perf,
+        )
+
     def _respond(self, flight: _InFlight, tokens: list[int], log_probs: list[float], finish: GenerationOutput | None) -> None:
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        # The request's last generation to finish carries the final flag (one generation: its own).
+        last = finish is not None and flight.group.finish_one()
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0
         if finish is not None and finish.finish_reason is FinishReason.ERROR:
-            self._fail(flight.sender, finish.error or "tensorrt_llm (PyTorch stand-in): request failed")
+            self._fail(flight.sender, finish.error or "tensorrt_llm (PyTorch stand-in): request failed", final=last)
             return
         if not flight.want_log_probs:
             log_probs = []
@@ -473,30 +649,38 @@ class TritonPythonModel:
                 prefix = list(flight.history)
                 flight.history.extend(tokens)
                 flight.cum_log_prob += float(sum(log_probs))
-                response = self._response(flight.outputs, tokens, log_probs, flight.cum_log_prob, prefix, len(tokens))
-                flight.sender.send(response, flags=final if finish is not None else 0)
+                response = self._response(
+                    flight.outputs, tokens, log_probs, flight.cum_log_prob, prefix, len(tokens), self._extras(flight, streaming=True)
+                )
+                flight.sender.send(response, flags=flags)
+            elif last:
+                flight.sender.send(flags=flags)
             elif finish is not None:
-                flight.sender.send(flags=final)
+                # Another generation of the request still runs: this one's end, with no new tokens.
+                response = self._response(flight.outputs, [], [], flight.cum_log_prob, [], 0, self._extras(flight, streaming=True))
+                flight.sender.send(response, flags=0)
             return
         flight.sent_tokens.extend(tokens)
         flight.sent_log_probs.extend(log_probs)
         if finish is None:
             return
         if finish.finish_reason is FinishReason.CANCELLED:
-            # Not decoupled: the one response a request must get (a bare final flag is refused).
-            flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
+            if last:
+                # Not decoupled: the one response a request must get (a bare final flag is refused).
+                flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=flags)
             return
         cum = float(sum(flight.sent_log_probs))
+        extras = self._extras(flight, streaming=False)
         if flight.exclude_input:
             response = self._response(
-                flight.outputs, flight.sent_tokens, flight.sent_log_probs, cum, list(flight.history), len(flight.sent_tokens)
+                flight.outputs, flight.sent_tokens, flight.sent_log_probs, cum, list(flight.history), len(flight.sent_tokens), extras
             )
         else:
             # Prompt first; log-probs still cover the generated tokens only.
             response = self._response(
-                flight.outputs, flight.prompt + flight.sent_tokens, flight.sent_log_probs, cum, [], len(flight.sent_tokens)
+                flight.outputs, flight.prompt + flight.sent_tokens, flight.sent_log_probs, cum, [], len(flight.sent_tokens), extras
             )
-        flight.sender.send(response, flags=final)
+        flight.sender.send(response, flags=flags)
 
     @staticmethod
     def _response(*args):

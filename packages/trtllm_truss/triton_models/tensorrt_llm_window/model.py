@@ -10,8 +10,9 @@ requests still find it) and keeps, for the life of that one request only, the la
 seen. Any instance can serve any request: nothing is shared between requests or instances.
 
 Inputs: whatever the ensemble sends for `tensorrt_llm` (passed through as they come).
-Outputs: `output_ids`, `sequence_length`, `cum_log_probs`, `output_log_probs` as the engine sent them,
-plus `prefix_ids` INT32 [-1]: up to `prefix_window_tokens` ids preceding this response's tokens.
+Outputs: whatever the engine sent (`output_ids`, `sequence_length`, log probs, and when the request
+asks for them logits, perf metrics, `batch_index`, `sequence_index`), plus `prefix_ids` INT32 [-1]: up
+to `prefix_window_tokens` ids preceding this response's tokens (per batch row and sequence).
 Parameters: `engine_model` (default tensorrt_llm), `prefix_window_tokens` (default 8),
 `exclude_input_in_output` (the engine's default for requests that do not send the input),
 `max_concurrent_streams` (default 64): engine streams relayed at once; more wait here, as they would
@@ -28,6 +29,23 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
+# Sent by the engine only when a request asks for them (NVIDIA's fillTritonResponse).
+ENGINE_OPTIONAL_OUTPUTS = [
+    "context_logits",
+    "generation_logits",
+    "batch_index",
+    "sequence_index",
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+]
 
 
 def _scalar(inputs: dict, name: str, default):
@@ -75,18 +93,20 @@ class TritonPythonModel:
 
     def _relay(self, inputs: dict, request_id: str, sender) -> None:
         input_ids = inputs.get("input_ids")
-        prompt = input_ids.reshape(-1).tolist() if input_ids is not None else []
-        length = int(_scalar(inputs, "input_lengths", len(prompt)))
-        prompt = prompt[:length]
+        rows = input_ids.reshape(input_ids.shape[0], -1) if input_ids is not None and input_ids.ndim >= 2 else np.zeros((1, 0), dtype=np.int32)
+        lengths = inputs.get("input_lengths")
+        lengths = lengths.reshape(-1).tolist() if lengths is not None else [rows.shape[1]] * rows.shape[0]
+        prompts = [rows[i, : int(lengths[i] if i < len(lengths) else rows.shape[1])].tolist() for i in range(rows.shape[0])]
         streaming = bool(_scalar(inputs, "streaming", False))
         exclude = bool(_scalar(inputs, "exclude_input_in_output", self.default_exclude))
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine_model,
             inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
-            requested_output_names=ENGINE_OUTPUTS,
+            requested_output_names=ENGINE_OUTPUTS + ENGINE_OPTIONAL_OUTPUTS,
             request_id=request_id,
         )
-        history = list(prompt)  # this request's prompt + tokens so far; lives only in this call
+        # Per (batch row, sequence): prompt + tokens so far; lives only in this call.
+        histories: dict[tuple[int, int], list[int]] = {}
         for response in engine_request.exec(decoupled=True):
             if response.has_error():
                 raise RuntimeError(response.error().message())
@@ -94,6 +114,10 @@ class TritonPythonModel:
             if not outputs:
                 continue  # the engine's flag-only final response
             by_name = {t.name(): t for t in outputs}
+            row = int(by_name["batch_index"].as_numpy().reshape(-1)[0]) if "batch_index" in by_name else 0
+            sequence = int(by_name["sequence_index"].as_numpy().reshape(-1)[0]) if "sequence_index" in by_name else 0
+            prompt = prompts[row] if row < len(prompts) else []
+            history = histories.setdefault((row, sequence), list(prompt))
             tokens = by_name["output_ids"].as_numpy()
             first_beam = tokens.reshape(-1, tokens.shape[-1])[0] if tokens.size else np.zeros(0, dtype=np.int32)
             count = int(by_name["sequence_length"].as_numpy().reshape(-1)[0]) if "sequence_length" in by_name else first_beam.size
