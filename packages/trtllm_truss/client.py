@@ -416,7 +416,7 @@ class EnsembleClient:
                 if message is grpc.aio.EOF:
                     raise UpstreamError("the engine closed the stream before the request finished")
                 if message.error_message:
-                    raise EngineRefusedError(f"the engine refused the request: {client_safe(message.error_message)}")
+                    raise EngineRefusedError(f"the engine refused the request: {engine_message(message.error_message)}")
                 response = message.infer_response
                 final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
                 finished = final is not None and final.bool_param
@@ -474,6 +474,23 @@ _INTERNAL_DETAIL = re.compile(
 def client_safe(text: str) -> str:
     """`text` without internal addresses or paths, for messages that can reach an HTTP client."""
     return _INTERNAL_DETAIL.sub("<internal>", text)
+
+
+# How Triton's python backend wraps an exception a model raised from execute() (after "in ensemble
+# 'NAME', " when an ensemble ran it): the model's own message sits between this prefix and the
+# traceback ("At:" and the stack frames).
+_PYTHON_BACKEND_WRAPPER = re.compile(
+    r"Failed to process the request\(s\) for model '[^']*', message: (?:TritonModelException: )?(?P<message>.*?)"
+    r"(?:\s+At:\s.*)?$",
+    re.DOTALL,
+)
+
+
+def engine_message(error_message: str) -> str:
+    """The engine's refusal as a client should read it: the model's message, without Triton's
+    wrapper, the traceback, addresses or paths."""
+    match = _PYTHON_BACKEND_WRAPPER.search(error_message)
+    return client_safe((match.group("message") if match else error_message).strip())
 
 
 def _describe_rpc_error(url: str, exc: grpc.aio.AioRpcError) -> str:

@@ -13,6 +13,7 @@ from trtllm_truss.client import (
     EnsembleClient,
     UpstreamError,
     _describe_rpc_error,
+    engine_message,
 )
 
 
@@ -67,3 +68,14 @@ def test_rpc_error_description_hides_address_and_paths(caplog: pytest.LogCapture
     message = _describe_rpc_error("127.0.0.1:41719", internal)
     assert message.startswith("Triton error INTERNAL: ") and "boom" in message
     assert "/tmp/" not in message and "model_repository" not in message, message
+
+
+@pytest.mark.parametrize("prefix", ["", "in ensemble 'ensemble_ids', "])
+def test_an_engine_refusal_shows_the_models_message_without_triton_wrapper_or_traceback(prefix: str):
+    raw = (
+        f"{prefix}Failed to process the request(s) for model 'tensorrt_llm_0_0', message: TritonModelException: "
+        "runtime_top_p: must be within [0, 1], got 5.0\n\nAt:\n"
+        "  /tmp/trtllm-truss-stack-abc/model_repository/tensorrt_llm/1/model.py(330): execute\n"
+    )
+    assert engine_message(raw) == "runtime_top_p: must be within [0, 1], got 5.0"
+    assert engine_message("the engine's own words at /opt/x/y.py") == "the engine's own words at <internal>"
