@@ -4,7 +4,6 @@ shared by unit and integration tests, such as edge_case_texts, can be imported f
 import importlib.util
 from pathlib import Path
 import shutil
-import sys
 
 import pytest
 
@@ -21,18 +20,6 @@ TORCH_MODULES = sorted(
 
 collect_ignore = [] if HAS_TORCH else TORCH_MODULES
 
-# Known on Python 3.12 only (3.10 and 3.11 pass): with nvidia-pytriton 0.7.0's 3.12 python-backend stub,
-# the tensorrt_llm_window relay's stub dies ("Stub process ... is not healthy") on its first streamed
-# request (a decoupled BLS exec from a relay thread); the session's server is then gone for the rest.
-# Not run there: each would wait out its stream timeout.
-RELAY_FIXTURES = {"echo_relay_triton", "synthetic_two_slot_relay_triton"}
-RELAY_XFAIL = pytest.mark.xfail(
-    sys.version_info[:2] == (3, 12),
-    reason="pytriton 0.7.0's Python 3.12 stub: the tensorrt_llm_window relay's stub dies (known, under investigation)",
-    run=False,  # running them costs ~9 min of stream timeouts per `make test`
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         # also fixtures requested by name through a parameter (request.getfixturevalue(layout))
@@ -40,8 +27,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         requested = set(getattr(item, "fixturenames", ())) | {v for v in params.values() if isinstance(v, str)}
         if TORCH_FIXTURES & requested:
             item.add_marker(pytest.mark.torch)
-        if RELAY_FIXTURES & requested:
-            item.add_marker(RELAY_XFAIL)
         if not HAS_TORCH and item.get_closest_marker("torch"):
             item.add_marker(pytest.mark.skip(reason="needs torch, which is installed for Python 3.11 only"))
         elif not HAS_TRITONSERVER and item.get_closest_marker("triton"):

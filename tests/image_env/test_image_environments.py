@@ -1,12 +1,17 @@
 """The environment of each NVIDIA image our docs name (tests/data/images/*.json).
 
-* layout (fast, every run): the supervisor, given a file tree laid out as the image lays it out (fake
-  executables at the recorded paths), finds the image's tritonserver and its backends directory.
+* layout (fast, every run): given a file tree laid out as the image lays it out (fake executables and
+  scripts at the recorded paths), the supervisor finds the image's tritonserver and its backends
+  directory, and the engine builder finds TensorRT-LLM's examples where the image keeps them (or, for
+  images without them, none, and says which setting to use).
 * environment (`image_env`, slow, once per `make test`): a venv of the image's Python with the
-  installable part of its TensorRT-LLM's requirement pins, then the example's `requirements:` resolve
-  without changing a package the image already has; our package (from packages/, as truss puts it on
-  sys.path) imports there, plans the build for the image's TensorRT-LLM version and renders the
-  repository. The venv is cached in .venv-images/ (rebuilt when the data or the example changes).
+  installable part of what the image pins (TensorRT-LLM's requirements where they could be read,
+  the pins NVIDIA's image build applies, the backend's requirements where TensorRT-LLM's are unread),
+  then the example's `requirements:` resolve without changing a version the image pins; `pip check`
+  finds no broken requirement but the ones recorded (with why) in the image's data; our package (from
+  packages/, as truss puts it on sys.path) imports there, plans the build for the image's TensorRT-LLM
+  version and renders the repository. The venv is cached in .venv-images/ (rebuilt when what it
+  installs changes).
 
 What this does not prove: TensorRT-LLM, TensorRT, CUDA torch and nvidia-* are not installed (they do
 not install here), so neither their own pins nor the image's real site-packages are checked.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +32,9 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from trtllm_truss.artifacts.build import TrtllmVersion, convert_script_relpath
+from trtllm_truss.artifacts.engine_builder import EXAMPLES_DIR_CANDIDATES, EXAMPLES_DIR_ENV, find_examples_dir
+from trtllm_truss.config.schema import Architecture
 from trtllm_truss.tritonserver_install import OPT_TRITONSERVER, locate_tritonserver, prepare_installation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,14 +63,34 @@ def _interpreter(minor: str) -> str | None:
     return shutil.which(f"python{minor}")
 
 
+def _image_requirements(data: dict) -> list[str]:
+    """What the environment test installs as the image's: TensorRT-LLM's pins (where read), the pins
+    NVIDIA's image build applies, and the backend's requirements (a stand-in where TensorRT-LLM's are unread)."""
+    return [
+        *(data["trtllm_requirements"] or []),
+        *(pin["requirement"] for pin in data["image_pins"]),
+        *data["backend_requirements"],
+    ]
+
+
 def test_every_image_is_described_with_its_sources():
-    assert {_load(p)["python"] for p in IMAGES} >= {"3.10", "3.12"}, "one 24.x (3.10) and one 25.x (3.12) image"
+    tags = {_load(p)["python"]: _load(p)["image"].rsplit(":", 1)[1] for p in IMAGES}
+    assert tags.get("3.10", "").startswith("24.") and tags.get("3.12", "").startswith("25."), (
+        "one 24.x image with Python 3.10 and one 25.x image with Python 3.12"
+    )
     for path in IMAGES:
         data = _load(path)
         assert data["image"].startswith("nvcr.io/nvidia/tritonserver:")
         assert data["image"].rsplit("/", 1)[1].replace(":", "-") == path.stem
         assert data["trtllm_version_source"] and data["python_source"] and data["layout_source"]
         assert data["trtllm_requirements"] is not None or data["trtllm_requirements_note"]
+        assert data["backend_requirements_source"] and data["trtllm_examples_source"]
+        assert all(pin["requirement"] and pin["source"] for pin in data["image_pins"])
+        assert _image_requirements(data), f"{path.name}: nothing to resolve the example against"
+        for conflict in data.get("known_conflicts", []):
+            assert conflict["package"] and conflict["requirement"] and conflict["why"]
+        for extra in data.get("extra_requirements", []):
+            assert extra["name"] and extra["why"]
 
 
 def test_examples_name_an_image_that_is_described():
@@ -93,6 +122,36 @@ def test_supervisor_finds_the_images_tritonserver_and_backends(tmp_path: Path, i
     assert sorted(p.name for p in installation.backend_dir.iterdir()) == sorted(data["backends"])
 
 
+@pytest.mark.parametrize("image", IMAGES, ids=IDS)
+def test_engine_builder_finds_the_examples_where_the_image_keeps_them(tmp_path: Path, image: Path):
+    data = _load(image)
+    fake_root = tmp_path / "image"
+    (fake_root / data["backends_dir"].lstrip("/")).mkdir(parents=True)  # every image has /opt/tritonserver
+    version = TrtllmVersion.parse(data["trtllm_version"])
+    if data["trtllm_examples_dir"] is None:
+        # 24.x images ship no examples: nothing is found, so a build from a checkpoint asks for the setting
+        assert find_examples_dir({}, root=fake_root) is None
+        assert find_examples_dir({EXAMPLES_DIR_ENV: "/src/TensorRT-LLM/examples"}, root=fake_root) == Path(
+            "/src/TensorRT-LLM/examples"
+        )
+        return
+    assert Path(data["trtllm_examples_dir"]) in EXAMPLES_DIR_CANDIDATES
+    examples = fake_root / data["trtllm_examples_dir"].lstrip("/")
+    script = examples / convert_script_relpath(Architecture.LLAMA, version)  # the release's own layout
+    script.parent.mkdir(parents=True)
+    script.write_text("# stands for NVIDIA's convert_checkpoint.py\n")
+    (examples / "quantization").mkdir()
+    (examples / "quantization" / "quantize.py").write_text("# stands for NVIDIA's quantize.py\n")
+    # a decoy at the other candidate must not win over the image's own directory
+    for other in EXAMPLES_DIR_CANDIDATES:
+        if other != Path(data["trtllm_examples_dir"]):
+            (fake_root / str(other).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    found = find_examples_dir({}, root=fake_root)
+    assert found == examples
+    assert convert_script_relpath(Architecture.LLAMA, version, found) == "llama/convert_checkpoint.py"
+    assert (found / convert_script_relpath(Architecture.LLAMA, version, found)).is_file()
+
+
 def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(python), "-m", "pip", *args, "--disable-pip-version-check"],
@@ -103,23 +162,60 @@ def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.Completed
     )
 
 
-def _image_venv(data: dict, interpreter: str, example_requirements: list[str]) -> tuple[Path, dict[str, str], list]:
-    """Cached venv with the image's installable TensorRT-LLM pins, then the example's requirements.
+def _broken_requirements(pip_check_output: str) -> list[list[str]]:
+    """`pip check` lines -> [package, requirement] pairs:
+    "pkg 1.0 has requirement dep<2, but you have dep 2.1." and "pkg 1.0 requires dep, which is not installed."."""
+    pairs = []
+    for line in pip_check_output.splitlines():
+        match = re.match(r"^(\S+) \S+ (?:has requirement|requires) ([A-Za-z0-9_.\-\[\]]+)", line)
+        if match:
+            pairs.append([_canonical(match[1]), _canonical(Requirement(match[2]).name)])
+    return pairs
 
-    Returns its python, the image's packages (name -> version) and what pip's resolver said installing
-    the example's requirements over them would install (its --dry-run --report "install" list)."""
+
+def _lock_pins(python: str) -> dict[str, str]:
+    """requirements/lock.txt (3.11) or lock-py3.X.txt: name -> exact version."""
+    lock = ROOT / "requirements" / ("lock.txt" if python == "3.11" else f"lock-py{python}.txt")
+    pins = {}
+    for line in lock.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;#]+)", line.strip())
+        if match:
+            pins[_canonical(match[1])] = match[2]
+    return pins
+
+
+def _requirements_for_python(requirements: list[str], python: str) -> list[str]:
+    """The example's `requirements:` as a truss for this image's Python writes them: each exact pin at
+    the version of our lock for that Python (the pins of tests/unit/test_config_shipped.py's check)."""
+    pins = _lock_pins(python)
+    repinned = []
+    for requirement in requirements:
+        parsed = Requirement(requirement)
+        extras = f"[{','.join(sorted(parsed.extras))}]" if parsed.extras else ""
+        repinned.append(f"{parsed.name}{extras}=={pins[_canonical(parsed.name)]}")
+    return repinned
+
+
+def _image_venv(data: dict, interpreter: str, example_requirements: list[str]) -> tuple[Path, dict[str, str], list, list]:
+    """Cached venv with the image's installable pins, then the example's requirements.
+
+    Returns its python, the image's packages (name -> version), what pip's resolver said installing
+    the example's requirements over them would install (its --dry-run --report "install" list) and
+    `pip check`'s complaints once both are installed."""
     slug = data["image"].rsplit(":", 1)[1]
     venv = CACHE / slug
-    stamp = hashlib.sha256(json.dumps([data, example_requirements], sort_keys=True).encode()).hexdigest()[:16]
+    # rebuilt when what is installed changes (not for edits of the data's prose)
+    inputs = [data["python"], _image_requirements(data), example_requirements]
+    stamp = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
     python = venv / "bin" / "python"
     record = venv / "image-resolution.json"
     if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp and record.is_file():
         saved = json.loads(record.read_text())
-        return python, saved["image_pins"], saved["would_install"]
+        return python, saved["image_pins"], saved["would_install"], saved["pip_check"]
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=300)
     # wheels only: nothing is compiled, and nothing pulls CUDA torch (left out of the data)
-    result = _pip(python, "install", "-q", "--only-binary=:all:", *data["trtllm_requirements"])
+    result = _pip(python, "install", "-q", "--only-binary=:all:", *_image_requirements(data))
     assert result.returncode == 0, f"the image's pins do not install on Python {data['python']}:\n{result.stderr[-3000:]}"
     image_pins = {_canonical(p["name"]): p["version"] for p in json.loads(_pip(python, "list", "--format=json").stdout)}
     report_path = venv / "example-report.json"
@@ -130,9 +226,10 @@ def _image_venv(data: dict, interpreter: str, example_requirements: list[str]) -
     ]
     result = _pip(python, "install", "-q", "--only-binary=:all:", *example_requirements)
     assert result.returncode == 0, result.stderr[-3000:]
-    record.write_text(json.dumps({"image_pins": image_pins, "would_install": would_install}, indent=1))
+    pip_check = _broken_requirements(_pip(python, "check").stdout)
+    record.write_text(json.dumps({"image_pins": image_pins, "would_install": would_install, "pip_check": pip_check}, indent=1))
     (venv / ".stamp").write_text(stamp)
-    return python, image_pins, would_install
+    return python, image_pins, would_install, pip_check
 
 
 @pytest.mark.image_env
@@ -140,21 +237,29 @@ def _image_venv(data: dict, interpreter: str, example_requirements: list[str]) -
 @pytest.mark.parametrize("image", IMAGES, ids=IDS)
 def test_image_environment_resolves_imports_plans_and_renders(image: Path, tmp_path: Path):
     data = _load(image)
-    if data["trtllm_requirements"] is None:
-        pytest.skip(data["trtllm_requirements_note"])
     interpreter = _interpreter(data["python"])
     if interpreter is None:
         pytest.skip(f"no Python {data['python']} on this machine (pyenv or python{data['python']})")
-    example_requirements = yaml.safe_load((EXAMPLE / "config.yaml").read_text())["requirements"]
-    python, image_pins, would_install = _image_venv(data, interpreter, example_requirements)
+    # the example's requirements, plus what a truss on this image must add (recorded with why)
+    example_requirements = _requirements_for_python(
+        yaml.safe_load((EXAMPLE / "config.yaml").read_text())["requirements"]
+        + [extra["name"] for extra in data.get("extra_requirements", [])],
+        data["python"],
+    )
+    python, image_pins, would_install, pip_check = _image_venv(data, interpreter, example_requirements)
 
-    # The packages TensorRT-LLM pins must stay as the image has them. Other installed packages are
-    # whatever pip picked today for the unpinned ranges (not the image's real versions): reported only.
-    pinned = {_canonical(Requirement(r).name) for r in data["trtllm_requirements"]}
+    # A package the image pins to a version (or range) must stay at the version installed for it.
+    # Other installed packages are whatever pip picked today for unversioned names (not the image's
+    # real versions): their moves are reported only.
+    pinned = {_canonical(Requirement(r).name) for r in _image_requirements(data) if Requirement(r).specifier}
     changed = {name: (image_pins[name], version) for name, version in would_install if image_pins.get(name, version) != version}
     pinned_changed = {name: versions for name, versions in changed.items() if name in pinned}
-    assert not pinned_changed, f"the example's requirements would change TensorRT-LLM's pins (image, ours): {pinned_changed}"
-    print(f"{data['image']}: unpinned packages the example's requirements would move (image, ours): {changed}")
+    assert not pinned_changed, f"the example's requirements would change the image's pins (image, ours): {pinned_changed}"
+    print(f"{data['image']}: packages the example's requirements would move (image, ours): {changed}")
+    # Requirements broken once both are installed: only the recorded ones (each says why it is accepted).
+    known = {(_canonical(c["package"]), _canonical(c["requirement"])) for c in data.get("known_conflicts", [])}
+    assert {tuple(pair) for pair in pip_check} <= known, f"pip check: {pip_check}; recorded: {sorted(known)}"
+    assert {tuple(pair) for pair in pip_check} == known, f"a recorded conflict no longer happens: {sorted(known)}"
     assert {name for name, _ in would_install} >= {"tritonclient", "boto3"}  # the resolver did run
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "packages")}

@@ -24,22 +24,30 @@ from trtllm_truss.plan import ServingPlan, engine_cache_key_inputs
 logger = logging.getLogger(__name__)
 
 EXAMPLES_DIR_ENV = "TRTLLM_EXAMPLES_DIR"
-# Where NVIDIA's containers put the examples of the installed release.
+# Where NVIDIA's containers put the examples of the installed release (tests/data/images records the
+# Triton images' layout with its sources):
+# - /app/examples: Triton's trtllm-python-py3 images from 25.01 (tensorrtllm_backend v0.17.0 on,
+#   dockerfile/Dockerfile.triton.trt_llm_backend: `WORKDIR /app`, `COPY tensorrt_llm/examples examples`);
+#   24.12 and earlier ship no examples at all.
+# - /app/tensorrt_llm/examples: TensorRT-LLM's own release image (docker/Dockerfile.multi, stage
+#   `release`: `WORKDIR /app/tensorrt_llm`, `COPY examples examples`).
 EXAMPLES_DIR_CANDIDATES = (
+    Path("/app/examples"),
     Path("/app/tensorrt_llm/examples"),
-    Path("/opt/tensorrt_llm/examples"),
-    Path("/workspace/TensorRT-LLM/examples"),
 )
 ENGINE_CACHE_SUBDIR = "engines"
 MAX_CACHE_BYTES_ENV = "TRTLLM_TRUSS_ENGINE_CACHE_MAX_BYTES"
 
 
-def find_examples_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+def find_examples_dir(environ: Mapping[str, str] | None = None, *, root: Path = Path("/")) -> Path | None:
+    """TRTLLM_EXAMPLES_DIR, else the first of EXAMPLES_DIR_CANDIDATES (under `root`, the filesystem
+    root but for tests) that holds a directory; None when the image has no examples."""
     environ = os.environ if environ is None else environ
     configured = environ.get(EXAMPLES_DIR_ENV)
     if configured:
         return Path(configured)
-    return next((path for path in EXAMPLES_DIR_CANDIDATES if path.is_dir()), None)
+    candidates = (root / path.relative_to("/") for path in EXAMPLES_DIR_CANDIDATES)
+    return next((path for path in candidates if path.is_dir()), None)
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,8 @@ class EngineBuilder:
             if examples_missing:
                 raise BuildPlanError(
                     f"TensorRT-LLM {version} builds with NVIDIA's examples/ scripts, which this image does not have"
-                    f" (looked in {', '.join(map(str, EXAMPLES_DIR_CANDIDATES))}); set {EXAMPLES_DIR_ENV} to the"
+                    f" (looked in {', '.join(map(str, EXAMPLES_DIR_CANDIDATES))}; Triton's trtllm images ship them"
+                    f" in /app/examples from 25.01 on, 24.12 and earlier not at all); set {EXAMPLES_DIR_ENV} to the"
                     " examples directory of that release (a checkout of NVIDIA/TensorRT-LLM at its tag), or serve a"
                     " prebuilt engine (serve.engine_repository)"
                 )

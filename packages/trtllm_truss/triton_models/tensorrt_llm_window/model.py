@@ -65,6 +65,9 @@ class TritonPythonModel:
         self._active: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._streams = threading.BoundedSemaphore(int(parameters.get("max_concurrent_streams") or 64))
+        # Finished engine response iterators not yet known to be cleaned up by the stub: (sequence, iterator).
+        self._finished: list[tuple[int, object]] = []
+        self._sequence = 0
 
     def execute(self, requests):
         # Decoupled: return at once; one relay thread per request streams the engine's responses.
@@ -79,19 +82,53 @@ class TritonPythonModel:
             thread.start()
 
     def _relay_guarded(self, inputs: dict, request_id: str, sender) -> None:
+        engine_streams: list = []  # the engine's response iterator, once exec() returned it
+        error = None
         try:
             with self._streams:
-                self._relay(inputs, request_id, sender)
+                self._relay(inputs, request_id, sender, engine_streams)
         except Exception as exc:  # noqa: BLE001 -- the request fails alone, visibly
-            sender.send(
-                pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_window: {exc}")),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-            )
+            error = exc
+        try:
+            self._release_after_cleanup(engine_streams, sender)
         finally:
             with self._lock:
                 self._active.discard(threading.current_thread())
+        if error is None:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_window: {error}")),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
 
-    def _relay(self, inputs: dict, request_id: str, sender) -> None:
+    def _release_after_cleanup(self, engine_streams: list, sender) -> None:
+        """Drop finished engine iterators only once the stub has cleaned them up.
+
+        Why: when the stub's message thread performs the BLS cleanup of a finished iterator that Python
+        no longer references, it frees the responses' numpy arrays without the GIL. Python 3.12 crashes
+        on that (python_backend fixed it in r24.12, "Hold GIL when deleting numpy array"; the stub of
+        nvidia-pytriton 0.7.0 is r24.10). That thread handles its queue in order and `is_cancelled()`
+        waits for its own turn in it, so after one answered `is_cancelled()` every cleanup queued
+        before it is done and Python holds the last reference, released here with the GIL.
+        """
+        for stream in engine_streams:
+            for _ in stream:  # a stream left early (an error): consume to its end, which queues its cleanup
+                pass
+        with self._lock:
+            for stream in engine_streams:
+                self._sequence += 1
+                self._finished.append((self._sequence, stream))
+            mark = self._sequence
+        engine_streams.clear()
+        if sender.is_cancelled():
+            return  # a cached answer, no round trip: a later request releases these
+        with self._lock:
+            released = [stream for sequence, stream in self._finished if sequence <= mark]
+            self._finished = [(sequence, stream) for sequence, stream in self._finished if sequence > mark]
+        del released  # the last references: the iterators and their tensors are freed here, with the GIL
+
+    def _relay(self, inputs: dict, request_id: str, sender, engine_streams: list) -> None:
         input_ids = inputs.get("input_ids")
         rows = input_ids.reshape(input_ids.shape[0], -1) if input_ids is not None and input_ids.ndim >= 2 else np.zeros((1, 0), dtype=np.int32)
         lengths = inputs.get("input_lengths")
@@ -107,7 +144,9 @@ class TritonPythonModel:
         )
         # Per (batch row, sequence): prompt + tokens so far; lives only in this call.
         histories: dict[tuple[int, int], list[int]] = {}
-        for response in engine_request.exec(decoupled=True):
+        responses = engine_request.exec(decoupled=True)
+        engine_streams.append(responses)
+        for response in responses:
             if response.has_error():
                 raise RuntimeError(response.error().message())
             outputs = response.output_tensors()
@@ -130,7 +169,6 @@ class TritonPythonModel:
                 prefix = prompt[-self.window :] if exclude and self.window else []
             prefix_tensor = pb_utils.Tensor("prefix_ids", np.asarray(prefix, dtype=np.int32).reshape(1, len(prefix)))
             sender.send(pb_utils.InferenceResponse(output_tensors=[*outputs, prefix_tensor]))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self) -> None:
         with self._lock:
