@@ -20,7 +20,8 @@ from trtllm_truss.probe import GpuInfo, RuntimeFacts
 # (NVIDIA/TensorRT-LLM docs/source/release-notes.md, "Infrastructure Changes" of each release;
 # tests/data/images/<image>.json keeps the source line and the test checks the two agree).
 IMAGE_TRTLLM_VERSIONS: dict[str, str] = {
-    "nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3": "0.16.0",
+    "nvcr.io/nvidia/tritonserver:24.11-trtllm-python-py3": "0.15.0",  # Python 3.10 (the last image on it)
+    "nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3": "0.16.0",  # Python 3.12 from here on
     "nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3": "0.17.0",
 }
 # The version a dry run plans for when nothing else says (the newest release with trtllm-build).
