@@ -22,10 +22,8 @@ import asyncio
 import dataclasses
 import gc
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,8 +55,9 @@ from trtllm_truss.api.openai import (
     sse_error,
     sse_event,
 )
-from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
+from trtllm_truss.api.sampling import resolve_max_tokens, to_generation_params
 from trtllm_truss.api.sse import ChunkTemplate
+from trtllm_truss.choices import OpenedChoice, choice_specs, choices_sse, choices_usage, close_all
 from trtllm_truss.metrics import ServingMetrics
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool, default_worker_count
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
@@ -520,12 +519,12 @@ class LLMService:
 
     async def _chat_choices(self, req: ChatCompletionRequest, http_request: Request | None) -> Any:
         spec = self._chat_spec(req)
-        specs = _choice_specs(req, [spec])
+        specs = choice_specs(req, [spec])
         model = req.model or SERVED_MODEL_NAME
         opened = await self._open_choices(specs, http_request)
         top = req.top_logprobs or 0
         if req.stream:
-            return StreamingResponse(self._chat_choices_sse(opened, req, model, top), media_type="text/event-stream")
+            return StreamingResponse(self._chatchoices_sse(opened, req, model, top), media_type="text/event-stream")
         answers = await self._collect_choices(opened, http_request)
         choices = [
             ChatChoice(
@@ -537,7 +536,7 @@ class LLMService:
             for index, (text, entries, end) in enumerate(answers)
         ]
         return ChatCompletion(
-            id=completion_id("chatcmpl"), model=model, choices=choices, usage=_choices_usage([a[2] for a in answers], req.n)
+            id=completion_id("chatcmpl"), model=model, choices=choices, usage=choices_usage([a[2] for a in answers], req.n)
         ).model_dump()
 
     async def _completion_choices(self, req: CompletionRequest, http_request: Request | None) -> Any:
@@ -552,11 +551,11 @@ class LLMService:
             else:
                 self._check_token_ids(field, prompt)
                 per_prompt.append(dataclasses.replace(base, prompt=None, prompt_ids=tuple(prompt), prompt_field=field))
-        specs = _choice_specs(req, per_prompt)
+        specs = choice_specs(req, per_prompt)
         model = req.model or SERVED_MODEL_NAME
         opened = await self._open_choices(specs, http_request)
         if req.stream:
-            return StreamingResponse(self._completion_choices_sse(opened, req, model), media_type="text/event-stream")
+            return StreamingResponse(self._completionchoices_sse(opened, req, model), media_type="text/event-stream")
         answers = await self._collect_choices(opened, http_request)
         choices = [
             CompletionChoice(
@@ -568,7 +567,7 @@ class LLMService:
             for index, (text, entries, end) in enumerate(answers)
         ]
         return Completion(
-            id=completion_id("cmpl"), model=model, choices=choices, usage=_choices_usage([a[2] for a in answers], req.n)
+            id=completion_id("cmpl"), model=model, choices=choices, usage=choices_usage([a[2] for a in answers], req.n)
         ).model_dump()
 
     def _check_token_ids(self, field: str, ids: list[int]) -> None:
@@ -582,7 +581,7 @@ class LLMService:
 
     async def _open_choices(
         self, specs: list[GenerationSpec], http_request: Request | None
-    ) -> list[tuple[ResponseStream, str | None, list[LogProbEntry]]]:
+    ) -> list[OpenedChoice]:
         """Every choice handed to a worker and its first text read, before any HTTP status is sent;
         all admitted or none (429), and any refused choice refuses the request."""
         pool = self.pool
@@ -631,7 +630,7 @@ class LLMService:
         return [(stream, first, entries) for stream, (first, entries) in zip(streams, firsts)]
 
     async def _collect_choices(
-        self, opened: list[tuple[ResponseStream, str | None, list[LogProbEntry]]], http_request: Request | None
+        self, opened: list[OpenedChoice], http_request: Request | None
     ) -> list[tuple[str, list[LogProbEntry], StreamEnd]]:
         """Every choice read to its end; the first that fails ends the others (and the request)."""
 
@@ -651,7 +650,7 @@ class LLMService:
         except _ChoiceFailed:
             pass  # its stream's end says why, below
         finally:
-            _close_all(opened)  # cancels the engine requests of choices still running
+            close_all(opened)  # cancels the engine requests of choices still running
             for reader in readers:
                 reader.cancel()
         for stream, _, _ in opened:
@@ -664,8 +663,8 @@ class LLMService:
             answers.append((text, entries, stream.end))
         return answers
 
-    def _chat_choices_sse(
-        self, opened: list, req: ChatCompletionRequest, model: str, top_logprobs: int
+    def _chatchoices_sse(
+        self, opened: list[OpenedChoice], req: ChatCompletionRequest, model: str, top_logprobs: int
     ) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("chatcmpl"), "model": model}
         wants = req.wants_log_probs()
@@ -681,11 +680,11 @@ class LLMService:
             for index in range(len(opened))
         ]
         def usage(ends: list[StreamEnd]) -> bytes:
-            return sse_event(ChatCompletionChunk(**envelope, choices=[], usage=_choices_usage(ends, req.n)))
+            return sse_event(ChatCompletionChunk(**envelope, choices=[], usage=choices_usage(ends, req.n)))
 
-        return _choices_sse(opened, chunk, roles, usage if req.wants_usage_chunk() else None)
+        return choices_sse(opened, chunk, roles, usage if req.wants_usage_chunk() else None)
 
-    def _completion_choices_sse(self, opened: list, req: CompletionRequest, model: str) -> AsyncIterator[bytes]:
+    def _completionchoices_sse(self, opened: list, req: CompletionRequest, model: str) -> AsyncIterator[bytes]:
         envelope = {"id": completion_id("cmpl"), "model": model}
         wants = req.wants_log_probs()
         offsets = [0] * len(opened)  # characters of each choice's text sent so far
@@ -699,42 +698,9 @@ class LLMService:
             return sse_event(Completion(**envelope, choices=[choice]))
 
         def usage(ends: list[StreamEnd]) -> bytes:
-            return sse_event(Completion(**envelope, choices=[], usage=_choices_usage(ends, req.n)))
+            return sse_event(Completion(**envelope, choices=[], usage=choices_usage(ends, req.n)))
 
-        return _choices_sse(opened, chunk, [], usage if req.wants_usage_chunk() else None)
-
-
-async def _choices_sse(
-    opened: list,
-    chunk: Callable[[int, str, list[LogProbEntry], str | None], bytes],
-    preamble: list[bytes],
-    usage: Callable[[list[StreamEnd]], bytes] | None,
-) -> AsyncIterator[bytes]:
-    """The events of several choices as their text arrives: `chunk(index, text, entries, None)` per
-    piece, `chunk(index, "", [], finish_reason)` when a choice ends, then the usage event and
-    `[DONE]`; the first failure ends the answer with `event: error` (and no `[DONE]`)."""
-    try:
-        for event in preamble:
-            yield event
-        ends: dict[int, StreamEnd] = {}
-        async with aclosing(_choice_updates(opened)) as updates:
-            async for index, text, entries, end in updates:
-                if end is None:
-                    yield chunk(index, text, entries, None)
-                elif end.error is not None:
-                    logger.warning("stream ended by an error: %s", end.error)
-                    yield sse_error(end.error)
-                    return
-                else:
-                    if text or entries:
-                        yield chunk(index, text, entries, None)
-                    yield chunk(index, "", [], end.finish_reason or "stop")
-                    ends[index] = end
-        if usage is not None:
-            yield usage([ends[i] for i in sorted(ends)])
-        yield SSE_DONE
-    finally:  # however the answer ends, before the updates started too
-        _close_all(opened)
+        return choices_sse(opened, chunk, [], usage if req.wants_usage_chunk() else None)
 
 
 async def _sse_events(
@@ -849,60 +815,3 @@ def _refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionReq
             f"{alternatives} most likely tokens are not available: the engine returns the log prob of the"
             f" sampled token only; use {field}: 0, or 1 with temperature: 0",
         )
-
-
-def _choice_specs(req: ChatCompletionRequest | CompletionRequest, prompts: list[GenerationSpec]) -> list[GenerationSpec]:
-    """n specs per prompt, prompt-major, each choice with its own seed: drawn at random when the
-    request has none (so unseeded choices differ whatever the engine's default seed), else the
-    request's seed + j for choice j (choice 0 is what n=1 gives)."""
-    specs = []
-    for base in prompts:
-        params = base.params
-        if req.wants_log_probs():
-            params = dataclasses.replace(params, return_log_probs=True)
-        for j in range(req.n):
-            seed = params.random_seed
-            if req.n > 1:
-                seed = secrets.randbits(64) if req.seed is None else (req.seed + j) % (UINT64_MAX + 1)
-            specs.append(dataclasses.replace(base, params=dataclasses.replace(params, random_seed=seed)))
-    return specs
-
-
-def _choices_usage(ends: list[StreamEnd], n: int) -> Usage:
-    """`ends` in choice order: each prompt counted once (its first choice's count), the completion
-    tokens of every choice."""
-    return Usage.of(sum(end.prompt_tokens for end in ends[::n]), sum(end.completion_tokens for end in ends))
-
-
-async def _choice_updates(opened: list) -> AsyncIterator[tuple[int, str, list[LogProbEntry], StreamEnd | None]]:
-    """(choice index, text, log-prob entries, None) as each choice's text arrives, in arrival order,
-    then (index, "", entries, end) once per choice; closes every stream whatever happens."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, stream: ResponseStream, first: str | None, entries: list[LogProbEntry]) -> None:
-        if first:
-            queue.put_nowait((index, first, entries, None))
-            entries = []
-        while (text := await stream.next_text()) is not None:
-            queue.put_nowait((index, text, stream.take_log_probs(), None))
-        queue.put_nowait((index, "", entries + stream.take_log_probs(), stream.end))
-
-    tasks = [asyncio.ensure_future(pump(index, *choice)) for index, choice in enumerate(opened)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            update = await queue.get()
-            if update[3] is not None:
-                remaining -= 1
-            yield update
-    finally:
-        # Nothing awaited here: under Starlette's cancelled scope (client gone) every await raises
-        # again, and the streams must be closed (their engine requests cancelled) all the same.
-        _close_all(opened)
-        for task in tasks:
-            task.cancel()
-
-
-def _close_all(opened: list) -> None:
-    for stream, _, _ in opened:
-        stream.close()

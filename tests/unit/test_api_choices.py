@@ -9,11 +9,8 @@ from fastapi import HTTPException
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
 from trtllm_truss.api.sampling import UINT64_MAX
 from trtllm_truss.client import GenerationParams
-from trtllm_truss.service import (
-    _choice_specs,
-    _choices_usage,
-    _refuse_what_the_engine_cannot_do,
-)
+from trtllm_truss.choices import choice_specs, choices_usage
+from trtllm_truss.service import _refuse_what_the_engine_cannot_do
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
 CHAT = [{"role": "user", "content": "x"}]
@@ -25,7 +22,7 @@ def _prompt_specs(*prompts: str) -> list[GenerationSpec]:
 
 def test_choices_are_prompt_major_with_seed_plus_j():
     req = CompletionRequest.model_validate({"prompt": ["a", "b"], "n": 3, "seed": 10})
-    specs = _choice_specs(req, _prompt_specs("a", "b"))
+    specs = choice_specs(req, _prompt_specs("a", "b"))
     assert [(s.prompt, s.params.random_seed) for s in specs] == [
         ("a", 10), ("a", 11), ("a", 12), ("b", 10), ("b", 11), ("b", 12)
     ]
@@ -34,21 +31,21 @@ def test_choices_are_prompt_major_with_seed_plus_j():
 
 def test_derived_seeds_wrap_within_the_uint64_tensor():
     req = CompletionRequest.model_validate({"prompt": "a", "n": 2, "seed": UINT64_MAX})
-    assert [s.params.random_seed for s in _choice_specs(req, _prompt_specs("a"))] == [UINT64_MAX, 0]
+    assert [s.params.random_seed for s in choice_specs(req, _prompt_specs("a"))] == [UINT64_MAX, 0]
 
 
 def test_unseeded_choices_get_their_own_random_seeds_and_one_choice_keeps_the_engines():
     req = CompletionRequest.model_validate({"prompt": "a", "n": 4})
-    seeds = [s.params.random_seed for s in _choice_specs(req, _prompt_specs("a"))]
+    seeds = [s.params.random_seed for s in choice_specs(req, _prompt_specs("a"))]
     assert len(set(seeds)) == 4 and all(0 <= s <= UINT64_MAX for s in seeds)
     single = CompletionRequest.model_validate({"prompt": "a", "logprobs": 0})
-    (spec,) = _choice_specs(single, _prompt_specs("a"))
+    (spec,) = choice_specs(single, _prompt_specs("a"))
     assert spec.params.random_seed is None and spec.params.return_log_probs is True
 
 
 def test_usage_counts_each_prompt_once_and_every_choices_tokens():
     ends = [StreamEnd("length", prompt_tokens=p, completion_tokens=c) for p, c in [(5, 3), (5, 4), (7, 1), (7, 2)]]
-    usage = _choices_usage(ends, n=2)
+    usage = choices_usage(ends, n=2)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (12, 10, 22)
 
 
