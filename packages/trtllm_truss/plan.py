@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trtllm_truss.probe import RuntimeFacts
+from trtllm_truss.speculation import engine_build, speculation_problems
 
 if TYPE_CHECKING:
     from trtllm_truss.artifacts.engine_config import EngineInfo
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 # (PyTorch backend, TensorRT-LLM >= 1.0) behind NVIDIA's `llmapi` python model; pytorch: our stand-in.
 Backend = Literal["tensorrtllm", "llmapi", "pytorch"]
 LLMAPI_SINCE = (1, 0)
-ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint"]
+ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft"]
 ArtifactKind = Literal["engine", "tokenizer", "checkpoint"]
 
 # Bump when the key's inputs or the cached directory layout change meaning: old entries stop matching.
@@ -98,6 +99,10 @@ class ServingPlan:
     limits_final: bool = True
     artifacts_dir: Path | None = None
     truss_dir: Path | None = None
+    # model_metadata.trt_llm.speculative where the backend runs it (None for the stand-in), and the draft
+    # checkpoint (draft_target / eagle3 on llmapi) once fetched.
+    speculative: Any = None
+    draft_dir: Path | None = None
 
     @property
     def world_size(self) -> int:
@@ -330,6 +335,7 @@ def make_plan(
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
     backend, reason = choose_backend(runtime.backend, facts, trt.world_size, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
+    problems += speculation_problems(trt, backend, facts.trtllm_version)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
@@ -343,6 +349,7 @@ def make_plan(
         # The stand-in is one process whatever TP/PP the engine it stands in for would use.
         "tensor_parallel_count": trt.tensor_parallel_count if backend != "pytorch" else 1,
         "pipeline_parallel_count": trt.pipeline_parallel_count if backend != "pytorch" else 1,
+        "speculative": trt.speculative if backend != "pytorch" else None,
     }
     model_override = runtime.pytorch.model
 
@@ -380,8 +387,17 @@ def make_plan(
                     raise PlanError(str(exc)) from None
             # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
             model = dataclasses.replace(checkpoint, role="model")
+            fetches: tuple[ArtifactRequest, ...] = (model,)
+            spec = trt.speculative
+            if spec is not None and spec.draft_repository is not None:
+                draft = _request(
+                    resolved, "draft", spec.draft_repository, spec.draft_revision, "checkpoint", root,
+                    "speculative.draft_repository",
+                )
+                fetches += (draft,)
+                common["draft_dir"] = draft.dest
             return ServingPlan(
-                tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), build=build, **limits, **common
+                tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, build=build, **limits, **common
             )
         # tensorrtllm: the tokenizer comes from the checkpoint; the weights only on a cache miss.
         tokenizer = dataclasses.replace(
@@ -391,7 +407,7 @@ def make_plan(
             tokenizer_dir=tokenizer.dest,
             fetches=(tokenizer,),
             checkpoint=checkpoint,
-            build=build,
+            build=engine_build(build, trt.speculative),
             **limits,
             **common,
         )

@@ -37,6 +37,7 @@ from trtllm_truss.config.schema import (
     BuildConfig,
     Quantization,
 )
+from trtllm_truss.speculation import lookahead_config, trtllm_build_flags
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ MULTI_BLOCK_RUNTIME_SINCE = TrtllmVersion(0, 13, 0)  # multi_block_mode became a
 CUSTOM_ALL_REDUCE_FLAG_UNTIL = TrtllmVersion(0, 14, 0)
 FUSED_MLP_PLUGIN_SINCE = TrtllmVersion(0, 12, 0)  # --use_fused_mlp enable|disable plugin option
 MODELS_LAYOUT_SINCE = TrtllmVersion(0, 18, 0)  # examples/<model> -> examples/models/{core,contrib}/<model>
+# NVFP4: "Added NVFP4 Gemm support for Llama and Mixtral models" (TensorRT-LLM release notes, 0.17.0);
+# quantize.py --qformat nvfp4 is in the 0.21.0 record, not in the 0.16.0 one.
+NVFP4_SINCE = TrtllmVersion(0, 17, 0)
 
 
 # ---- architecture -> NVIDIA example directory -----------------------------------------------------
@@ -194,6 +198,12 @@ def quant_recipe(config: BuildConfig) -> QuantRecipe:
         return QuantRecipe("FP8", None, "fp8", None, True)
     if q is Quantization.FP8_KV:
         return QuantRecipe("FP8", "FP8", "fp8", "fp8", True)
+    if q is Quantization.FP4:
+        return QuantRecipe("NVFP4", None, "nvfp4", None, True)
+    if q is Quantization.FP4_KV:  # Baseten's fp4_kv: NVFP4 weights, FP8 KV cache
+        return QuantRecipe("NVFP4", "FP8", "nvfp4", "fp8", True)
+    if q is Quantization.FP4_FP4_KV:  # quantize.py has no FP4 KV cache (--kv_cache_dtype int8|fp8): 1.x only
+        return QuantRecipe("NVFP4", "NVFP4", "nvfp4", None, True)
     raise BuildPlanError(f"build.quantization_type {q!r} has no TensorRT-LLM recipe")
 
 
@@ -224,6 +234,7 @@ class LlmApiSpec:
     plugin_config: Mapping[str, object]
     quant_config: Mapping[str, object]
     calib_config: Mapping[str, object] | None
+    speculative_config: Mapping[str, object] | None = None  # LLM(speculative_config=...): lookahead engines
 
     def to_json(self) -> str:
         return json.dumps(
@@ -237,6 +248,7 @@ class LlmApiSpec:
                 "plugin_config": dict(self.plugin_config),
                 "quant_config": dict(self.quant_config),
                 "calib_config": None if self.calib_config is None else dict(self.calib_config),
+                "speculative_config": None if self.speculative_config is None else dict(self.speculative_config),
             },
             sort_keys=True,
         )
@@ -303,8 +315,19 @@ def plan_build(
         raise BuildPlanError(
             "build.pipeline_parallel_count must be 1 for chatglm (NVIDIA's converter supports tensor parallelism only)"
         )
+    if config.quantization_type.is_fp4 and version < NVFP4_SINCE:
+        raise BuildPlanError(
+            f"build.quantization_type {config.quantization_type.value}: NVFP4 arrived in TensorRT-LLM 0.17"
+            f" (quantize.py --qformat nvfp4); the target has {version}"
+        )
     if version.flow == "llm_api":
         return _plan_llm_api(config, version, checkpoint_dir, output_dir, python)
+    if config.quantization_type is Quantization.FP4_FP4_KV:
+        raise BuildPlanError(
+            f"build.quantization_type fp4_fp4_kv: TensorRT-LLM {version}'s quantize.py has no FP4 KV cache"
+            " (--kv_cache_dtype int8 or fp8); use fp4_kv (FP8 KV cache) or TensorRT-LLM >= 1.0"
+            " (QuantConfig kv_cache_quant_algo NVFP4)"
+        )
     return _plan_checkpoint_then_engine(
         config, version, checkpoint_dir, output_dir, work_dir, examples_dir, python, trtllm_build
     )
@@ -382,6 +405,7 @@ def _plan_checkpoint_then_engine(
         notes.append("multi_block_mode is a runtime option since TensorRT-LLM 0.13 (on by default there)")
     if config.quantization_type is Quantization.SMOOTH_QUANT and config.smoothquant.multi_query_mode:
         notes.append("smoothquant.multi_query_mode needs no flag: the converter reads the KV-head count from the checkpoint")
+    build += trtllm_build_flags(getattr(config, "speculative", None))
     build += ["--workers", str(config.tensor_parallel_count * config.pipeline_parallel_count)]
     second = BuildStep("trtllm-build", tuple(build))
     return BuildPlan(str(version), "checkpoint_then_engine", checkpoint_dir, output_dir, (first, second), None, tuple(notes))
@@ -480,6 +504,7 @@ def _plan_llm_api(
         plugin_config=plugin_config,
         quant_config=quant_config,
         calib_config=calib_config,
+        speculative_config=lookahead_config(config.speculative) if getattr(config, "speculative", None) else None,
     )
     step = BuildStep("llm_api_save", (python, "-m", "trtllm_truss.artifacts.llmapi_build", spec.to_json()))
     return BuildPlan(str(version), "llm_api", checkpoint_dir, output_dir, (step,), spec, tuple(notes))

@@ -11,6 +11,17 @@ import sys
 from trtllm_truss.artifacts.build import LlmApiSpec
 
 
+def _speculative_kwargs(spec: LlmApiSpec) -> dict:
+    """`speculative_config` for a lookahead engine: NVIDIA's LookaheadDecodingConfig sets the build's
+    speculative_decoding_mode and max_draft_len from the sizes (llm_args.py validate_speculative_config)."""
+    if not spec.speculative_config:
+        return {}
+    from tensorrt_llm.llmapi import LookaheadDecodingConfig
+
+    fields = {k: v for k, v in spec.speculative_config.items() if k != "decoding_type"}
+    return {"speculative_config": LookaheadDecodingConfig(**fields)}
+
+
 def build_engine(spec: LlmApiSpec) -> None:
     # Imported here: `import tensorrt_llm` costs seconds and initialises CUDA.
     from tensorrt_llm import BuildConfig
@@ -41,6 +52,7 @@ def build_engine(spec: LlmApiSpec) -> None:
         build_config=build_config,
         quant_config=QuantConfig(**quant_fields),
         calib_config=CalibConfig(**spec.calib_config) if spec.calib_config else None,
+        **_speculative_kwargs(spec),
     )
     try:
         llm.save(spec.output_dir)

@@ -210,7 +210,9 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
             " loads the checkpoint"
         )
         lines.append(f"# {MODEL_NAME}/1/model.yaml of the Triton repository:")
-        lines += render_model_yaml(plan.build, plan.runtime, plan.model_dir).splitlines()
+        lines += render_model_yaml(
+            plan.build, plan.runtime, plan.model_dir, plan.speculative, plan.draft_dir
+        ).splitlines()
         return lines
     build = plan.build
     checkpoint_dir = plan.checkpoint.dest if plan.checkpoint is not None else (

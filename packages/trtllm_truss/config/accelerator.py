@@ -31,6 +31,27 @@ GPU_COMPUTE_CAPABILITY: dict[str, int] = {
 
 FP8_MIN_COMPUTE_CAPABILITY = 89
 BF16_MIN_COMPUTE_CAPABILITY = 80
+# NVFP4 kernels are Blackwell's (SM 10.x, 12.x): TensorRT-LLM 0.17 release notes, "Blackwell support ... NVFP4".
+FP4_MIN_COMPUTE_CAPABILITY = 100
+
+# Memory of one GPU of each type, GiB, as NVIDIA's datasheets state it (the driver reports a little less:
+# an H100 80GB shows 81559 MiB). Only the KV-cache estimate of `trtllm-truss validate` reads it.
+GPU_MEMORY_GIB: dict[str, float] = {
+    "V100": 16,
+    "T4": 16,
+    "A100": 80,
+    "A100_40GB": 40,
+    "A10G": 24,
+    "L4": 24,
+    "L40S": 48,
+    "H100": 80,
+    "H100_40GB": 40,
+    "H200": 141,
+    "B200": 180,
+    "B300": 288,
+    "GB300": 288,
+    "RTX_PRO_6000": 96,
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,11 @@ class Accelerator:
     def compute_capability(self) -> int | None:
         """SM version as an int (90 for H100), or None for a GPU type missing from the table."""
         return GPU_COMPUTE_CAPABILITY.get(self.gpu)
+
+    @property
+    def memory_gib(self) -> float | None:
+        """Memory of one GPU (GiB), or None for a GPU type missing from the table."""
+        return GPU_MEMORY_GIB.get(self.gpu)
 
     def __str__(self) -> str:
         return self.gpu if self.count == 1 else f"{self.gpu}:{self.count}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trtllm_truss.config.accelerator import (
     BF16_MIN_COMPUTE_CAPABILITY,
+    FP4_MIN_COMPUTE_CAPABILITY,
     FP8_MIN_COMPUTE_CAPABILITY,
     Accelerator,
     gpus_with_compute_capability,
@@ -52,6 +53,18 @@ def hardware_problems(config: TrtLlmConfig, accelerator: Accelerator | None) -> 
             f"{SECTION_PATH}.build.quantization_type: {build.quantization_type.value} is not applied by the"
             " pytorch stand-in engine (runtime.backend pytorch)"
         )
+    if config.runtime.backend is Backend.PYTORCH:
+        # Speculation changes speed only (drafts are verified against the model), host offload only capacity.
+        if config.speculative is not None:
+            warnings.append(
+                f"{SECTION_PATH}.speculative: not applied by the pytorch stand-in engine (runtime.backend pytorch);"
+                " it generates one token per step"
+            )
+        if config.runtime.kv_cache_host_memory_bytes is not None:
+            warnings.append(
+                f"{SECTION_PATH}.runtime.kv_cache_host_memory_bytes: not applied by the pytorch stand-in engine"
+                " (runtime.backend pytorch), which keeps no KV-cache blocks on the host"
+            )
     sm = accelerator.compute_capability if accelerator is not None else None
     if build is None or sm is None:
         return problems, warnings
@@ -61,6 +74,12 @@ def hardware_problems(config: TrtLlmConfig, accelerator: Accelerator | None) -> 
             f"{SECTION_PATH}.build.quantization_type: {build.quantization_type.value} needs SM >= 8.9"
             f" ({', '.join(gpus_with_compute_capability(FP8_MIN_COMPUTE_CAPABILITY))}) but {capability};"
             " use weights_int8, smooth_quant or awq, or a newer GPU"
+        )
+    if build.quantization_type.is_fp4 and sm < FP4_MIN_COMPUTE_CAPABILITY:
+        problems.append(
+            f"{SECTION_PATH}.build.quantization_type: {build.quantization_type.value} (NVFP4) needs a Blackwell GPU,"
+            f" SM >= 10.0 ({', '.join(gpus_with_compute_capability(FP4_MIN_COMPUTE_CAPABILITY))}) but {capability};"
+            " use fp8 or fp8_kv (SM >= 8.9), or a Blackwell GPU"
         )
     if (
         build.quantization_type is Quantization.AWQ

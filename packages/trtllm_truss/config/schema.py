@@ -59,10 +59,18 @@ class Quantization(str, enum.Enum):
     AWQ = "awq"
     FP8 = "fp8"
     FP8_KV = "fp8_kv"
+    # NVFP4 weights and activations (Blackwell): 16-bit KV cache, FP8 KV cache (Baseten's fp4_kv), or NVFP4 KV cache.
+    FP4 = "fp4"
+    FP4_KV = "fp4_kv"
+    FP4_FP4_KV = "fp4_fp4_kv"
 
     @property
     def is_fp8(self) -> bool:
         return self in (Quantization.FP8, Quantization.FP8_KV)
+
+    @property
+    def is_fp4(self) -> bool:
+        return self in (Quantization.FP4, Quantization.FP4_KV, Quantization.FP4_FP4_KV)
 
 
 class Dtype(str, enum.Enum):
@@ -131,6 +139,7 @@ QUANTIZATION_ALIASES: dict[str, Quantization] = {
     "smoothquant": Quantization.SMOOTH_QUANT,
     "int8_sq": Quantization.SMOOTH_QUANT,
     "int4_awq": Quantization.AWQ,
+    "nvfp4": Quantization.FP4,
 }
 ARCHITECTURE_ALIASES: dict[str, Architecture] = {
     "gpt_j": Architecture.GPTJ,
@@ -177,7 +186,7 @@ QuantizationName = Annotated[
         Quantization,
         QUANTIZATION_ALIASES,
         " (also NO_QUANT, WEIGHTS_ONLY_INT8, WEIGHTS_KV_INT8, WEIGHTS_ONLY_INT4, WEIGHTS_KV_INT4,"
-        " SMOOTH_QUANT, FP8, FP8_KV, smoothquant)",
+        " SMOOTH_QUANT, FP8, FP8_KV, FP4, FP4_KV, smoothquant, nvfp4)",
     ),
 ]
 DtypeName = Annotated[Dtype, _enum_parser(Dtype, DTYPE_ALIASES, " (or fp16, bf16, fp32)")]
@@ -437,6 +446,18 @@ class RuntimeConfig(StrictModel):
     max_tokens_in_paged_kv_cache: int | None = Field(
         None, ge=1, description="Cap on KV-cache tokens (None: by fraction)."
     )
+    kv_cache_host_memory_bytes: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 44,
+        description="Host (CPU) memory for KV-cache blocks offloaded from the GPU, in bytes (None: no offload)."
+        " tensorrtllm: kv_cache_host_memory_bytes; llmapi: kv_cache_config.host_cache_size.",
+    )
+    kv_cache_onboard_blocks: bool | None = Field(
+        None,
+        description="Bring offloaded blocks back to the GPU before reuse (NVIDIA's default true)."
+        " tensorrtllm: kv_cache_onboard_blocks; llmapi: kv_cache_config.onboard_blocks.",
+    )
     max_num_sequences: int | None = Field(None, ge=1, description="Sequences the batch manager keeps state for.")
     batch_scheduler_policy: SchedulerPolicyName = Field(
         BatchSchedulerPolicy.GUARANTEED_NO_EVICT,
@@ -507,11 +528,14 @@ class RuntimeConfig(StrictModel):
 
 # --- the section --------------------------------------------------------------------------------
 
+from trtllm_truss.config.speculative import SpeculativeConfig  # noqa: E402  (it builds on the types above)
+
 
 class TrtLlmConfig(StrictModel):
     build: BuildConfig | None = None
     serve: ServeConfig | None = None
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    speculative: SpeculativeConfig | None = None
 
     @model_validator(mode="after")
     def _exactly_one_mode(self) -> TrtLlmConfig:
@@ -539,6 +563,12 @@ class TrtLlmConfig(StrictModel):
         if plugins is not None and not plugins.paged_kv_cache and self.runtime.enable_kv_cache_reuse:
             raise field_problem(
                 "runtime.enable_kv_cache_reuse", "needs build.plugin_configuration.paged_kv_cache: true"
+            )
+        if self.speculative is not None and self.build is not None and self.build.max_beam_width > 1:
+            raise field_problem(
+                "build.max_beam_width",
+                f"{self.build.max_beam_width} with speculative decoding: NVIDIA's decoding mode is either beam_search"
+                " or a speculative one (lookahead, eagle, ...), never both; set max_beam_width: 1 or remove speculative",
             )
         if self.serve is not None and self.runtime.backend is Backend.PYTORCH and self.runtime.pytorch.model is None:
             raise field_problem(

@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from trtllm_truss.repository.models import RepositoryError
+from trtllm_truss.speculation import llmapi_speculative_config
 
 if TYPE_CHECKING:
     from trtllm_truss.config.schema import BuildConfig, RuntimeConfig
+    from trtllm_truss.config.speculative import SpeculativeConfig
     from trtllm_truss.plan import ServingPlan
 
 MODEL_NAME = "tensorrt_llm"  # NVIDIA's name for the llmapi model
@@ -45,7 +47,13 @@ REQUIRED_SOURCE_FILES = ("config.pbtxt", "1/model.py")
 _POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
-def llm_args(build: BuildConfig, runtime: RuntimeConfig, model_dir: str | Path) -> dict[str, Any]:
+def llm_args(
+    build: BuildConfig,
+    runtime: RuntimeConfig,
+    model_dir: str | Path,
+    speculative: SpeculativeConfig | None = None,
+    draft_dir: str | Path | None = None,
+) -> dict[str, Any]:
     """The `LLM(...)` keyword arguments (model.yaml minus triton_config) for this configuration."""
     args: dict[str, Any] = {
         "model": str(model_dir),
@@ -70,27 +78,46 @@ def llm_args(build: BuildConfig, runtime: RuntimeConfig, model_dir: str | Path) 
     }
     if runtime.max_tokens_in_paged_kv_cache is not None:
         kv_cache["max_tokens"] = runtime.max_tokens_in_paged_kv_cache
+    if runtime.kv_cache_host_memory_bytes is not None:
+        kv_cache["host_cache_size"] = runtime.kv_cache_host_memory_bytes
+    if runtime.kv_cache_onboard_blocks is not None:
+        kv_cache["onboard_blocks"] = runtime.kv_cache_onboard_blocks
     if build.quantization_type.value == "fp8_kv":
         kv_cache["dtype"] = "fp8"
     args["kv_cache_config"] = kv_cache
     args["scheduler_config"] = {"capacity_scheduler_policy": _POLICY[runtime.batch_scheduler_policy.value]}
+    if speculative is not None:
+        args["speculative_config"] = llmapi_speculative_config(speculative, draft_dir)
     return args
 
 
-def model_yaml_document(build: BuildConfig, runtime: RuntimeConfig, model_dir: str | Path) -> dict[str, Any]:
+def model_yaml_document(
+    build: BuildConfig,
+    runtime: RuntimeConfig,
+    model_dir: str | Path,
+    speculative: SpeculativeConfig | None = None,
+    draft_dir: str | Path | None = None,
+) -> dict[str, Any]:
     """The whole model.yaml: LLM() arguments plus `triton_config` (max_batch_size 0: NVIDIA's model takes
     one prompt per request and batches inside the LLM API)."""
-    document = llm_args(build, runtime, model_dir)
+    document = llm_args(build, runtime, model_dir, speculative, draft_dir)
     document["triton_config"] = {"max_batch_size": 0, "decoupled": bool(runtime.llmapi.decoupled)}
     return document
 
 
-def render_model_yaml(build: BuildConfig, runtime: RuntimeConfig, model_dir: str | Path) -> str:
+def render_model_yaml(
+    build: BuildConfig,
+    runtime: RuntimeConfig,
+    model_dir: str | Path,
+    speculative: SpeculativeConfig | None = None,
+    draft_dir: str | Path | None = None,
+) -> str:
     header = (
         "# Rendered by trtllm-truss from model_metadata.trt_llm for NVIDIA's llmapi Triton model.\n"
         "# Keys other than triton_config are tensorrt_llm.LLM() arguments.\n"
     )
-    return header + yaml.safe_dump(model_yaml_document(build, runtime, model_dir), sort_keys=False)
+    document = model_yaml_document(build, runtime, model_dir, speculative, draft_dir)
+    return header + yaml.safe_dump(document, sort_keys=False)
 
 
 def find_model_source(
@@ -133,5 +160,5 @@ def write_llmapi_repository(repo: Path, plan: ServingPlan, environ: Mapping[str,
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "model.yaml"))
     (target / "1").mkdir(exist_ok=True)
     (target / "1" / "model.yaml").write_text(
-        render_model_yaml(plan.build, plan.runtime, plan.model_dir), encoding="utf-8"
+        render_model_yaml(plan.build, plan.runtime, plan.model_dir, plan.speculative, plan.draft_dir), encoding="utf-8"
     )

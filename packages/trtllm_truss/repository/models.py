@@ -21,6 +21,7 @@ from trtllm_truss.repository.model_config import (
     InstanceGroup,
     ModelConfig,
 )
+from trtllm_truss.speculation import backend_parameters
 
 if TYPE_CHECKING:
     from trtllm_truss.plan import ServingPlan
@@ -125,6 +126,9 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
             ("enable_kv_cache_reuse", runtime.enable_kv_cache_reuse),
             ("enable_chunked_context", runtime.enable_chunked_context),
             ("exclude_input_in_output", runtime.exclude_input_in_output),
+            ("kv_cache_host_memory_bytes", runtime.kv_cache_host_memory_bytes),
+            ("kv_cache_onboard_blocks", runtime.kv_cache_onboard_blocks),
+            *backend_parameters(plan.speculative),
         ),
         extra={"nvidia_backend_version": TENSORRTLLM_BACKEND_VERSION},
     )
