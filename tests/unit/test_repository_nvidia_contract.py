@@ -175,6 +175,19 @@ NVIDIA_ENGINE_INPUTS = {
     "lora_task_id": ("TYPE_UINT64", (1,), True, True),
     "lora_weights": ("TYPE_FP16", (-1, -1), True, False),
     "lora_config": ("TYPE_INT32", (-1, 3), True, False),
+    "prompt_table_extra_ids": ("TYPE_UINT64", (-1,), True, False),
+    "draft_input_ids": ("TYPE_INT32", (-1,), True, False),
+    "draft_logits": ("TYPE_FP32", (-1, -1), True, False),  # ${logits_datatype}
+    "draft_acceptance_threshold": ("TYPE_FP32", (1,), True, True),
+    "lookahead_window_size": ("TYPE_INT32", (1,), True, False),
+    "lookahead_ngram_size": ("TYPE_INT32", (1,), True, False),
+    "lookahead_verification_set_size": ("TYPE_INT32", (1,), True, False),
+    "retention_token_range_starts": ("TYPE_INT32", (-1,), True, False),
+    "retention_token_range_ends": ("TYPE_INT32", (-1,), True, False),
+    "retention_token_range_priorities": ("TYPE_INT32", (-1,), True, False),
+    "retention_token_range_durations_ms": ("TYPE_INT32", (-1,), True, False),
+    "retention_decode_priority": ("TYPE_INT32", (1,), True, False),
+    "retention_decode_duration_ms": ("TYPE_INT32", (1,), True, False),
 }
 NVIDIA_ENGINE_OUTPUTS = {
     "output_ids": ("TYPE_INT32", (-1, -1)),

@@ -156,21 +156,63 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
     ("decoder_input_lengths", INT32, (1,), True, False),
     ("embedding_bias", FP32, (-1,), True, True),
 )
-# Inputs only NVIDIA's engine implements; listed for the GPU path so NVIDIA's core-model clients
-# that send them keep working. The stand-in does not declare them (Triton then rejects them with
-# a clear "unexpected input" error instead of silently ignoring them).
-_ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
+# NVIDIA's inputs that the stand-in declares but refuses by name (engine_standin/unsupported_inputs.py says
+# why for each): declared on both paths so that NVIDIA's core-model clients reach the engine on the GPU
+# path and get a reason, not Triton's "unexpected inference input", on the stand-in.
+_STANDIN_REFUSED_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
     ("runtime_top_p_min", FP32, (1,), True, False),
     ("runtime_top_p_decay", FP32, (1,), True, False),
     ("runtime_top_p_reset_ids", INT32, (1,), True, False),
     ("early_stopping", BOOL, (1,), True, False),
     ("beam_search_diversity_rate", FP32, (1,), True, False),
     ("prompt_embedding_table", FP16, (-1, -1), True, True),
+    ("prompt_table_extra_ids", UINT64, (-1,), True, True),
     ("prompt_vocab_size", INT32, (1,), True, False),
+    # Speculative decoding driven by the client (NVIDIA's draft-target BLS sends these).
+    ("draft_input_ids", INT32, (-1,), True, True),
+    ("draft_logits", LOGITS, (-1, -1), True, True),
+    ("draft_acceptance_threshold", FP32, (1,), True, False),
+    # Per-request lookahead sizes (tensorrtllm_backend v0.19.0), within the engine's configured ones.
+    ("lookahead_window_size", INT32, (1,), True, True),
+    ("lookahead_ngram_size", INT32, (1,), True, True),
+    ("lookahead_verification_set_size", INT32, (1,), True, True),
+    # KV-cache retention (executor KvCacheRetentionConfig): priorities of prompt token ranges and of
+    # decoded blocks, for eviction and host offload.
+    ("retention_token_range_starts", INT32, (-1,), True, True),
+    ("retention_token_range_ends", INT32, (-1,), True, True),
+    ("retention_token_range_priorities", INT32, (-1,), True, True),
+    ("retention_token_range_durations_ms", INT32, (-1,), True, True),
+    ("retention_decode_priority", INT32, (1,), True, True),
+    ("retention_decode_duration_ms", INT32, (1,), True, True),
+)
+# [1]-shaped inputs NVIDIA's config.pbtxt (v0.19.0) leaves without `reshape: { shape: [ ] }`.
+_NOT_RESHAPED = frozenset(
+    {
+        "lookahead_window_size",
+        "lookahead_ngram_size",
+        "lookahead_verification_set_size",
+        "retention_decode_priority",
+        "retention_decode_duration_ms",
+    }
+)
+# Inputs only NVIDIA's engine implements; the stand-in does not declare them (Triton then rejects them with
+# "unexpected inference input" instead of silently ignoring them).
+_ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
     ("lora_task_id", UINT64, (1,), True, False),
     ("lora_weights", FP16, (-1, -1), True, True),
     ("lora_config", INT32, (-1, 3), True, True),
 )
+# NVIDIA's v0.19.0 tensorrt_llm inputs this repository does not declare, and why: Triton answers a request
+# that sends one with "unexpected inference input '<name>'" (docs/api.md lists them).
+REFUSED_ENGINE_INPUTS: dict[str, str] = {
+    "encoder_input_features": "encoder-decoder and multimodal engines (Whisper, mllama) only; text models are served",
+    "encoder_output_lengths": "encoder-decoder and multimodal engines only; text models are served",
+    "cross_attention_mask": "multimodal cross-attention (mllama) only; text models are served",
+    "skip_cross_attn_blocks": "multimodal cross-attention (mllama) only; text models are served",
+    "mrope_rotary_cos_sin": "multimodal rotary positions (Qwen2-VL) only; text models are served",
+    "mrope_position_deltas": "multimodal rotary positions (Qwen2-VL) only; text models are served",
+    "context_phase_params": "disaggregated serving (separate context and generation servers), not configured here",
+}
 
 ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("output_ids", INT32, (-1, -1)),
@@ -185,10 +227,10 @@ PREFIX_IDS_OUTPUT = Tensor("prefix_ids", INT32, (-1,))
 
 
 def engine_inputs(*, cpp_backend: bool) -> tuple[Tensor, ...]:
-    specs = _ENGINE_INPUT_SPECS + (_ENGINE_ONLY_GPU_INPUT_SPECS if cpp_backend else ())
+    specs = _ENGINE_INPUT_SPECS + _STANDIN_REFUSED_INPUT_SPECS + (_ENGINE_ONLY_GPU_INPUT_SPECS if cpp_backend else ())
     tensors = []
     for name, dtype, dims, optional, ragged in specs:
-        scalar = dims == (1,) and cpp_backend
+        scalar = dims == (1,) and cpp_backend and name not in _NOT_RESHAPED
         tensors.append(
             Tensor(name, dtype, dims, optional=optional, allow_ragged_batch=ragged, reshape=() if scalar else None)
         )
@@ -224,3 +266,7 @@ ENSEMBLE_TO_ENGINE_PASSTHROUGH: tuple[tuple[str, str], ...] = (
     ("streaming", "stream"),
     ("exclude_input_in_output", "exclude_input_in_output"),
 )
+
+
+# Names of the inputs the stand-in declares and refuses (engine_standin/unsupported_inputs.py has the reasons).
+STANDIN_REFUSED_INPUT_NAMES: frozenset[str] = frozenset(spec[0] for spec in _STANDIN_REFUSED_INPUT_SPECS)

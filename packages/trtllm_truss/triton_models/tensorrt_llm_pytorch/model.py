@@ -41,6 +41,7 @@ from trtllm_truss.engine_standin.responses import (
     response_arrays,
 )
 from trtllm_truss.engine_standin.stop_relay import StopRelay
+from trtllm_truss.engine_standin.unsupported_inputs import refuse_unsupported
 
 STANDIN_MODEL_INTERFACE = """
 Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
@@ -67,6 +68,11 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   return_context_logits* return_generation_logits* return_perf_metrics* BOOL [1]
   embedding_bias* FP32 [-1]       one value per vocabulary id, added to the logits (empty: none)
   decoder_input_ids* INT32 [-1]  decoder_input_lengths* INT32 [1]   accepted, ignored (decoder-only)
+  runtime_top_p_min/decay/reset_ids*, early_stopping*, beam_search_diversity_rate*, prompt_embedding_table*,
+  prompt_table_extra_ids*, prompt_vocab_size*, draft_input_ids*, draft_logits*, draft_acceptance_threshold*,
+  lookahead_window_size*, lookahead_ngram_size*, lookahead_verification_set_size*, retention_*
+                                  declared with NVIDIA's dtypes; a request sending one (non-empty) is refused
+                                  naming it and why (engine_standin/unsupported_inputs.py)
   stop* BOOL [1]                  true: cancel the in-flight request with the same Triton request id
                                   (on whichever instance serves it); answered by one empty final
                                   response; without a request id: NVIDIA's error
@@ -351,6 +357,7 @@ class TritonPythonModel:
             request.get_response_sender().send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+        refuse_unsupported(arrays)
         input_ids = arrays.get("input_ids")
         if input_ids is None:
             raise RequestRejected("input_ids: required")
