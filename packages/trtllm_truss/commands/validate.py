@@ -93,9 +93,79 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
     except BuildPlanError as exc:
         err.print(f"error: {redact(str(exc))}", markup=False)
         return 1
+    lines += kv_estimate_lines(resolved)
     for line in lines:  # plain print: a command must stay on one line whatever the terminal width
         print(redact(line), file=out.file)
     return 0
+
+
+def _model_config(resolved) -> tuple[dict | None, int | None, str]:
+    """(config.json, weights size, "") of the checkpoint (build) or engine (serve), or (None, None, why not).
+    Local folders are read; a hub repository's config.json alone is downloaded (a few KB)."""
+    from trtllm_truss.artifacts.hub import hub_endpoint, resolve_hf_token
+    from trtllm_truss.kv_capacity import read_model_config
+
+    trt = resolved.trt_llm
+    source, revision = (
+        (trt.build.huggingface_ckpt_repository, trt.build.huggingface_ckpt_revision)
+        if trt.build is not None
+        else (trt.serve.engine_repository, trt.serve.engine_revision)
+    )
+    try:
+        location = resolved.resolve_repository(source)
+        if location.kind == "local":
+            config, weights = read_model_config(Path(location.local_path))
+            return config, weights, ""
+        if location.kind != "hub":
+            return None, None, f"{source} is not read by validate (only local folders and hub repositories are)"
+        import httpx
+        from huggingface_hub import hf_hub_url
+
+        # One GET with a short timeout: hf_hub_download retries an unreachable hub for ~20 s.
+        token = resolve_hf_token(None)
+        url = hf_hub_url(location.repo_id, "config.json", revision=revision, endpoint=hub_endpoint())
+        response = httpx.get(
+            url, headers={"authorization": f"Bearer {token}"} if token else {}, timeout=5.0, follow_redirects=True
+        )
+        response.raise_for_status()
+        return response.json(), None, ""
+    except Exception as exc:  # noqa: BLE001 - the estimate is optional; say why it is missing
+        return None, None, f"config.json of {source} could not be read ({type(exc).__name__})"
+
+
+def kv_estimate_lines(resolved) -> list[str]:
+    """The KV-cache size the engine will have on resources.accelerator (trtllm_truss.kv_capacity)."""
+    from trtllm_truss.kv_capacity import ModelShape, kv_capacity
+
+    trt = resolved.trt_llm
+    accelerator = resolved.accelerator
+    if accelerator is None:
+        return ["# KV cache: no estimate (resources.accelerator sets no GPU)"]
+    if accelerator.memory_gib is None:
+        return [f"# KV cache: no estimate (the memory of {accelerator.gpu} is not in the table)"]
+    config, weights, why = _model_config(resolved)
+    if config is None:
+        return [f"# KV cache: no estimate: {why}"]
+    build, runtime = trt.build, trt.runtime
+    try:
+        shape = ModelShape.from_config(config, weights)
+        capacity = kv_capacity(
+            shape,
+            gpu=accelerator.gpu,
+            gpu_memory_gib=accelerator.memory_gib,
+            dtype=build.dtype.value if build is not None else str(config.get("pretrained_config", config).get("dtype")),
+            quantization=build.quantization_type.value if build is not None else "no_quant",
+            tensor_parallel=trt.tensor_parallel_count,
+            pipeline_parallel=trt.pipeline_parallel_count,
+            fraction=runtime.kv_cache_free_gpu_mem_fraction,
+            tokens_per_block=build.plugin_configuration.tokens_per_block if build is not None else 64,
+            max_tokens=runtime.max_tokens_in_paged_kv_cache,
+            host_memory_bytes=runtime.kv_cache_host_memory_bytes,
+            max_seq_len=build.max_seq_len if build is not None else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"# KV cache: no estimate: config.json lacks what it needs ({type(exc).__name__}: {exc})"]
+    return ["# " + line for line in capacity.describe()]
 
 
 if __name__ == "__main__":  # pragma: no cover
