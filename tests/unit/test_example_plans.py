@@ -55,6 +55,9 @@ def test_image_versions_agree_with_the_recorded_images() -> None:
     for path in IMAGES_DIR.glob("*.json"):
         doc = json.loads(path.read_text())
         recorded[doc["image"]] = doc["trtllm_version"]
+    version_only = json.loads((REPO / "tests" / "data" / "image_versions.json").read_text())["images"]
+    assert not set(version_only) & set(recorded)
+    recorded.update({image: entry["trtllm_version"] for image, entry in version_only.items()})
     assert IMAGE_TRTLLM_VERSIONS == recorded
     for example in EXAMPLES:  # every example names an image whose TensorRT-LLM we know
         assert _image_version(example)
@@ -69,6 +72,15 @@ def test_example_plan_uses_only_flags_of_its_images_release(example: Path, comma
     assert f"TensorRT-LLM {version} (base_image " in out
     config = yaml.safe_load((example / "config.yaml").read_text())["model_metadata"]["trt_llm"]
     commands = printed_commands(out)
+    if config.get("runtime", {}).get("backend") == "llmapi":  # no build: the model.yaml, in 1.0's names
+        assert commands == [] and "(llmapi): no engine build" in out
+        document = yaml.safe_load(out.split("model.yaml of the Triton repository:\n", 1)[1].split("\n# KV cache")[0])
+        assert set(document) - {"triton_config"} <= set(LLMAPI_NAMES["llm_args"])
+        speculative = document.get("speculative_config")
+        if speculative is not None:
+            record = json.loads((REPO / "tests" / "data" / "trtllm_flags" / "1.0.0" / "speculative_config.json").read_text())
+            assert set(speculative) - {"decoding_type"} <= set(record["decoding_types"][speculative["decoding_type"]]["fields"])
+        return
     if "serve" in config:
         assert commands == [] and "would fetch engine: " in out and "would fetch tokenizer: " in out
         return
@@ -81,7 +93,8 @@ def test_example_plan_uses_only_flags_of_its_images_release(example: Path, comma
         tools.append(tool)
     assert tools[-1] == "trtllm-build"
     quantization = config["build"].get("quantization_type", "no_quant")
-    assert tools[0] == ("quantize" if quantization == "fp8" else "convert_checkpoint (llama)")
+    calibrated = quantization in ("fp8", "fp8_kv", "fp4", "fp4_kv", "awq")
+    assert tools[0] == ("quantize" if calibrated else "convert_checkpoint (llama)")
     # the image's interpreter, not this machine's
     assert all(argv[0] == "/usr/bin/python3" for argv in commands if argv[0] != "trtllm-build")
 
