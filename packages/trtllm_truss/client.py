@@ -47,6 +47,8 @@ IDS_OUTPUT = "output_ids"  # [beams, tokens] (after the batch dimension); stream
 # Our ensemble's addition to NVIDIA's outputs: tokens in this response per beam. Ensembles without
 # it (NVIDIA's own) still work; usage is then counted by re-tokenizing the text.
 TOKEN_COUNT_OUTPUT = "sequence_length"
+# NVIDIA's per-request speculative-decoding totals (perf outputs, with return_perf_metrics), in this order.
+DRAFT_STATS_OUTPUTS = ("total_draft_tokens", "total_accepted_draft_tokens")
 LOG_PROBS_OUTPUT = "output_log_probs"  # [beams, tokens] of this response (FP32), when return_log_probs
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 STREAM_CLOSE_TIMEOUT_S = 1.0
@@ -530,9 +532,11 @@ def build_engine_request(
     *,
     model_name: str = ENGINE_MODEL,
     bad_words: np.ndarray | None = None,
+    draft_stats: bool = False,
 ) -> service_pb2.ModelInferRequest:
     """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
-    inputs). Stop strings are not sent: the stream worker matches them on the decoded text."""
+    inputs). Stop strings are not sent: the stream worker matches them on the decoded text.
+    `draft_stats`: ask for NVIDIA's speculative-decoding perf outputs (return_perf_metrics)."""
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     # Only what is read: each extra output is one more tensor per streamed response for the engine
@@ -540,6 +544,9 @@ def build_engine_request(
     request.outputs.add(name=IDS_OUTPUT)
     if params.return_log_probs:
         request.outputs.add(name=LOG_PROBS_OUTPUT)
+    if draft_stats:
+        for name in DRAFT_STATS_OUTPUTS:
+            request.outputs.add(name=name)
     lead = [1] if interface.batched else []
 
     def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
@@ -554,6 +561,9 @@ def build_engine_request(
             continue
         _require_input(interface, tensor_name, name)
         getattr(add(tensor_name, datatype, [1]), contents_field).append(value)
+    if draft_stats:
+        _require_input(interface, "return_perf_metrics", "draft_stats")
+        add("return_perf_metrics", "BOOL", [1]).bool_contents.append(True)
     if bad_words is not None and bad_words.size:
         _require_input(interface, "bad_words_list", "bad_words")
         add("bad_words_list", "INT32", list(bad_words.shape[-2:])).int_contents.extend(bad_words.reshape(-1).tolist())
@@ -587,13 +597,21 @@ class EngineClient:
         return self._interface
 
     async def generate_ids(
-        self, input_ids: Sequence[int], params: GenerationParams, *, bad_words: np.ndarray | None = None
+        self,
+        input_ids: Sequence[int],
+        params: GenerationParams,
+        *,
+        bad_words: np.ndarray | None = None,
+        on_draft_stats: Callable[[int, int], None] | None = None,
     ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
         """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
-        their log probabilities; leaving early cancels the request."""
+        their log probabilities; leaving early cancels the request. `on_draft_stats(draft, accepted)`
+        gets the request's running totals of draft and accepted draft tokens from each response
+        that carries them (NVIDIA's perf outputs, speculative decoding)."""
         interface = await self.interface()
         request = build_engine_request(
-            input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words
+            input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words,
+            draft_stats=on_draft_stats is not None,
         )
         stop = partial(build_stop_request, request.id, batched=interface.batched)
         async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
@@ -601,8 +619,11 @@ class EngineClient:
                 ids: list[int] = []
                 count: int | None = None
                 log_probs: list[float] | None = None
+                stats: dict[str, int] = {}
                 for output, raw in zip(response.outputs, response.raw_output_contents):
-                    if output.name == IDS_OUTPUT:
+                    if output.name in DRAFT_STATS_OUTPUTS and len(raw) >= 4:
+                        (stats[output.name],) = struct.unpack_from("<i", raw)
+                    elif output.name == IDS_OUTPUT:
                         ids = _first_beam_ids(raw, output.shape)
                     elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
                         (count,) = struct.unpack_from("<i", raw)
@@ -611,6 +632,8 @@ class EngineClient:
                         log_probs = np.frombuffer(raw, dtype="<f4", count=min(tokens, len(raw) // 4)).tolist()
                 if count is not None:
                     ids = ids[: max(count, 0)]
+                if on_draft_stats is not None and len(stats) == len(DRAFT_STATS_OUTPUTS):
+                    on_draft_stats(*(stats[name] for name in DRAFT_STATS_OUTPUTS))
                 if ids:
                     # The response's own tokens are the last ones of its log-prob row.
                     yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)

@@ -22,6 +22,8 @@ with vLLM's suffixes where trtllm-serve has no such metric (`inter_token_latency
 | `trtllm_num_requests_waiting` | gauge | requests admitted, not yet started |
 | `trtllm_request_success_total{finished_reason}` | counter | stop, length, abort (client went away) |
 | `trtllm_request_error_total{http_code}` | counter | requests answered with an HTTP error |
+| `trtllm_spec_decode_num_draft_tokens_total` | counter | draft tokens the engine proposed (speculative decoding) |
+| `trtllm_spec_decode_num_accepted_tokens_total` | counter | of those, accepted; acceptance rate = accepted / draft |
 
 Per-token work stays out of the truss process: a stream worker accumulates a request's gaps in an
 `ItlAccumulator` (one `bisect` per gap) and sends the `ItlSummary` (bucket counts and sum, a few
@@ -143,6 +145,8 @@ class ServingMetrics:
         self._e2e = _Histogram(E2E_BUCKETS)
         self._prompt_tokens = 0
         self._generation_tokens = 0
+        self._draft_tokens = 0
+        self._accepted_draft_tokens = 0
         self._running = 0
         self._waiting = 0
         self._success = dict.fromkeys(FINISH_REASONS, 0)
@@ -177,6 +181,8 @@ class ServingMetrics:
         *,
         e2e_s: float | None = None,
         was: str = "running",
+        draft_tokens: int = 0,
+        accepted_draft_tokens: int = 0,
     ) -> None:
         """A request ended. `status`: a finish reason (`stop`, `length`, `abort` for a client that
         went away) or the HTTP status code of an error (`"400"`, `"429"`, `"503"`). `was`: the
@@ -196,6 +202,8 @@ class ServingMetrics:
                 self._errors[status] = self._errors.get(status, 0) + 1
             self._prompt_tokens += max(prompt_tokens, 0)
             self._generation_tokens += max(completion_tokens, 0)
+            self._draft_tokens += max(draft_tokens, 0)
+            self._accepted_draft_tokens += max(accepted_draft_tokens, 0)
             if ttft_s is not None:
                 self._ttft.observe(ttft_s)
             if gaps_are_summary:
@@ -228,6 +236,9 @@ class ServingMetrics:
             for name, doc, value in (
                 ("prompt_tokens", "Number of prompt (input) tokens of finished requests.", self._prompt_tokens),
                 ("generation_tokens", "Number of generation (output) tokens of finished requests.", self._generation_tokens),
+                ("spec_decode_num_draft_tokens", "Draft tokens proposed by speculative decoding.", self._draft_tokens),
+                ("spec_decode_num_accepted_tokens", "Draft tokens accepted by speculative decoding.",
+                 self._accepted_draft_tokens),
             ):
                 family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
                 family.add_metric(values, value)
@@ -272,7 +283,8 @@ class _Collector:
         for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                      "time_per_output_token_seconds", "e2e_request_latency_seconds"):
             names.append(HistogramMetricFamily(PREFIX + name, ""))
-        for name in ("prompt_tokens", "generation_tokens", "request_success", "request_error"):
+        for name in ("prompt_tokens", "generation_tokens", "spec_decode_num_draft_tokens",
+                     "spec_decode_num_accepted_tokens", "request_success", "request_error"):
             names.append(CounterMetricFamily(PREFIX + name, ""))
         for name in ("num_requests_running", "num_requests_waiting"):
             names.append(GaugeMetricFamily(PREFIX + name, ""))

@@ -145,6 +145,8 @@ class _MetricsListener:
             end.itl if end is not None and end.itl is not None else (),
             e2e_s=time.monotonic() - stream.opened_at,
             was="running" if first is not None else "waiting",
+            draft_tokens=end.draft_tokens if end is not None else 0,
+            accepted_draft_tokens=end.accepted_draft_tokens if end is not None else 0,
         )
 
 
@@ -755,6 +757,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
         trust_remote_code=runtime.trust_remote_code,
         llmapi=plan.backend == "llmapi",
+        draft_stats=plan.backend == "tensorrtllm" and plan.speculative is not None,
     )
     queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return StreamPool(

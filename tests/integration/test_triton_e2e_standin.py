@@ -135,3 +135,52 @@ def test_cancelled_stream_frees_its_slot(layout: str, request: pytest.FixtureReq
     assert result.done
     assert elapsed < 6.0, f"new request waited {elapsed:.1f} s: cancelled streams kept their slots"
 
+
+
+def test_engine_client_reads_the_draft_totals_the_stand_in_reports(standin_triton) -> None:
+    """NVIDIA's perf outputs total_draft_tokens / total_accepted_draft_tokens travel to the worker's
+    metrics (the stand-in drafts nothing: 0 and 0); the generation itself is unchanged."""
+    import asyncio
+
+    from trtllm_truss.client import EngineClient, GenerationParams
+
+    totals: list[tuple[int, int]] = []
+
+    async def run() -> list[int]:
+        client = EngineClient(standin_triton.grpc_url)
+        try:
+            ids: list[int] = []
+            params = GenerationParams(text_input="", max_tokens=4, temperature=0.0, top_k=1)
+            async for new, _ in client.generate_ids([1, 450, 3883], params, on_draft_stats=lambda *t: totals.append(t)):
+                ids += new
+            return ids
+        finally:
+            await client.close()
+
+    ids = asyncio.run(run())
+    assert len(ids) == 4 and totals and set(totals) == {(0, 0)}
+
+
+def test_stand_in_refuses_a_draft_input_by_name(standin_triton) -> None:
+    import numpy as np
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(standin_triton.grpc_url)
+    inputs = []
+    for name, array in (
+        ("input_ids", np.array([[1, 450]], dtype=np.int32)),
+        ("input_lengths", np.array([[2]], dtype=np.int32)),
+        ("request_output_len", np.array([[4]], dtype=np.int32)),
+        ("draft_input_ids", np.array([[450, 3883]], dtype=np.int32)),
+    ):
+        tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    client.start_stream(callback=lambda result, error: results.put(error))
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, request_id="draft-1")
+        error = results.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "draft_input_ids" in str(error) and "cannot honour" in str(error)

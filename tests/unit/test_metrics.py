@@ -139,3 +139,14 @@ def test_a_finished_request_costs_microseconds_in_the_truss_process(registry: Co
     per_request = (time.perf_counter() - start) / rounds
     assert per_request < 200e-6, per_request  # ~10-20 µs measured; generous for a loaded CI machine
     assert _value(_samples(registry), "trtllm_inter_token_latency_seconds_count", model_name="model") == rounds * 500
+
+
+def test_speculative_decoding_totals_are_counted() -> None:
+    registry = CollectorRegistry()
+    metrics = ServingMetrics(registry, model_name="m")
+    metrics.request_queued()
+    metrics.request_started()
+    metrics.request_finished("stop", 5, 10, draft_tokens=21, accepted_draft_tokens=7)
+    text = generate_latest(registry).decode()
+    assert 'trtllm_spec_decode_num_draft_tokens_total{model_name="m"} 21.0' in text
+    assert 'trtllm_spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text

@@ -51,6 +51,8 @@ class WorkerSettings:
     trust_remote_code: bool = False  # runtime.trust_remote_code: the tokenizer's own code may run
     # NVIDIA's llmapi model (backend llmapi): text in, accumulated text out, no token ids.
     llmapi: bool = False
+    # The engine speculates (model_metadata.trt_llm.speculative on tensorrtllm): ask it for its draft totals.
+    draft_stats: bool = False
 
 
 class RequestError(Exception):
@@ -220,6 +222,7 @@ class WorkerModel:
         last_text_at = 0.0
         gaps = ItlAccumulator()
         completion = 0
+        draft_totals = [0, 0]  # the engine's running totals: draft tokens, accepted draft tokens
         if params.return_log_probs and self.ensemble is not None:
             raise RequestError("logprobs", "not available with runtime.detokenize_in: postprocessing (no token ids)")
         if self.llmapi is not None:
@@ -230,7 +233,7 @@ class WorkerModel:
                     raise RequestError(field, "NVIDIA's llmapi model (backend llmapi) has no input for it")
             if spec.params.bad_words:
                 raise RequestError("bad_words_list", "NVIDIA's llmapi model (backend llmapi) has no input for it")
-        pieces = self._pieces(params, text, ids)
+        pieces = self._pieces(params, text, ids, draft_totals if self.settings.draft_stats else None)
         generated: list[str] = []
         generated_text = lambda: "".join(generated)  # noqa: E731 - read only for backend llmapi
         release = LogProbRelease() if params.return_log_probs else None
@@ -262,10 +265,13 @@ class WorkerModel:
             completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         return StreamEnd(
-            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary()
+            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
+            draft_tokens=draft_totals[0], accepted_draft_tokens=draft_totals[1],
         )
 
-    async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int, list | None]]:
+    async def _pieces(
+        self, params, text: str, ids: list[int], draft_totals: list[int] | None = None
+    ) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
         if self.llmapi is not None:
@@ -280,7 +286,12 @@ class WorkerModel:
             return
         bad_words = word_list_tensor(self.tokenizer, list(params.bad_words)) if params.bad_words else None
         detokenizer = StreamDetokenizer(self.decoder, continues_prompt=True)
-        async with aclosing(self.engine.generate_ids(ids, engine_params, bad_words=bad_words)) as responses:
+        def on_draft_stats(draft: int, accepted: int) -> None:
+            draft_totals[:] = (draft, accepted)  # running totals: the last response's are the request's
+
+        extra = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
+        generate = self.engine.generate_ids(ids, engine_params, bad_words=bad_words, **extra)
+        async with aclosing(generate) as responses:
             async for new_ids, log_probs in responses:
                 if log_probs is None:
                     yield detokenizer.feed(new_ids), len(new_ids), None

@@ -47,6 +47,9 @@ class StreamEnd:
     error: str | None = None
     status: int | None = None
     itl: ItlSummary | None = None  # the gaps between the request's pieces of text, bucketed
+    # Speculative decoding (the engine's perf outputs): draft tokens proposed and accepted for this request.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
