@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
@@ -96,14 +97,14 @@ class KvCapacity:
     host_tokens: int | None
 
     def describe(self) -> list[str]:
-        gib = lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+        gib = lambda n: f"{n / GIB:.1f} GiB"
         lines = [
             f"KV cache on one {self.gpu} ({gib(self.gpu_memory_bytes)}): about {self.tokens:,} tokens"
             + (f" ({self.tokens // self.max_seq_len:,} sequences of max_seq_len {self.max_seq_len:,})"
                if self.max_seq_len else ""),
-            f"  weights {gib(self.weights_bytes_per_gpu)} per GPU ({self.weights_source});"
+            (f"  weights {gib(self.weights_bytes_per_gpu)} per GPU ({self.weights_source});"
             f" KV {self.kv_bytes_per_token / 1024:.1f} KiB per token per GPU ({self.kv_dtype});"
-            f" runtime.kv_cache_free_gpu_mem_fraction {self.fraction}",
+            f" runtime.kv_cache_free_gpu_mem_fraction {self.fraction}"),
         ]
         if self.capped_by:
             lines.append(f"  capped by {self.capped_by}")

@@ -73,34 +73,44 @@ def speculation_problems(trt: Any, backend: str, trtllm_version: str | None) -> 
     if backend == "tensorrtllm":
         if mode is SpeculativeMode.DRAFT_TARGET:
             return [
-                f"{key}: draft_target on backend tensorrtllm needs a second (draft) engine orchestrated by NVIDIA's"
-                " tensorrt_llm_bls model, which this truss does not build; use runtime.backend llmapi (TensorRT-LLM"
-                " >= 1.0, DraftTargetDecodingConfig) or speculative_decoding_mode lookahead"
+                (
+                    f"{key}: draft_target on backend tensorrtllm needs a second (draft) engine orchestrated by NVIDIA's"
+                    " tensorrt_llm_bls model, which this truss does not build; use runtime.backend llmapi (TensorRT-LLM"
+                    " >= 1.0, DraftTargetDecodingConfig) or speculative_decoding_mode lookahead"
+                )
             ]
         if mode is not SpeculativeMode.LOOKAHEAD:
             return [
-                f"{key}: {mode.value} runs on NVIDIA's LLM-API backend only (its {LLMAPI_DECODING_TYPE[mode]}"
-                "DecodingConfig, TensorRT-LLM >= 1.0): set runtime.backend: llmapi, or use lookahead on engines"
+                (
+                    f"{key}: {mode.value} runs on NVIDIA's LLM-API backend only (its {LLMAPI_DECODING_TYPE[mode]}"
+                    "DecodingConfig, TensorRT-LLM >= 1.0): set runtime.backend: llmapi, or use lookahead on engines"
+                )
             ]
         if version < LOOKAHEAD_PARAMETERS_SINCE:
             return [
-                f"{key}: lookahead on backend tensorrtllm needs TensorRT-LLM >= 0.19 (tensorrtllm_backend v0.19.0 is"
-                f" the first to read lookahead_window_size/ngram_size/verification_set_size); the target has"
-                f" {trtllm_version}, which would ignore the sizes"
+                (
+                    f"{key}: lookahead on backend tensorrtllm needs TensorRT-LLM >= 0.19 (tensorrtllm_backend v0.19.0 is"
+                    f" the first to read lookahead_window_size/ngram_size/verification_set_size); the target has"
+                    f" {trtllm_version}, which would ignore the sizes"
+                )
             ]
         return []
     if backend == "llmapi":
         if mode is SpeculativeMode.LOOKAHEAD:
             return [
-                f"{key}: NVIDIA's LLM-API PyTorch backend refuses Lookahead (LookaheadDecodingConfig.supports_backend"
-                " is false for pytorch, llm_args.py); use runtime.backend: tensorrtllm (an engine) for lookahead,"
-                " or ngram / eagle3 / draft_target here"
+                (
+                    f"{key}: NVIDIA's LLM-API PyTorch backend refuses Lookahead (LookaheadDecodingConfig.supports_backend"
+                    " is false for pytorch, llm_args.py); use runtime.backend: tensorrtllm (an engine) for lookahead,"
+                    " or ngram / eagle3 / draft_target here"
+                )
             ]
         build = trt.build
         if mode is SpeculativeMode.MTP and build is not None and build.base_model_architecture not in MTP_ARCHITECTURES:
             return [
-                f"{key}: mtp uses the checkpoint's multi-token-prediction layers, which only DeepSeek-V3/R1"
-                f" checkpoints have (base_model_architecture deepseek), not {build.base_model_architecture.value}"
+                (
+                    f"{key}: mtp uses the checkpoint's multi-token-prediction layers, which only DeepSeek-V3/R1"
+                    f" checkpoints have (base_model_architecture deepseek), not {build.base_model_architecture.value}"
+                )
             ]
     return []
 

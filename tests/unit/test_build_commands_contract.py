@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 from trtllm_flags_check import FLAGS_DIR, flag_problems, load_flags
 from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, BuildStep, plan_build
+from trtllm_truss.artifacts.target import IMAGE_TRTLLM_VERSIONS as IMAGE_TRTLLM_VERSION
 from trtllm_truss.config.schema import (
     Architecture,
     BaichuanModelVersion,
@@ -251,7 +252,6 @@ def test_flag_extractor_reads_argparse_calls(tmp_path: Path) -> None:
 # The TensorRT-LLM release inside each NVIDIA image a shipped example names (NVIDIA's framework
 # support matrix: Triton 24.12 trtllm-python-py3 carries TensorRT-LLM 0.16.0; tensorrtllm_backend
 # tag v0.16.0 pins that TensorRT-LLM commit).
-IMAGE_TRTLLM_VERSION = {"nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3": "0.16.0"}
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -267,11 +267,16 @@ def test_shipped_examples_build_with_flags_of_their_images_release(config_path: 
     from trtllm_truss.config.schema import TrtLlmConfig
     from trtllm_truss.plan import backend_setting_problems
 
+    from trtllm_truss.speculation import engine_build, speculation_problems
+
     raw = yaml.safe_load(config_path.read_text())
     version = IMAGE_TRTLLM_VERSION[raw["base_image"]["image"]]
     config = TrtLlmConfig.model_validate(raw["model_metadata"]["trt_llm"])
+    if config.runtime.backend.value == "llmapi":
+        pytest.skip("backend llmapi builds no engine (its model.yaml: test_example_plans.py)")
     assert backend_setting_problems(config, "tensorrtllm", version) == []
-    build = make_plan(config.build, version).steps[1]
+    assert speculation_problems(config, "tensorrtllm", version) == []
+    build = make_plan(engine_build(config.build, config.speculative), version).steps[1]
     core = load_flags(version, "trtllm-build")
     plugins = load_flags(version, "trtllm-build.plugin_args")
     assert build.argv[0] == "trtllm-build"

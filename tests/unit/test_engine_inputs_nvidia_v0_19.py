@@ -13,7 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from trtllm_truss.engine_standin import RequestRejected
-from trtllm_truss.engine_standin.unsupported_inputs import UNSUPPORTED_INPUTS, refuse_unsupported
+from trtllm_truss.engine_standin.unsupported_inputs import (
+    UNSUPPORTED_INPUTS,
+    refuse_unsupported,
+)
 from trtllm_truss.repository import interface as nv
 
 NVIDIA = json.loads(

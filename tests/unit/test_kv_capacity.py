@@ -16,8 +16,8 @@ LLAMA3_8B = {
 
 
 def _capacity(quantization: str = "no_quant", **overrides):
-    args = dict(gpu="H100", gpu_memory_gib=80, dtype="bfloat16", quantization=quantization, tensor_parallel=1,
-                pipeline_parallel=1, fraction=0.9)
+    args = {"gpu": "H100", "gpu_memory_gib": 80, "dtype": "bfloat16", "quantization": quantization,
+            "tensor_parallel": 1, "pipeline_parallel": 1, "fraction": 0.9}
     args.update(overrides)
     return kv_capacity(ModelShape.from_config(LLAMA3_8B), **args)
 

@@ -146,7 +146,7 @@ def test_speculation_changes_the_engine_cache_key() -> None:
     from trtllm_truss.probe import RuntimeFacts
 
     plain = _config(None).build
-    key = lambda build: engine_cache_key(build, checkpoint_revision="a" * 40, facts=RuntimeFacts())  # noqa: E731
+    key = lambda build: engine_cache_key(build, checkpoint_revision="a" * 40, facts=RuntimeFacts())
     assert key(engine_build(plain, None)) == key(plain)
     assert key(engine_build(plain, _config(LOOKAHEAD).speculative)) != key(plain)
 
