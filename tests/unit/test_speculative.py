@@ -260,3 +260,18 @@ def test_build_config_subclass_validates_like_the_build_section() -> None:
     build = BuildConfig(**BUILD)
     assert engine_build(build, None) is build
     assert RuntimeConfig().kv_cache_host_memory_bytes is None
+
+
+def test_validate_prints_the_lookahead_engine_flags_and_parameters(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "resources": {"accelerator": "H100"},
+        "model_metadata": {"trt_llm": {"build": {**BUILD, "huggingface_ckpt_repository": str(tmp_path)},
+                                       "runtime": {"backend": "tensorrtllm"}, "speculative": LOOKAHEAD}},
+    }))
+    assert main(["validate", str(tmp_path), "--trtllm-version", "0.19.0"]) == 0
+    out = capsys.readouterr().out
+    assert "--speculative_decoding_mode lookahead_decoding --max_draft_len 21" in out
+    assert ("# tensorrt_llm parameters for speculative decoding: decoding_mode=lookahead, lookahead_window_size=8,"
+            " lookahead_ngram_size=3, lookahead_verification_set_size=3") in out
+    assert main(["validate", str(tmp_path), "--trtllm-version", "0.18.0"]) == 1
+    assert "needs TensorRT-LLM >= 0.19" in capsys.readouterr().err

@@ -193,6 +193,11 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
         f"# backend {plan.backend}: {plan.backend_reason}",
     ]
     lines += [f"# note: {note}" for note in target.notes]
+    if plan.backend == "tensorrtllm" and plan.speculative is not None:
+        from trtllm_truss.speculation import backend_parameters
+
+        parameters = ", ".join(f"{name}={value}" for name, value in backend_parameters(plan.speculative))
+        lines.append(f"# tensorrt_llm parameters for speculative decoding: {parameters}")
     if plan.mode == "serve":
         lines += [
             f"would fetch {request.role}: {request.source}@{request.revision or 'main'} -> {request.dest}"
