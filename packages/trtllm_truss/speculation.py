@@ -17,6 +17,7 @@ Sources (recorded in tests/data/trtllm_flags/, contract-tested):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ LLMAPI_DECODING_TYPE = {
 # MTP layers ship in DeepSeek-V3/R1 checkpoints (config.json num_nextn_predict_layers); NVIDIA's
 # MTPDecodingConfig hard-codes DeepSeek R1's thinking-phase tokens.
 MTP_ARCHITECTURES = frozenset({Architecture.DEEPSEEK})
+# An engine's config.json build_config.speculative_decoding_mode is NVIDIA's SpeculativeDecodingMode IntFlag
+# (tensorrt_llm/models/modeling_utils.py: NONE 1, DRAFT_TOKENS_EXTERNAL 2, MEDUSA 4, LOOKAHEAD_DECODING 8, ...).
+LOOKAHEAD_DECODING_FLAG = 8
 
 
 class SpeculativeBuildConfig(BuildConfig):
@@ -113,6 +117,24 @@ def speculation_problems(trt: Any, backend: str, trtllm_version: str | None) -> 
                 )
             ]
     return []
+
+
+def engine_speculation_problem(build_config: Mapping[str, Any], spec: SpeculativeConfig) -> str | None:
+    """Why an engine (its config.json `build_config`) cannot run this speculation; None when it can."""
+    mode, draft = build_config.get("speculative_decoding_mode"), build_config.get("max_draft_len")
+    needed = spec.max_draft_len
+    if not isinstance(mode, int) or not mode & LOOKAHEAD_DECODING_FLAG:
+        return (
+            f"{SECTION}.speculative_decoding_mode: lookahead, but the engine was not built for it (build_config"
+            f" speculative_decoding_mode {mode!r}); rebuild with trtllm-build --speculative_decoding_mode"
+            f" lookahead_decoding --max_draft_len {needed}, or remove speculative"
+        )
+    if isinstance(draft, int) and draft < needed:
+        return (
+            f"{SECTION}.lookahead_window_size: these sizes need {needed} draft tokens per step but the engine was"
+            f" built with --max_draft_len {draft}; lower the lookahead sizes or rebuild the engine"
+        )
+    return None
 
 
 def trtllm_build_flags(spec: SpeculativeConfig | None) -> list[str]:

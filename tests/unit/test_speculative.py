@@ -24,7 +24,11 @@ from trtllm_truss.config.speculative import lookahead_max_draft_len
 from trtllm_truss.plan import ServingPlan
 from trtllm_truss.repository import repository_configs
 from trtllm_truss.repository.llmapi import model_yaml_document
-from trtllm_truss.speculation import engine_build, speculation_problems
+from trtllm_truss.speculation import (
+    engine_build,
+    engine_speculation_problem,
+    speculation_problems,
+)
 
 SPECULATIVE_RECORD = json.loads((FLAGS_DIR / "1.0.0" / "speculative_config.json").read_text())
 LLMAPI_RECORD = json.loads((FLAGS_DIR / "1.0.0" / "llmapi_model.json").read_text())
@@ -275,3 +279,11 @@ def test_validate_prints_the_lookahead_engine_flags_and_parameters(tmp_path: Pat
             " lookahead_ngram_size=3, lookahead_verification_set_size=3") in out
     assert main(["validate", str(tmp_path), "--trtllm-version", "0.18.0"]) == 1
     assert "needs TensorRT-LLM >= 0.19" in capsys.readouterr().err
+
+
+def test_a_served_engine_must_have_been_built_for_the_lookahead_sizes() -> None:
+    spec = _config(LOOKAHEAD).speculative  # needs 21 draft tokens
+    # build_config as NVIDIA writes it: speculative_decoding_mode is the SpeculativeDecodingMode IntFlag
+    assert "was not built for it" in engine_speculation_problem({"speculative_decoding_mode": 1, "max_draft_len": 0}, spec)
+    assert "--max_draft_len 8" in engine_speculation_problem({"speculative_decoding_mode": 8, "max_draft_len": 8}, spec)
+    assert engine_speculation_problem({"speculative_decoding_mode": 8, "max_draft_len": 21}, spec) is None

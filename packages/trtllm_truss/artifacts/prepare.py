@@ -8,11 +8,12 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from trtllm_truss.artifacts.engine_config import verify_engine_dir
+from trtllm_truss.artifacts.engine_config import EngineVerificationError, verify_engine_dir
 from trtllm_truss.artifacts.fetch import DEFAULT_MAX_WORKERS, FetchResult, fetch_repository
 from trtllm_truss.artifacts.hub import resolve_hf_token
 from trtllm_truss.artifacts.sources import FetchError
 from trtllm_truss.plan import PlanError, ServingPlan, stand_in_limits
+from trtllm_truss.speculation import engine_speculation_problem
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ def prepare_artifacts(
             runtime_trtllm_version=facts.trtllm_version,
             runtime_gpu=facts.gpus[0] if facts.gpus else None,
         )
+        if plan.speculative is not None:
+            build_config = json.loads((Path(engine_dir) / "config.json").read_text(encoding="utf-8")).get("build_config")
+            problem = engine_speculation_problem(build_config or {}, plan.speculative)
+            if problem:
+                raise EngineVerificationError(problem)
         return plan.with_engine(engine_dir, info), results
 
     if plan.backend == "pytorch" and not plan.limits_final:
