@@ -47,6 +47,9 @@ class ModelShape:
     tied_embeddings: bool
     checkpoint_weight_bytes: int | None  # safetensors index total_size, in the checkpoint's dtype
     checkpoint_dtype_bytes: float | None
+    # Multi-head latent attention (DeepSeek-V2/V3): one compressed latent of kv_lora_rank + qk_rope_head_dim
+    # values per token and layer instead of K and V per head (None for ordinary attention).
+    latent_dim: int | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], weight_bytes: int | None = None) -> ModelShape:
@@ -65,12 +68,16 @@ class ModelShape:
             head_dim=int(head_dim),
             hidden=hidden,
             heads=heads,
-            intermediate=int(config.get("intermediate_size") or 4 * hidden),
+            # MoE: every expert's MLP (DeepSeek: routed + shared experts of moe_intermediate_size)
+            intermediate=int(config.get("moe_intermediate_size") or config.get("intermediate_size") or 4 * hidden),
             vocab=int(config.get("vocab_size") or 0),
-            experts=int(config.get("num_local_experts") or config.get("n_routed_experts") or 1),
+            experts=int(config.get("num_local_experts") or config.get("n_routed_experts") or 1)
+            + int(config.get("n_shared_experts") or 0),
             tied_embeddings=bool(config.get("tie_word_embeddings", False)),
             checkpoint_weight_bytes=weight_bytes,
             checkpoint_dtype_bytes=_DTYPE_BYTES.get(dtype),
+            latent_dim=(int(config["kv_lora_rank"]) + int(config.get("qk_rope_head_dim") or 0))
+            if config.get("kv_lora_rank") else None,
         )
 
     def linear_params(self) -> int:
@@ -152,7 +159,10 @@ def kv_capacity(
     per_gpu_weights = total_weights // (tensor_parallel * pipeline_parallel)
     layers = math.ceil(shape.layers / pipeline_parallel)
     kv_heads = max(1, math.ceil(shape.kv_heads / tensor_parallel))
-    per_token = 2 * layers * kv_heads * shape.head_dim * kv_element
+    if shape.latent_dim:  # MLA: the latent is not split over tensor-parallel ranks
+        per_token = layers * shape.latent_dim * kv_element
+    else:
+        per_token = 2 * layers * kv_heads * shape.head_dim * kv_element
     memory = int(gpu_memory_gib * GIB)
     free = max(0, memory - per_gpu_weights)
     tokens = int(fraction * free // per_token) // tokens_per_block * tokens_per_block

@@ -49,6 +49,15 @@ def test_tensor_parallel_splits_kv_heads_and_weights_cap_and_host_offload() -> N
     assert any("host memory" in line for line in host.describe())
 
 
+def test_latent_attention_keeps_one_latent_per_token_and_layer() -> None:
+    deepseek_v3 = {"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168,
+                   "kv_lora_rank": 512, "qk_rope_head_dim": 64, "vocab_size": 129280, "torch_dtype": "bfloat16"}
+    shape = ModelShape.from_config(deepseek_v3)
+    capacity = kv_capacity(shape, gpu="H200", gpu_memory_gib=141, dtype="bfloat16", quantization="no_quant",
+                           tensor_parallel=8, pipeline_parallel=1, fraction=0.9)
+    assert capacity.kv_bytes_per_token == 61 * (512 + 64) * 2
+
+
 def test_validate_prints_the_estimate_with_its_assumptions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     embedded = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
     (tmp_path / "config.yaml").write_text(
