@@ -66,7 +66,7 @@ def test_responses_tools_and_choices_in_chat_form():
     chat, choice = rsp.chat_tools(responses(input="hi", tools=tools, tool_choice={"type": "function", "name": "time"}))
     assert chat[0] == {"type": "function", "function": {"name": "weather", "parameters": WEATHER}}
     assert chat[1]["function"]["parameters"] == {"type": "object", "properties": {}}
-    assert choice == {"type": "function", "function": {"name": "time"}}
+    assert choice == "time"
     allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "weather"}]}
     chat, choice = rsp.chat_tools(responses(input="hi", tools=tools, tool_choice=allowed))
     assert [t["function"]["name"] for t in chat] == ["weather"] and choice == "required"
@@ -167,9 +167,7 @@ def test_messages_tool_choices_in_chat_form():
     )
     base = {"messages": [{"role": "user", "content": "x"}], "tools": tools}
     assert msg.chat_tools(messages(**base, tool_choice={"type": "any", "disable_parallel_tool_use": True}))[1:] == ("required", False)
-    assert msg.chat_tools(messages(**base, tool_choice={"type": "tool", "name": "weather"}))[1] == {
-        "type": "function", "function": {"name": "weather"}
-    }
+    assert msg.chat_tools(messages(**base, tool_choice={"type": "tool", "name": "weather"}))[1] == "weather"
 
 
 @pytest.mark.parametrize(

@@ -120,8 +120,9 @@ def _model(model: type[BaseModel], value: Mapping[str, Any], where: str) -> Any:
         raise from_validation_error(exc, prefix=where) from None
 
 
-def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str | dict[str, Any], bool]:
-    """The tools in chat form, `tool_choice` in chat form, and whether parallel calls are allowed."""
+def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str, bool]:
+    """The tools in chat form, `tool_choice` as the core takes it ("none", "auto", "required" or a
+    function's name), and whether parallel calls are allowed."""
     tools = []
     for i, raw in enumerate(req.tools):
         where = f"tools[{i}]"
@@ -152,7 +153,7 @@ def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str | dict[s
         if not isinstance(name, str):
             raise field_error("tool_choice.name", "the tool's name (a string) is required", 422)
         check_choice_name("tool_choice.name", name, [t["function"]["name"] for t in tools])
-        return tools, {"type": "function", "function": {"name": name}}, parallel
+        return tools, name, parallel
     raise field_error("tool_choice.type", f"must be auto, any, tool or none (got {kind!r})", 422)
 
 

@@ -113,9 +113,10 @@ def _model(model: type[BaseModel], value: Any, where: str) -> Any:
         raise from_validation_error(exc, prefix=where) from None
 
 
-def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
-    """The request's function tools in chat form, and `tool_choice` in chat form (an
-    `allowed_tools` choice keeps only the tools it allows)."""
+def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str]:
+    """The request's function tools in chat form, and `tool_choice` as the core takes it ("none",
+    "auto", "required" or a function's name; an `allowed_tools` choice keeps only the tools it
+    allows)."""
     tools: list[dict[str, Any]] = []
     for i, raw in enumerate(req.tools):
         where = f"tools[{i}]"
@@ -142,7 +143,7 @@ def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str | dict[
         if not isinstance(name, str):
             raise field_error("tool_choice.name", "the function's name (a string) is required", 422)
         check_choice_name("tool_choice.name", name, names)
-        return tools, {"type": "function", "function": {"name": name}}
+        return tools, name
     if kind == "allowed_tools":
         mode, allowed = choice.get("mode"), choice.get("tools")
         if mode not in ("auto", "required"):
