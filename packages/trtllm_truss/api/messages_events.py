@@ -18,10 +18,6 @@ from typing import Any
 from trtllm_truss.api.messages import error_body, message_object, new_message_id, stop_reason
 
 
-def sse(event: dict[str, Any]) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
-
-
 class MessageEvents:
     def __init__(self, model: str, *, emit: bool) -> None:
         self.id = new_message_id()
@@ -112,8 +108,7 @@ class MessageEvents:
             events.append({"type": "message_stop"})
         return events
 
-    @staticmethod
-    def failed(message: str, status: int = 500) -> list[dict[str, Any]]:
+    def failed(self, message: str, status: int = 500) -> list[dict[str, Any]]:
         """A generation that failed after the stream began: Anthropic's `error` event."""
         return [error_body(status, message)]
 

@@ -14,16 +14,10 @@ in the order the model wrote them; an item is closed when another begins or the 
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from trtllm_truss.api.responses import ResponsesRequest, new_id, response_object, usage
-
-
-def sse(event: dict[str, Any]) -> bytes:
-    """One server-sent event as OpenAI sends them: `event:` the type, `data:` the event."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
 class ResponseEvents:
@@ -130,7 +124,9 @@ class ResponseEvents:
             return []
         return [self._event("response.function_call_arguments.delta", **self._item_where(item), delta=delta)]
 
-    def finish(self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int) -> list[dict[str, Any]]:
+    def finish(
+        self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None = None
+    ) -> list[dict[str, Any]]:
         events = self._close()
         self.usage = usage(prompt_tokens, completion_tokens)
         self.incomplete = finish_reason == "length"
@@ -142,7 +138,7 @@ class ResponseEvents:
             events.append(self._event(kind, response=self.response()))
         return events
 
-    def failed(self, message: str) -> list[dict[str, Any]]:
+    def failed(self, message: str, status: int = 500) -> list[dict[str, Any]]:
         """A generation that failed after the stream began: `error`, then `response.failed`."""
         error = {"code": "server_error", "message": message}
         return [
