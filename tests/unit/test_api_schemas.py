@@ -94,11 +94,7 @@ def test_native_defaults_stream_and_accepts_legacy_fields():
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 1}, "top_logprobs"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}, "response_format.type"),
-        (
-            ChatCompletionRequest,
-            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages[0].content",
-        ),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages[0].content[0].type"),
         (ChatCompletionRequest, {"model": "m"}, "messages"),
         (CompletionRequest, {"prompt": []}, "prompt"),
         (CompletionRequest, {"prompt": [[1], []]}, "prompt"),

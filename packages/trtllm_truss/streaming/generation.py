@@ -53,6 +53,14 @@ class WorkerSettings:
     llmapi: bool = False
 
 
+def _turn_text(turn: Any) -> str:
+    """A chat turn's text, (role, text) or a dict (whose content is text, or None with tool calls)."""
+    if isinstance(turn, tuple):
+        return turn[1]
+    content = turn.get("content")
+    return content if isinstance(content, str) else ""
+
+
 class RequestError(Exception):
     """The request cannot be served as sent: an HTTP 4xx whose message names the field."""
 
@@ -155,12 +163,12 @@ class WorkerModel:
         if spec.messages is not None:
             if self.ensemble is not None or self.llmapi is not None:
                 return self._chat_call(self.chat.render_chat, spec)
-            return "".join(text for _, text in spec.messages)
+            return "".join(_turn_text(turn) for turn in spec.messages)
         return spec.prompt or ""
 
     def _chat_call(self, method: Callable, spec: GenerationSpec) -> Any:
         try:
-            return method(spec.messages, spec.prompt_field)
+            return method(spec.messages, spec.prompt_field, tools=spec.tools, template_kwargs=dict(spec.chat_template_kwargs))
         except HTTPException as exc:  # field_error: its detail already names the field
             raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
 
