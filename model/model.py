@@ -2,7 +2,7 @@
 
 truss's model server calls `load()` once in a background thread (readiness answers 503 until it
 returns), then routes `/v1/models/model:predict`, `/v1/chat/completions` and `/v1/completions` to
-the methods below. All logic lives in `packages/trtllm_truss`.
+the methods below (and `/v1/responses`, `/v1/messages`). All logic lives in `packages/trtllm_truss`.
 
 The three methods take only the raw request: truss then leaves the body unparsed (its own parsing
 answers hostile bodies with 500s) and `trtllm_truss.api.body` reads it, every problem a 4xx.
@@ -14,9 +14,16 @@ from typing import Any
 
 import fastapi
 
+from functools import partial
+
+from trtllm_truss.api import messages as anthropic_messages
 from trtllm_truss.api.body import read_json_body
 from trtllm_truss.api.errors import error_response
 from trtllm_truss.service import LLMService
+
+NATIVE_ERROR = partial(error_response, openai=False)
+OPENAI_ERROR = partial(error_response, openai=True)
+ANTHROPIC_ERROR = anthropic_messages.error_response
 
 # model/model.py -> the truss directory (holds config.yaml and data/)
 TRUSS_DIR = Path(__file__).resolve().parent.parent
@@ -34,20 +41,26 @@ class Model:
     async def is_healthy(self) -> bool:
         return await self._service.is_healthy()
 
-    async def _answer(self, http_request: fastapi.Request, handle: Any, *, openai: bool) -> Any:
+    async def _answer(self, http_request: fastapi.Request, handle: Any, error: Any) -> Any:
         """Read the body ourselves (refusals answered in the route's error shape), then hand the
         parsed body and the request to the service."""
         try:
             body = await read_json_body(http_request, max_bytes=self._service.limits.max_body_bytes)
         except fastapi.HTTPException as exc:
-            return error_response(exc.status_code, str(exc.detail), openai=openai)
+            return error(exc.status_code, str(exc.detail))
         return await handle(body, http_request)
 
     async def predict(self, http_request: fastapi.Request) -> Any:
-        return await self._answer(http_request, self._service.predict, openai=False)
+        return await self._answer(http_request, self._service.predict, NATIVE_ERROR)
 
     async def chat_completions(self, http_request: fastapi.Request) -> Any:
-        return await self._answer(http_request, self._service.chat_completions, openai=True)
+        return await self._answer(http_request, self._service.chat_completions, OPENAI_ERROR)
 
     async def completions(self, http_request: fastapi.Request) -> Any:
-        return await self._answer(http_request, self._service.completions, openai=True)
+        return await self._answer(http_request, self._service.completions, OPENAI_ERROR)
+
+    async def responses(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.responses, OPENAI_ERROR)
+
+    async def messages(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.messages, ANTHROPIC_ERROR)

@@ -2,8 +2,9 @@
 
 `LLMService.load()` starts the stack (config -> plan -> artifacts -> repository -> tritonserver) and
 the stream workers, then hands them to the request core (`trtllm_truss.serving.core`). Each route is
-a dialect module over that core (`serving.native`, `serving.chat`, `serving.completions`); a new
-route is a new dialect module and a one-line method here and in `model/model.py`.
+a dialect module over that core (`serving.native`, `serving.chat`, `serving.completions`,
+`serving.responses`, `serving.messages`); a new route is a new dialect module and a one-line method
+here and in `model/model.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from trtllm_truss.api.limits import RequestLimits
-from trtllm_truss.serving import chat, completions, native
+from trtllm_truss.serving import chat, completions, messages, native, responses
 from trtllm_truss.serving.core import RequestCore, parse_request, serving_metrics  # noqa: F401 - re-exported
 from trtllm_truss.serving.native import StreamFailed  # noqa: F401 - re-exported (commands.predict)
 from trtllm_truss.streaming.pool import StreamPool, default_worker_count
@@ -139,6 +140,12 @@ class LLMService:
 
     async def completions(self, request: Any, http_request: Request | None = None) -> Any:
         return await completions.completions(self.core, request, http_request)
+
+    async def responses(self, request: Any, http_request: Request | None = None) -> Any:
+        return await responses.responses(self.core, request, http_request)
+
+    async def messages(self, request: Any, http_request: Request | None = None) -> Any:
+        return await messages.messages(self.core, request, http_request)
 
 
 def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:

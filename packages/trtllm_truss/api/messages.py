@@ -20,13 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtllm_truss.api.errors import encodable, field_error, from_validation_error
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, Text, Word
-from trtllm_truss.api.tool_turns import (
-    ToolTurns,
-    check_choice_name,
-    check_parameters_schema,
-    check_unique_names,
-    unsupported_content,
-)
+from trtllm_truss.api.tool_turns import ToolTurns, check_choice_name, unsupported_content
+from trtllm_truss.api.tools import check_functions
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -95,7 +90,7 @@ def parse_messages_request(body: Any) -> MessagesRequest:
 
 
 class _Tool(_Lenient):
-    name: Text = Field(min_length=1, max_length=128)
+    name: Text
     description: Text | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
@@ -131,12 +126,14 @@ def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str, bool]:
         if raw.get("type") not in (None, "custom"):
             raise field_error(f"{where}.type", f"{raw.get('type')!r}: server tools are not served, only client tools (name, input_schema)")
         tool = _model(_Tool, raw, where)
-        check_parameters_schema(f"{where}.input_schema", tool.input_schema)
         function = {"name": tool.name, "parameters": tool.input_schema}
         if tool.description is not None:
             function["description"] = tool.description
         tools.append({"type": "function", "function": function})
-    check_unique_names([(f"tools[{i}].name", t["function"]["name"]) for i, t in enumerate(tools)])
+    check_functions(
+        (t["function"]["name"], t["function"]["parameters"], f"tools[{i}].name", f"tools[{i}].input_schema")
+        for i, t in enumerate(tools)
+    )
     choice = req.tool_choice
     if choice is None:
         return tools, ("auto" if tools else "none"), True

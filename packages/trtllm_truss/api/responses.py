@@ -21,13 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
-from trtllm_truss.api.tool_turns import (
-    ToolTurns,
-    check_choice_name,
-    check_parameters_schema,
-    check_unique_names,
-    unsupported_content,
-)
+from trtllm_truss.api.tool_turns import ToolTurns, check_choice_name, unsupported_content
+from trtllm_truss.api.tools import check_functions, check_schema
 
 STATELESS = "this deployment keeps no state (responses are not stored)"
 
@@ -98,7 +93,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
 
 class _FunctionTool(_Lenient):
     type: Literal["function"]
-    name: Text = Field(min_length=1, max_length=128)
+    name: Text
     description: Text | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -124,13 +119,14 @@ def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str]:
         if kind != "function":
             raise field_error(f"{where}.type", f"{kind!r} tools are not served: only function tools (the client runs them)")
         tool = _model(_FunctionTool, raw, where)
-        schema = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
-        check_parameters_schema(f"{where}.parameters", schema)
-        function = {"name": tool.name, "parameters": schema}
+        function = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
         if tool.description is not None:
             function["description"] = tool.description
         tools.append({"type": "function", "function": function})
-    check_unique_names([(f"tools[{i}].name", t["function"]["name"]) for i, t in enumerate(tools)])
+    check_functions(
+        (t["function"]["name"], t["function"]["parameters"], f"tools[{i}].name", f"tools[{i}].parameters")
+        for i, t in enumerate(tools)
+    )
     names = [t["function"]["name"] for t in tools]
     choice = req.tool_choice
     if isinstance(choice, str):
@@ -170,7 +166,7 @@ def chat_response_format(req: ResponsesRequest) -> dict[str, Any] | None:
         return {"type": "json_object"}
     if fmt.schema_ is None or not fmt.name:
         raise field_error("text.format", "json_schema needs name and schema", 422)
-    check_parameters_schema("text.format.schema", fmt.schema_, object_root=False)
+    check_schema("text.format.schema", fmt.schema_)
     json_schema: dict[str, Any] = {"name": fmt.name, "schema": fmt.schema_}
     if fmt.strict is not None:
         json_schema["strict"] = fmt.strict

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -59,28 +59,35 @@ ToolsField = Field(None, max_length=MAX_TOOLS, description="function tools the m
 def check_tools(tools: Sequence[FunctionTool], field: str = "tools") -> None:
     """400 naming the field: a bad function name, a duplicate, parameters that are not a JSON
     Schema (checked against its metaschema)."""
+    check_functions(
+        (tool.function.name, tool.function.parameters, f"{field}[{i}].function.name", f"{field}[{i}].function.parameters")
+        for i, tool in enumerate(tools)
+    )
+
+
+def check_functions(functions: Iterable[tuple[str, Any, str, str]]) -> None:
+    """`check_tools` for any dialect's tools: (name, parameters schema or None, the dialect's field
+    of the name, of the schema) per tool."""
+    seen: set[str] = set()
+    for name, parameters, name_field, parameters_field in functions:
+        if not FUNCTION_NAME.match(name):
+            raise field_error(name_field, f"{name!r} is not a function name (letters, digits, '_' and '-', at most 64)")
+        if name in seen:
+            raise field_error(name_field, f"{name!r} is defined twice")
+        seen.add(name)
+        if parameters is not None:
+            check_schema(parameters_field, parameters)
+
+
+def check_schema(field: str, schema: Any) -> None:
+    """400 naming the field when `schema` is not a JSON Schema (checked against its metaschema)."""
     import jsonschema
 
-    seen: set[str] = set()
-    for i, tool in enumerate(tools):
-        function = tool.function
-        if not FUNCTION_NAME.match(function.name):
-            raise field_error(
-                f"{field}[{i}].function.name",
-                f"{function.name!r} is not a function name (letters, digits, '_' and '-', at most 64)",
-            )
-        if function.name in seen:
-            raise field_error(f"{field}[{i}].function.name", f"{function.name!r} is defined twice")
-        seen.add(function.name)
-        if function.parameters is not None:
-            try:
-                jsonschema.validators.validator_for(function.parameters).check_schema(function.parameters)
-            except jsonschema.SchemaError as exc:
-                where = "/".join(str(p) for p in exc.absolute_path)
-                raise field_error(
-                    f"{field}[{i}].function.parameters",
-                    f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""),
-                ) from None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise field_error(field, f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")) from None
 
 
 def check_tool_choice(tools: Sequence[FunctionTool], choice: Any, field: str = "tool_choice") -> str:

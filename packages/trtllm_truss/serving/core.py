@@ -202,7 +202,7 @@ class Generation:
                 logger.warning("stream ended by an error: %s", end.error)
                 yield Failure(end.error, end.status or 503)
             else:
-                yield Finish(end.finish_reason or "stop", end.prompt_tokens, end.completion_tokens)
+                yield Finish(end.finish_reason or "stop", end.prompt_tokens, end.completion_tokens, end.stop_sequence)
         finally:
             stream.close()
 

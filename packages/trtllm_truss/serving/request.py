@@ -100,11 +100,13 @@ class ToolCallDelta:
 
 @dataclass(slots=True)
 class Finish:
-    """The end of a generation: "stop", "length" or "tool_calls", and its token counts."""
+    """The end of a generation: "stop", "length" or "tool_calls", its token counts, and the stop
+    string that ended it, if one did."""
 
     reason: str
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None
 
 
 @dataclass(slots=True)

@@ -270,7 +270,8 @@ class WorkerModel:
             completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         return StreamEnd(
-            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary()
+            finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
+            stop_sequence=stops.stopped_by,
         )
 
     async def _pieces(self, params, text: str, ids: list[int]) -> AsyncIterator[tuple[str, int, list | None]]:

@@ -66,6 +66,7 @@ class StreamEnd:
     error: str | None = None
     status: int | None = None
     itl: ItlSummary | None = None  # the gaps between the request's pieces of text, bucketed
+    stop_sequence: str | None = None  # the stop string that ended the generation, if one did
 
 
 @dataclass(frozen=True)
