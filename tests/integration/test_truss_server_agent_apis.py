@@ -31,6 +31,8 @@ WEATHER = {
     "additionalProperties": False,
 }
 GREEDY = {"temperature": 0}
+# The anthropic SDK (2.x) has no sampling arguments of its own: they travel in the body as extras.
+GREEDY_ANTHROPIC = {"extra_body": GREEDY}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +121,7 @@ def test_responses_forced_tool_call_streamed_and_not(oai: openai.OpenAI, tool_ch
 def test_messages_create_and_stream_agree(claude: anthropic.Anthropic):
     body = dict(
         model="embedded", max_tokens=12, system="Answer briefly.",
-        messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY,
+        messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC,
     )
     whole = claude.messages.create(**body)
     assert whole.type == "message" and whole.role == "assistant"
@@ -137,7 +139,7 @@ def test_messages_create_and_stream_agree(claude: anthropic.Anthropic):
 
 
 def test_messages_stop_sequence_is_reported(claude: anthropic.Anthropic):
-    body = dict(model="embedded", max_tokens=24, messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY)
+    body = dict(model="embedded", max_tokens=24, messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC)
     text = claude.messages.create(**body).content[0].text
     word = next(w for w in text.split()[1:] if w.isalpha())
     stopped = claude.messages.create(**body, stop_sequences=[word])
@@ -150,7 +152,7 @@ def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic,
     body = dict(
         model="embedded", max_tokens=60, messages=[{"role": "user", "content": "What will the weather be in Paris?"}],
         tools=[{"name": "weather", "description": "The weather forecast", "input_schema": WEATHER}],
-        tool_choice=tool_choice, **GREEDY,
+        tool_choice=tool_choice, **GREEDY_ANTHROPIC,
     )
     whole = claude.messages.create(**body)
     uses = [block for block in whole.content if block.type == "tool_use"]
@@ -164,7 +166,7 @@ def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic,
 
     # The tool's result goes back as a tool_result block; the model answers in text.
     follow = claude.messages.create(
-        model="embedded", max_tokens=8, tools=body["tools"], **GREEDY,
+        model="embedded", max_tokens=8, tools=body["tools"], **GREEDY_ANTHROPIC,
         messages=[
             *body["messages"],
             {"role": "assistant", "content": [u.model_dump(include={"type", "id", "name", "input"}) for u in uses]},

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtllm_truss.api.errors import encodable, field_error, from_validation_error
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, Text, Word
 from trtllm_truss.api.tool_turns import ToolTurns, check_choice_name, unsupported_content
-from trtllm_truss.api.tools import check_functions
+from trtllm_truss.api.openai import ResponseFormat
+from trtllm_truss.api.tools import check_functions, check_schema
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -57,6 +58,16 @@ class Metadata(_Lenient):
     user_id: Text | None = None
 
 
+class OutputFormat(_Lenient):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Lenient):
+    format: OutputFormat | None = None
+    effort: None = Field(None, description="refused: no effort level is served")
+
+
 class MessagesRequest(SamplingFields):
     model: Text | None = Field(None, description="accepted and echoed; this deployment serves one model")
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -67,6 +78,7 @@ class MessagesRequest(SamplingFields):
     tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: dict[str, Any] | None = None
     metadata: Metadata | None = None
+    output_config: OutputConfig | None = None
     thinking: dict[str, Any] | None = Field(None, description="refused unless disabled: the model and its reasoning parser decide")
 
 
@@ -113,6 +125,15 @@ def _model(model: type[BaseModel], value: Mapping[str, Any], where: str) -> Any:
         return model.model_validate(value)
     except ValidationError as exc:
         raise from_validation_error(exc, prefix=where) from None
+
+
+def chat_response_format(req: MessagesRequest) -> ResponseFormat | None:
+    """`output_config.format` as chat's `response_format` (None without one)."""
+    fmt = req.output_config.format if req.output_config is not None else None
+    if fmt is None:
+        return None
+    check_schema("output_config.format.schema", fmt.schema_)
+    return ResponseFormat(type="json_schema", json_schema={"name": "output", "schema": fmt.schema_})
 
 
 def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str, bool]:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtllm_truss.api.errors import field_error, from_validation_error
+from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
 from trtllm_truss.api.tool_turns import ToolTurns, check_choice_name, unsupported_content
 from trtllm_truss.api.tools import check_functions, check_schema
@@ -157,20 +158,20 @@ def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str]:
     raise field_error("tool_choice.type", f"{kind!r} is not served: use none, auto, required, a function or allowed_tools")
 
 
-def chat_response_format(req: ResponsesRequest) -> dict[str, Any] | None:
+def chat_response_format(req: ResponsesRequest) -> ResponseFormat | None:
     """`text.format` as chat's `response_format` (None for plain text)."""
     fmt = req.text.format if req.text is not None else None
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return {"type": "json_object"}
+        return ResponseFormat(type="json_object")
     if fmt.schema_ is None or not fmt.name:
         raise field_error("text.format", "json_schema needs name and schema", 422)
     check_schema("text.format.schema", fmt.schema_)
     json_schema: dict[str, Any] = {"name": fmt.name, "schema": fmt.schema_}
     if fmt.strict is not None:
         json_schema["strict"] = fmt.strict
-    return {"type": "json_schema", "json_schema": json_schema}
+    return ResponseFormat(type="json_schema", json_schema=json_schema)
 
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}

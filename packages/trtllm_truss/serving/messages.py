@@ -13,11 +13,18 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from trtllm_truss.api.messages import MessagesRequest, chat_messages, chat_tools, error_response, parse_messages_request
+from trtllm_truss.api.messages import (
+    MessagesRequest,
+    chat_messages,
+    chat_response_format,
+    chat_tools,
+    error_response,
+    parse_messages_request,
+)
 from trtllm_truss.api.messages_events import MessageEvents
 from trtllm_truss.serving import semantic_events
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered
-from trtllm_truss.serving.openai_shared import SSE_HEADERS
+from trtllm_truss.serving.openai_shared import SSE_HEADERS, response_format_guide
 from trtllm_truss.serving.request import GenerationRequest
 
 # Anthropic samples the whole distribution at `temperature` unless top_p/top_k narrow it (with
@@ -41,6 +48,7 @@ def generation_request(req: MessagesRequest) -> GenerationRequest:
         tools=tuple(tools),
         tool_choice=choice,
         parallel_tool_calls=parallel,
+        guide=response_format_guide(chat_response_format(req), "output_config.format"),
         model=req.model,
     )
 

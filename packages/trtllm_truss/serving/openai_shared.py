@@ -26,12 +26,14 @@ def usage_of(finishes: list[Finish], n: int = 1) -> Usage:
     return Usage.of(sum(f.prompt_tokens for f in finishes[::n]), sum(f.completion_tokens for f in finishes))
 
 
-def response_format_guide(response_format: ResponseFormat | None) -> Guide | None:
+def response_format_guide(response_format: ResponseFormat | None, field: str = "response_format") -> Guide | None:
     """The one place a dialect turns `response_format` into a constraint: the structured-output
-    work replaces this by `api.structured.guide_from_request`. Until then only text is served."""
+    work replaces this by `api.structured.guide_from_request`. Until then only text is served.
+    `field`: the dialect's name for it (Responses: `text.format`, Messages: `output_config.format`),
+    which converts its own to chat's `response_format` shape."""
     if response_format is not None and response_format.type != "text":
         raise field_error(
-            "response_format",
+            field,
             f"{response_format.type!r} needs guided decoding, which this deployment's engine path does not offer"
             " (only {\"type\": \"text\"} is served)",
         )

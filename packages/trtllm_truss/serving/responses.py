@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.openai import OPENAI_DEFAULT_TOP_P
 from trtllm_truss.api.responses import (
     ResponsesRequest,
@@ -26,8 +25,8 @@ from trtllm_truss.api.responses import (
 from trtllm_truss.api.responses_events import ResponseEvents
 from trtllm_truss.serving import semantic_events
 from trtllm_truss.serving.core import RequestCore, answered
-from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
-from trtllm_truss.serving.request import GenerationRequest, Guide
+from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error, response_format_guide
+from trtllm_truss.serving.request import GenerationRequest
 
 
 async def responses(core: RequestCore, body: Any, http_request: Request | None) -> Any:
@@ -46,21 +45,8 @@ def generation_request(req: ResponsesRequest) -> GenerationRequest:
         tools=tuple(tools),
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
-        guide=text_format_guide(req),
+        guide=response_format_guide(chat_response_format(req), "text.format"),
         model=req.model,
-    )
-
-
-def text_format_guide(req: ResponsesRequest) -> Guide | None:
-    """`text.format` as a constraint. JSON formats need guided decoding (the structured-output
-    work, `api.structured`); until this deployment has it they are refused naming the field."""
-    response_format = chat_response_format(req)
-    if response_format is None:
-        return None
-    raise field_error(
-        "text.format",
-        f"{response_format['type']!r} needs guided decoding, which this deployment's engine path does not"
-        " offer (only {\"type\": \"text\"} is served)",
     )
 
 
