@@ -193,6 +193,7 @@ def test_messages_bad_tools_name_the_field(body, field):
         ([{"role": "user", "content": [{"type": "document", "source": {}}]}], "messages[0].content[0].type"),
         ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}], "messages[0].content[0].tool_use_id"),
         ([{"role": "system", "content": "x"}], "messages[0].role"),
+        ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}], "messages[1].role"),
     ],
 )
 def test_messages_bad_blocks_name_the_field(conversation, field):

@@ -240,6 +240,10 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
             if text or not results:
                 messages.append({"role": "user", "content": "".join(text)})
             continue
+        if i == len(req.messages) - 1:
+            # A final assistant message asks the model to continue it (prefill); the chat template
+            # here always opens a new assistant turn, so it would be answered, not continued.
+            raise field_error(f"{where}.role", "a final assistant message (prefill) is not served: end with a user message")
         turn: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
         if calls:
             turn["tool_calls"] = calls
