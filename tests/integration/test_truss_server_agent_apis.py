@@ -72,6 +72,12 @@ def test_responses_streamed_and_not_agree(oai: openai.OpenAI):
     assert deltas == final.output_text == whole.output_text  # greedy: the same answer either way
     assert final.usage.output_tokens == whole.usage.output_tokens
 
+    # The SDK's own stream accumulator (responses.stream) takes the events in their order and
+    # rebuilds the same response (its get_final_response() wants `completed`, not `incomplete`).
+    with oai.responses.stream(**body) as stream:
+        rebuilt = list(stream)[-1]
+    assert rebuilt.type == f"response.{whole.status}" and rebuilt.response.output_text == whole.output_text
+
 
 def test_responses_conversation_items_and_incomplete_at_the_limit(oai: openai.OpenAI):
     response = oai.responses.create(
