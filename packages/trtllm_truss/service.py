@@ -167,6 +167,8 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
         trust_remote_code=runtime.trust_remote_code,
         llmapi=plan.backend == "llmapi",
+        tool_call_parser=runtime.tool_call_parser,
+        reasoning_parser=runtime.reasoning_parser,
     )
     queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return StreamPool(
