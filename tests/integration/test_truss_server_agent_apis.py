@@ -183,6 +183,41 @@ def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic,
     assert follow.content and follow.content[0].type == "text"
 
 
+# ------------------------------------------------------------------------------------ reasoning
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """The embedded model read as DeepSeek-R1 reads (`runtime.reasoning_parser: deepseek_r1`): its
+    answer opens inside the thinking, and since this model never writes `</think>`, all of it is
+    thinking (a second server, as the parser is a deployment setting)."""
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_thinking"), {"TRTLLM_RUNTIME__REASONING_PARSER": "deepseek_r1"})
+
+
+def test_reasoning_items_and_thinking_blocks_streamed_and_not(thinking_server: TrussServer):
+    oai = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="x", max_retries=0, timeout=120.0)
+    body = dict(model="embedded", input="Tell me about the sea", max_output_tokens=10, **GREEDY)
+    whole = oai.responses.create(**body)
+    assert [item.type for item in whole.output] == ["reasoning"]
+    thought = whole.output[0].content[0].text
+    assert thought and whole.output_text == ""
+    events = list(oai.responses.create(**body, stream=True))
+    assert [e.type for e in events if "reasoning" in e.type] == (
+        ["response.reasoning_text.delta"] * sum(e.type == "response.reasoning_text.delta" for e in events) + ["response.reasoning_text.done"]
+    )
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    assert events[-1].response.output[0].content[0].text == thought
+
+    claude = anthropic.Anthropic(base_url=thinking_server.url, api_key="x", max_retries=0, timeout=120.0)
+    message = dict(model="embedded", max_tokens=10, messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC)
+    created = claude.messages.create(**message)
+    assert [(b.type, b.thinking) for b in created.content] == [("thinking", thought)]
+    with claude.messages.stream(**message) as stream:
+        deltas = [e.thinking for e in stream if e.type == "thinking"]
+        final = stream.get_final_message()
+    assert "".join(deltas) == final.content[0].thinking == thought
+
+
 # ------------------------------------------------------------------------------------ bad input
 
 TOOL_R = _weather_tool_responses()
