@@ -275,8 +275,15 @@ def test_openai_agents_loop_calls_our_tool_then_answers(server: TrussServer):
     auto, its default), and the model's next answer is the final output: two model calls."""
     import asyncio
 
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool
-    from agents import set_tracing_disabled
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        RunConfig,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)
     calls: list[str] = []

@@ -16,12 +16,18 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from trtllm_truss.api.errors import encodable, field_error, from_validation_error
-from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, Text, Word
-from trtllm_truss.api.tool_turns import ToolTurns, check_choice_name, unsupported_content
+from trtllm_truss.api.conversation import (
+    EchoedModel,
+    ToolTurns,
+    check_choice_name,
+    unsupported_content,
+    validate_at,
+)
+from trtllm_truss.api.errors import encodable, field_error
 from trtllm_truss.api.openai import ResponseFormat
+from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, Text, Word
 from trtllm_truss.api.tools import check_functions, check_schema
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
@@ -47,23 +53,16 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
     return JSONResponse(status_code=status, content=error_body(status, message), headers=dict(headers or {}))
 
 
-class _Lenient(BaseModel):
-    """Blocks echo what the API returned (citations, signatures, cache_control): extra fields are
-    ignored, the ones used are checked without coercion."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-class Metadata(_Lenient):
+class Metadata(EchoedModel):
     user_id: Text | None = None
 
 
-class OutputFormat(_Lenient):
+class OutputFormat(EchoedModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Lenient):
+class OutputConfig(EchoedModel):
     format: OutputFormat | None = None
     effort: None = Field(None, description="refused: no effort level is served")
 
@@ -83,12 +82,7 @@ class MessagesRequest(SamplingFields):
 
 
 def parse_messages_request(body: Any) -> MessagesRequest:
-    if not isinstance(body, Mapping):
-        raise field_error("body", f"expected a JSON object, got {type(body).__name__}", 422)
-    try:
-        req = MessagesRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    req = validate_at(MessagesRequest, body)
     if req.thinking is not None and req.thinking.get("type") != "disabled":
         raise field_error(
             "thinking",
@@ -101,30 +95,23 @@ def parse_messages_request(body: Any) -> MessagesRequest:
 # --- request -> chat ------------------------------------------------------------------------------
 
 
-class _Tool(_Lenient):
+class _Tool(EchoedModel):
     name: Text
     description: Text | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
 
 
-class _ToolUse(_Lenient):
+class _ToolUse(EchoedModel):
     id: Text = Field(min_length=1)
     name: Text = Field(min_length=1)
     input: dict[str, Any]
 
 
-class _ToolResult(_Lenient):
+class _ToolResult(EchoedModel):
     tool_use_id: Text = Field(min_length=1)
     content: Text | list[dict[str, Any]] = ""
     is_error: bool = False
-
-
-def _model(model: type[BaseModel], value: Mapping[str, Any], where: str) -> Any:
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise from_validation_error(exc, prefix=where) from None
 
 
 def chat_response_format(req: MessagesRequest) -> ResponseFormat | None:
@@ -146,7 +133,7 @@ def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str, bool]:
             raise field_error(where, f"expected a tool object, got {type(raw).__name__}", 422)
         if raw.get("type") not in (None, "custom"):
             raise field_error(f"{where}.type", f"{raw.get('type')!r}: server tools are not served, only client tools (name, input_schema)")
-        tool = _model(_Tool, raw, where)
+        tool = validate_at(_Tool, raw, where)
         function = {"name": tool.name, "parameters": tool.input_schema}
         if tool.description is not None:
             function["description"] = tool.description
@@ -220,12 +207,12 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
             elif kind in _MEDIA_BLOCKS:
                 raise unsupported_content(f"{at}.type", kind)
             elif kind == "tool_use" and role == "assistant":
-                use = _model(_ToolUse, block, at)
+                use = validate_at(_ToolUse, block, at)
                 turns.call(f"{at}.id", use.id)
                 arguments = json.dumps(use.input, ensure_ascii=False)
                 calls.append({"id": use.id, "type": "function", "function": {"name": use.name, "arguments": arguments}})
             elif kind == "tool_result" and role == "user":
-                result = _model(_ToolResult, block, at)
+                result = validate_at(_ToolResult, block, at)
                 turns.result(f"{at}.tool_use_id", result.tool_use_id, call_kind="tool_use block")
                 output = _text_of(result.content, f"{at}.content")
                 results.append({"role": "tool", "tool_call_id": result.tool_use_id, "content": output})

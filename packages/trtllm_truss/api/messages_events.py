@@ -15,7 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trtllm_truss.api.messages import error_body, message_object, new_message_id, stop_reason
+from trtllm_truss.api.messages import (
+    error_body,
+    message_object,
+    new_message_id,
+    stop_reason,
+)
 
 
 class MessageEvents:

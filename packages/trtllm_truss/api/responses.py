@@ -17,25 +17,24 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from trtllm_truss.api.errors import field_error, from_validation_error
+from trtllm_truss.api.conversation import (
+    EchoedModel,
+    ToolTurns,
+    check_choice_name,
+    unsupported_content,
+    validate_at,
+)
+from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
-from trtllm_truss.api.tool_turns import ToolTurns, check_choice_name, unsupported_content
 from trtllm_truss.api.tools import check_functions, check_schema
 
 STATELESS = "this deployment keeps no state (responses are not stored)"
 
 
-class _Lenient(BaseModel):
-    """Input items echo output items, which carry fields that do not matter here (ids, status,
-    annotations): those are ignored, the ones that do are checked without coercion."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-class TextFormat(_Lenient):
+class TextFormat(EchoedModel):
     type: Literal["text", "json_object", "json_schema"]
     name: Text | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -43,7 +42,7 @@ class TextFormat(_Lenient):
     description: Text | None = None
 
 
-class TextConfig(_Lenient):
+class TextConfig(EchoedModel):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = Field(None, description="only the default: no other is served")
 
@@ -71,12 +70,7 @@ class ResponsesRequest(SamplingFields):
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
-    if not isinstance(body, Mapping):
-        raise field_error("body", f"expected a JSON object, got {type(body).__name__}", 422)
-    try:
-        req = ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    req = validate_at(ResponsesRequest, body)
     for field in ("previous_response_id", "conversation"):
         if getattr(req, field) is not None:
             raise field_error(field, f"{STATELESS}: send the whole conversation as input items instead")
@@ -92,21 +86,12 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
 # --- request -> chat ------------------------------------------------------------------------------
 
 
-class _FunctionTool(_Lenient):
+class _FunctionTool(EchoedModel):
     type: Literal["function"]
     name: Text
     description: Text | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-
-
-def _model(model: type[BaseModel], value: Any, where: str) -> Any:
-    if not isinstance(value, Mapping):
-        raise field_error(where, f"expected a JSON object, got {type(value).__name__}", 422)
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise from_validation_error(exc, prefix=where) from None
 
 
 def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str]:
@@ -119,7 +104,7 @@ def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]], str]:
         kind = raw.get("type") if isinstance(raw, Mapping) else None
         if kind != "function":
             raise field_error(f"{where}.type", f"{kind!r} tools are not served: only function tools (the client runs them)")
-        tool = _model(_FunctionTool, raw, where)
+        tool = validate_at(_FunctionTool, raw, where)
         function = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
         if tool.description is not None:
             function["description"] = tool.description
@@ -237,13 +222,13 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": _ROLES[role], "content": text})
         elif kind == "function_call":
-            call = _model(_FunctionCall, item, where)
+            call = validate_at(_FunctionCall, item, where)
             turns.call(f"{where}.call_id", call.call_id)
             assistant().setdefault("tool_calls", []).append(
                 {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
             )
         elif kind == "function_call_output":
-            result = _model(_FunctionCallOutput, item, where)
+            result = validate_at(_FunctionCallOutput, item, where)
             turns.result(f"{where}.call_id", result.call_id, call_kind="function_call item")
             output = _content_text(result.output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": result.call_id, "content": output})
@@ -259,13 +244,13 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return messages
 
 
-class _FunctionCall(_Lenient):
+class _FunctionCall(EchoedModel):
     call_id: Text = Field(min_length=1)
     name: Text = Field(min_length=1)
     arguments: Text
 
 
-class _FunctionCallOutput(_Lenient):
+class _FunctionCallOutput(EchoedModel):
     call_id: Text = Field(min_length=1)
     output: Text | list[dict[str, Any]]
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-
 from trtllm_truss.api.messages import (
     MessagesRequest,
     chat_messages,

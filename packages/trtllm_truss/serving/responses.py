@@ -13,7 +13,6 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-
 from trtllm_truss.api.openai import OPENAI_DEFAULT_TOP_P
 from trtllm_truss.api.responses import (
     ResponsesRequest,
@@ -25,7 +24,11 @@ from trtllm_truss.api.responses import (
 from trtllm_truss.api.responses_events import ResponseEvents
 from trtllm_truss.serving import semantic_events
 from trtllm_truss.serving.core import RequestCore, answered
-from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error, response_format_guide
+from trtllm_truss.serving.openai_shared import (
+    SSE_HEADERS,
+    openai_error,
+    response_format_guide,
+)
 from trtllm_truss.serving.request import GenerationRequest
 
 

@@ -15,9 +15,15 @@ from contextlib import aclosing
 from typing import Any, Protocol
 
 from fastapi import Request
-
 from trtllm_truss.serving.core import Generation, Refused, unless_disconnected
-from trtllm_truss.serving.request import Event, Failure, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from trtllm_truss.serving.request import (
+    Event,
+    Failure,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 
 logger = logging.getLogger(__name__)
 
