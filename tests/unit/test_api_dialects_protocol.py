@@ -144,7 +144,7 @@ def test_messages_blocks_become_chat_turns():
                 {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}},
             ]},
             {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}], "is_error": False},
                 {"type": "text", "text": "And tomorrow?"},
             ]},
         ],

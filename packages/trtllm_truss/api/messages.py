@@ -215,6 +215,8 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 result = validate_at(_ToolResult, block, at)
                 turns.result(f"{at}.tool_use_id", result.tool_use_id, call_kind="tool_use block")
                 output = _text_of(result.content, f"{at}.content")
+                if result.is_error:  # templates have no flag for it: the model reads it in the text
+                    output = f"Error: {output}"
                 results.append({"role": "tool", "tool_call_id": result.tool_use_id, "content": output})
             elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
                 thinking.append(block["thinking"])
