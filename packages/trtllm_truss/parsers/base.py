@@ -89,6 +89,7 @@ class ToolCallParser:
     markers: ClassVar[tuple[str, ...]] = ()
     at_start: ClassVar[tuple[str, ...]] = ()
     keep_tokens: ClassVar[tuple[str, ...]] = ()
+    trailers: ClassVar[tuple[str, ...]] = ()  # what may close the section after its calls
 
     def __init__(self, arg: str | None = None) -> None:
         self.arg = arg
@@ -157,11 +158,13 @@ class ToolCallParser:
             held, self._held = self._held, ""
             return [(PART_TEXT, held)] if held else []
         section, self._section = self._section, None
-        if not section.strip():
+        if section.strip() in ("", *self.trailers):
             return []
         calls = self.parse(section)
         if not calls:
-            return [(PART_TEXT, section)]  # malformed: the model's text, as it wrote it
+            # Malformed: the model's text as it wrote it (after calls already reported, without
+            # the whitespace between them, which streaming may or may not have consumed).
+            return [(PART_TEXT, section.lstrip() if self.calls else section)]
         return self._call_parts(calls)
 
     def _call_parts(self, calls: list[tuple[str, str]]) -> list[Part]:

@@ -31,6 +31,7 @@ def _call(head: str, body: str) -> tuple[str, str] | None:
 class DeepSeekV3ToolParser(ToolCallParser):
     markers = (CALLS_BEGIN, CALL_BEGIN)
     keep_tokens = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)
+    trailers = (CALLS_END,)
 
     def complete_calls(self, section: str) -> tuple[list[tuple[str, str]], int]:
         calls, consumed = [], 0
