@@ -39,14 +39,8 @@ from trtllm_truss.api.openai import (
 )
 from trtllm_truss.api.sse import ChunkTemplate
 from trtllm_truss.api.tools import check_tool_choice, check_tools, tool_dicts
-from trtllm_truss.serving.core import (
-    SERVED_MODEL_NAME,
-    Generation,
-    RequestCore,
-    answered,
-    merged_events,
-    parse_request,
-)
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
+from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import (
     openai_error,
     refuse_what_the_engine_cannot_do,

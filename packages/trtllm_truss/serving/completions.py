@@ -26,7 +26,8 @@ from trtllm_truss.api.openai import (
 )
 from trtllm_truss.api.sse import ChunkTemplate
 from trtllm_truss.serving.chat import indexed
-from trtllm_truss.serving.core import SERVED_MODEL_NAME, Generation, RequestCore, answered, merged_events, parse_request
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
+from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import openai_error, refuse_what_the_engine_cannot_do, usage_of
 from trtllm_truss.serving.request import Failure, Finish, GenerationRequest, TextDelta
 
