@@ -121,3 +121,13 @@ def test_a_named_function_is_its_parameters_schema():
     spec = _core().spec(generation_request(_request(tools=TOOLS, tool_choice=choice)))
     assert (spec.tool_parser, spec.tool_parser_arg) == ("guided_named", "get_weather")
     assert json.loads(spec.params.guided_decoding_guide) == WEATHER_SCHEMA
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    from trtllm_truss.serving.chat import assistant_message
+    from trtllm_truss.serving.request import Answer, Finish, ToolCall
+
+    answer = Answer("", None, [ToolCall("call_a", "get_time", "{}"), ToolCall("call_b", "get_weather", "{}")], [], Finish("tool_calls", 1, 1))
+    assert [c.id for c in assistant_message(answer).tool_calls] == ["call_a", "call_b"]
+    only = assistant_message(answer, parallel_tool_calls=False)
+    assert [c.id for c in only.tool_calls] == ["call_a"] and only.content is None
