@@ -11,6 +11,7 @@ name (`register_tool_parser`, `register_reasoning_parser`), one module per model
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from collections.abc import Callable
@@ -107,10 +108,27 @@ class ToolCallParser:
         """The section's calls as (name, arguments JSON), or None when it does not parse."""
         raise NotImplementedError
 
+    # A format whose calls are delimited (a closing tag per call) sets `call_pattern`, matching
+    # one whole call (and the whitespace around it), and `call_of(match)`: calls are then reported
+    # as each completes. Otherwise every call is reported at the end.
+    call_pattern: ClassVar[re.Pattern[str] | None] = None
+
+    def call_of(self, match: re.Match[str]) -> tuple[str, str] | None:
+        raise NotImplementedError
+
     def complete_calls(self, section: str) -> tuple[list[tuple[str, str]], int]:
-        """Calls complete at the start of `section` while it streams, and how many characters they
-        take (default: none; every call is reported at the end)."""
-        return [], 0
+        """Calls complete at the start of `section` while it streams, and how many characters they take."""
+        calls: list[tuple[str, str]] = []
+        consumed = 0
+        if self.call_pattern is None:
+            return calls, consumed
+        while (match := self.call_pattern.match(section, consumed)) is not None:
+            call = self.call_of(match)
+            if call is None:
+                break  # left for `parse` at the end, which returns it as text
+            calls.append(call)
+            consumed = match.end()
+        return calls, consumed
 
     # --- streaming ----------------------------------------------------------------------------
 
