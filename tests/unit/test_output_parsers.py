@@ -5,6 +5,7 @@ malformed calls come back as the model's text."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -213,7 +214,7 @@ def test_auto_detects_the_family_from_the_chat_template(template, tools, reasoni
 def test_every_registered_parser_is_documented_and_configurable():
     from trtllm_truss.config.schema import RuntimeConfig
 
-    documented = open("docs/api.md").read()
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     tool_names = set(RuntimeConfig.model_fields["tool_call_parser"].annotation.__args__) - {"auto", "none"}
     reasoning_names = set(RuntimeConfig.model_fields["reasoning_parser"].annotation.__args__) - {"auto", "none"}
     assert tool_names == set(TOOL_PARSERS) - {"guided_required", "guided_named"}
