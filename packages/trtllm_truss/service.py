@@ -21,8 +21,7 @@ from fastapi import Request
 
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.serving import chat, completions, messages, native, responses
-from trtllm_truss.serving.core import RequestCore, parse_request, serving_metrics  # noqa: F401 - re-exported
-from trtllm_truss.serving.native import StreamFailed  # noqa: F401 - re-exported (commands.predict)
+from trtllm_truss.serving.core import RequestCore, serving_metrics
 from trtllm_truss.streaming.pool import StreamPool, default_worker_count
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ name (`register_tool_parser`, `register_reasoning_parser`), one module per model
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from collections.abc import Callable
@@ -89,6 +90,7 @@ class ToolCallParser:
     markers: ClassVar[tuple[str, ...]] = ()
     at_start: ClassVar[tuple[str, ...]] = ()
     keep_tokens: ClassVar[tuple[str, ...]] = ()
+    trailers: ClassVar[tuple[str, ...]] = ()  # what may close the section after its calls
 
     def __init__(self, arg: str | None = None) -> None:
         self.arg = arg
@@ -106,10 +108,27 @@ class ToolCallParser:
         """The section's calls as (name, arguments JSON), or None when it does not parse."""
         raise NotImplementedError
 
+    # A format whose calls are delimited (a closing tag per call) sets `call_pattern`, matching
+    # one whole call (and the whitespace around it), and `call_of(match)`: calls are then reported
+    # as each completes. Otherwise every call is reported at the end.
+    call_pattern: ClassVar[re.Pattern[str] | None] = None
+
+    def call_of(self, match: re.Match[str]) -> tuple[str, str] | None:
+        raise NotImplementedError
+
     def complete_calls(self, section: str) -> tuple[list[tuple[str, str]], int]:
-        """Calls complete at the start of `section` while it streams, and how many characters they
-        take (default: none; every call is reported at the end)."""
-        return [], 0
+        """Calls complete at the start of `section` while it streams, and how many characters they take."""
+        calls: list[tuple[str, str]] = []
+        consumed = 0
+        if self.call_pattern is None:
+            return calls, consumed
+        while (match := self.call_pattern.match(section, consumed)) is not None:
+            call = self.call_of(match)
+            if call is None:
+                break  # left for `parse` at the end, which returns it as text
+            calls.append(call)
+            consumed = match.end()
+        return calls, consumed
 
     # --- streaming ----------------------------------------------------------------------------
 
@@ -157,11 +176,13 @@ class ToolCallParser:
             held, self._held = self._held, ""
             return [(PART_TEXT, held)] if held else []
         section, self._section = self._section, None
-        if not section.strip():
+        if section.strip() in ("", *self.trailers):
             return []
         calls = self.parse(section)
         if not calls:
-            return [(PART_TEXT, section)]  # malformed: the model's text, as it wrote it
+            # Malformed: the model's text as it wrote it (after calls already reported, without
+            # the whitespace between them, which streaming may or may not have consumed).
+            return [(PART_TEXT, section.lstrip() if self.calls else section)]
         return self._call_parts(calls)
 
     def _call_parts(self, calls: list[tuple[str, str]]) -> list[Part]:

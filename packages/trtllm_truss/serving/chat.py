@@ -39,14 +39,8 @@ from trtllm_truss.api.openai import (
 )
 from trtllm_truss.api.sse import ChunkTemplate
 from trtllm_truss.api.tools import check_tool_choice, check_tools, tool_dicts
-from trtllm_truss.serving.core import (
-    SERVED_MODEL_NAME,
-    Generation,
-    RequestCore,
-    answered,
-    merged_events,
-    parse_request,
-)
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
+from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import (
     openai_error,
     refuse_what_the_engine_cannot_do,
@@ -55,7 +49,6 @@ from trtllm_truss.serving.openai_shared import (
 )
 from trtllm_truss.serving.request import (
     Answer,
-    Event,
     Failure,
     Finish,
     GenerationRequest,
@@ -158,7 +151,7 @@ async def _chat_completions(core: RequestCore, body: Any, http_request: Request 
     choices = [
         ChatChoice(
             index=index,
-            message=assistant_message(answer),
+            message=assistant_message(answer, req.parallel_tool_calls),
             finish_reason=answer.finish.reason,
             logprobs=chat_logprobs(answer.logprobs, top) if req.wants_log_probs() else None,
         )
@@ -169,20 +162,17 @@ async def _chat_completions(core: RequestCore, body: Any, http_request: Request 
     ).model_dump()
 
 
-def assistant_message(answer: Answer) -> AssistantMessage:
+def assistant_message(answer: Answer, parallel_tool_calls: bool = True) -> AssistantMessage:
+    """The answer as chat's message; `parallel_tool_calls: false` keeps the first call only (guided
+    `required` asks for one; a model's own format may still write several)."""
     calls = [ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in answer.tool_calls]
+    if not parallel_tool_calls:
+        calls = calls[:1]
     return AssistantMessage(
         content=answer.text if answer.text or not calls else None,
         reasoning_content=answer.reasoning,
         tool_calls=calls or None,
     )
-
-
-async def indexed(generation: Generation) -> AsyncIterator[tuple[int, Event]]:
-    """One generation's events as choice 0's (no merging task for the common case)."""
-    async with aclosing(generation.events()) as events:
-        async for event in events:
-            yield 0, event
 
 
 async def _chat_sse(generations: list[Generation], req: ChatCompletionRequest, model: str) -> AsyncIterator[bytes]:
@@ -199,13 +189,16 @@ async def _chat_sse(generations: list[Generation], req: ChatCompletionRequest, m
         choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
         return sse_event(ChatCompletionChunk(**envelope, choices=[choice]))
 
-    events = indexed(generations[0]) if len(generations) == 1 else merged_events(generations)
+    single = len(generations) == 1  # the common case: its events as they are, no merging task
+    events: AsyncIterator[Any] = generations[0].events() if single else merged_events(generations)
+    one_call = not req.parallel_tool_calls
     try:
         for index in range(len(generations)):
             yield chunk(index, ChatDelta(role="assistant", content=""))
         finishes: dict[int, Finish] = {}
         async with aclosing(events):
-            async for index, event in events:
+            async for item in events:
+                index, event = (0, item) if single else item
                 cls = event.__class__
                 if cls is TextDelta:
                     if not wants and index == 0:
@@ -216,6 +209,8 @@ async def _chat_sse(generations: list[Generation], req: ChatCompletionRequest, m
                 elif cls is ReasoningDelta:
                     yield chunk(index, ChatDelta(reasoning_content=event.text))
                 elif cls is ToolCallDelta:
+                    if one_call and event.index > 0:
+                        continue  # parallel_tool_calls: false: the first call only
                     call = ToolCallDeltaOut(
                         index=event.index,
                         id=event.id,

@@ -25,8 +25,8 @@ from trtllm_truss.api.openai import (
     sse_event,
 )
 from trtllm_truss.api.sse import ChunkTemplate
-from trtllm_truss.serving.chat import indexed
-from trtllm_truss.serving.core import SERVED_MODEL_NAME, Generation, RequestCore, answered, merged_events, parse_request
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
+from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import openai_error, refuse_what_the_engine_cannot_do, usage_of
 from trtllm_truss.serving.request import Failure, Finish, GenerationRequest, TextDelta
 
@@ -107,11 +107,13 @@ async def _completion_sse(generations: list[Generation], req: CompletionRequest,
         choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
         return sse_event(Completion(**envelope, choices=[choice]))
 
-    events = indexed(generations[0]) if len(generations) == 1 else merged_events(generations)
+    single = len(generations) == 1  # the common case: its events as they are, no merging task
+    events: AsyncIterator[Any] = generations[0].events() if single else merged_events(generations)
     try:
         finishes: dict[int, Finish] = {}
         async with aclosing(events):
-            async for index, event in events:
+            async for item in events:
+                index, event = (0, item) if single else item
                 cls = event.__class__
                 if cls is TextDelta:
                     yield template.event(event.text) if not wants and index == 0 else chunk(index, event.text, None, event.logprobs)

@@ -14,7 +14,8 @@ from fastapi.responses import StreamingResponse
 
 from trtllm_truss.api.errors import error_response
 from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
-from trtllm_truss.serving.core import Generation, RequestCore, answered, parse_request
+from trtllm_truss.serving.core import RequestCore, answered, parse_request
+from trtllm_truss.serving.generation import Generation
 from trtllm_truss.serving.request import Failure, GenerationRequest, TextDelta
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from contextlib import aclosing
 from typing import Any, Protocol
 
 from fastapi import Request
-from trtllm_truss.serving.core import Generation, Refused, unless_disconnected
+from trtllm_truss.serving.core import Refused, unless_disconnected
+from trtllm_truss.serving.generation import Generation
 from trtllm_truss.serving.request import (
     Event,
     Failure,

@@ -105,7 +105,7 @@ class GptOssParser(ReasoningParser):
 
     def finish(self) -> list[Part]:
         if self._body is None:
-            header, self._header = self._header, ""
+            self._header = ""
             return []  # an unfinished header is no text of the answer
         body, self._body = self._body, None
         return self._close(body)

@@ -31,16 +31,12 @@ def _call(head: str, body: str) -> tuple[str, str] | None:
 class DeepSeekV3ToolParser(ToolCallParser):
     markers = (CALLS_BEGIN, CALL_BEGIN)
     keep_tokens = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)
+    trailers = (CALLS_END,)
 
-    def complete_calls(self, section: str) -> tuple[list[tuple[str, str]], int]:
-        calls, consumed = [], 0
-        while (match := _CALL.match(section, consumed)) is not None:
-            call = _call(match.group(1), match.group(2))
-            if call is None:
-                break
-            calls.append(call)
-            consumed = match.end()
-        return calls, consumed
+    call_pattern = _CALL
+
+    def call_of(self, match: re.Match[str]) -> tuple[str, str] | None:
+        return _call(match.group(1), match.group(2))
 
     def parse(self, section: str) -> list[tuple[str, str]] | None:
         calls, consumed = self.complete_calls(section)

@@ -28,15 +28,10 @@ def _call(body: str) -> tuple[str, str] | None:
 class HermesToolParser(ToolCallParser):
     markers = (OPEN,)
 
-    def complete_calls(self, section: str) -> tuple[list[tuple[str, str]], int]:
-        calls, consumed = [], 0
-        while (match := _BLOCK.match(section, consumed)) is not None:
-            call = _call(match.group(1))
-            if call is None:
-                break  # left for `parse` at the end, which returns it as text
-            calls.append(call)
-            consumed = match.end()
-        return calls, consumed
+    call_pattern = _BLOCK
+
+    def call_of(self, match: re.Match[str]) -> tuple[str, str] | None:
+        return _call(match.group(1))
 
     def parse(self, section: str) -> list[tuple[str, str]] | None:
         calls, consumed = self.complete_calls(section)
