@@ -28,7 +28,7 @@ from trtllm_truss.api.conversation import (
 from trtllm_truss.api.errors import encodable, field_error
 from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, Text, Word
-from trtllm_truss.api.tools import check_functions, check_schema
+from trtllm_truss.api.tools import MAX_TOOLS, check_functions, check_schema
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -74,7 +74,7 @@ class MessagesRequest(SamplingFields):
     system: Text | list[dict[str, Any]] | None = None
     stop_sequences: list[Word] = Field(default_factory=list, max_length=MAX_WORDS)
     stream: bool = False
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_TOOLS)
     tool_choice: dict[str, Any] | None = None
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None

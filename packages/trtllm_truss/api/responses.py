@@ -29,7 +29,7 @@ from trtllm_truss.api.conversation import (
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
-from trtllm_truss.api.tools import check_functions, check_schema
+from trtllm_truss.api.tools import MAX_TOOLS, check_functions, check_schema
 
 STATELESS = "this deployment keeps no state (responses are not stored)"
 
@@ -51,7 +51,7 @@ class ResponsesRequest(SamplingFields):
     model: Text | None = Field(None, description="accepted and echoed; this deployment serves one model")
     input: Text | list[dict[str, Any]] = Field(description="a user message, or a list of input items")
     instructions: Text | None = None
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
