@@ -66,9 +66,12 @@ def test_streamed_parts_are_openai_chunks_in_order():
     assert reasoning == "The user wants the weather."
     assert "".join(d.content or "" for d in deltas) == "Checking. "
     calls = [call for d in deltas for call in d.tool_calls or []]
+    # as OpenAI streams them: the first delta with index, id, type and name, then the arguments
     assert [(c.index, c.id, c.type, c.function.name, c.function.arguments) for c in calls] == [
-        (0, "call_abc", "function", "get_weather", '{"city": "Paris"}'),
-        (1, "call_def", "function", "get_time", "{}"),
+        (0, "call_abc", "function", "get_weather", ""),
+        (0, None, None, None, '{"city": "Paris"}'),
+        (1, "call_def", "function", "get_time", ""),
+        (1, None, None, None, "{}"),
     ]
     # reasoning first, then the answer's text, then the calls
     kinds = ["r" if getattr(d, "reasoning_content", None) else "t" if d.content else "c" if d.tool_calls else "-" for d in deltas]
@@ -82,7 +85,7 @@ def test_parallel_tool_calls_false_streams_the_first_call_only():
     events = asyncio.run(_chunks(_request(parallel_tool_calls=False)))
     chunks = [SdkChunk.model_validate(json.loads(e[len(b"data: "):])) for e in events[:-1]]
     calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or []]
-    assert [c.id for c in calls] == ["call_abc"]
+    assert {c.index for c in calls} == {0} and [c.id for c in calls if c.id] == ["call_abc"]
 
 
 def test_a_collected_answer_is_the_same_message():
