@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from trtllm_truss.api.native import Usage
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, StrictModel, Text
@@ -271,19 +271,30 @@ class ChatCompletion(_Envelope):
     usage: Usage
 
 
-class FunctionCallDelta(BaseModel):
+class _WithoutNones(BaseModel):
+    """Dumped without its unset (None) fields: a tool call's later deltas carry only `index` and
+    `function.arguments`, as OpenAI sends them."""
+
+    @model_serializer(mode="wrap")
+    def _drop_nones(self, handler: Any) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class FunctionCallDelta(_WithoutNones):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDeltaOut(BaseModel):
+class ToolCallDeltaOut(_WithoutNones):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
     function: FunctionCallDelta
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_WithoutNones):
+    """Only what the chunk carries, as OpenAI sends deltas (`{}` on the finish chunk)."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None

@@ -120,7 +120,9 @@ def _parsed_events(parts: list, entries: list[LogProbEntry] | None) -> list[Even
         else:
             _, index, call_id, name, arguments = part
             last = events[-1] if events else None
-            if name is None and isinstance(last, ToolCallDelta) and last.index == index:
+            # A call's first delta (id, name) stays its own, as OpenAI streams it; argument
+            # fragments of one update are joined.
+            if name is None and isinstance(last, ToolCallDelta) and last.index == index and last.name is None:
                 last.arguments += arguments
             else:
                 events.append(ToolCallDelta(index, call_id, name, arguments))
