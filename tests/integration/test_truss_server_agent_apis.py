@@ -121,6 +121,20 @@ def test_responses_forced_tool_call_streamed_and_not(oai: openai.OpenAI, tool_ch
     assert events[-1].type == "response.completed"
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": False}
+
+
+def test_responses_json_schema_text_format_streamed_and_not(oai: openai.OpenAI):
+    body = dict(
+        model="embedded", input="Name a city.", max_output_tokens=40, **GREEDY,
+        text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+    )
+    whole = oai.responses.create(**body)
+    jsonschema.validate(json.loads(whole.output_text), CITY)
+    events = list(oai.responses.create(**body, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+
+
 # ---------------------------------------------------------------------------------- /v1/messages
 
 
@@ -181,6 +195,14 @@ def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic,
         tool_choice={"type": "none"},
     )
     assert follow.content and follow.content[0].type == "text"
+
+
+def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
+    created = claude.messages.create(
+        model="embedded", max_tokens=40, messages=[{"role": "user", "content": "Name a city."}],
+        output_config={"format": {"type": "json_schema", "schema": CITY}}, **GREEDY_ANTHROPIC,
+    )
+    jsonschema.validate(json.loads(created.content[0].text), CITY)
 
 
 # ------------------------------------------------------------------------------------ reasoning
