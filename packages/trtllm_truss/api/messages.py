@@ -165,7 +165,7 @@ def chat_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]], str, bool]:
 _MEDIA_BLOCKS = {"image", "document", "search_result", "container_upload"}
 
 
-def _text_of(content: Any, where: str, *, allowed: tuple[str, ...] = ("text",)) -> str:
+def _text_of(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -175,7 +175,7 @@ def _text_of(content: Any, where: str, *, allowed: tuple[str, ...] = ("text",)) 
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind in _MEDIA_BLOCKS:
             raise unsupported_content(f"{where}[{j}].type", kind)
-        if kind not in allowed or not isinstance(block.get("text"), str):
+        if kind != "text" or not isinstance(block.get("text"), str):
             raise field_error(f"{where}[{j}]", f"expected a text block with text, got type {kind!r}", 422)
         texts.append(block["text"])
     return "".join(texts)
@@ -202,7 +202,9 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
         for j, block in enumerate(blocks):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, Mapping) else None
-            if kind == "text" and isinstance(block.get("text"), str):
+            if kind == "text":
+                if not isinstance(block.get("text"), str):
+                    raise field_error(f"{at}.text", "a text block needs its text (a string)", 422)
                 text.append(block["text"])
             elif kind in _MEDIA_BLOCKS:
                 raise unsupported_content(f"{at}.type", kind)
