@@ -1,10 +1,10 @@
 """The truss entry point: a thin shell around `trtllm_truss.service.LLMService`.
 
 truss's model server calls `load()` once in a background thread (readiness answers 503 until it
-returns), then routes `/v1/models/model:predict`, `/v1/chat/completions` and `/v1/completions` to
-the methods below. All logic lives in `packages/trtllm_truss`.
+returns), then routes `/v1/models/model:predict`, `/v1/chat/completions`, `/v1/completions`,
+`/v1/responses` and `/v1/messages` to the methods below. All logic lives in `packages/trtllm_truss`.
 
-The three methods take only the raw request: truss then leaves the body unparsed (its own parsing
+The route methods take only the raw request: truss then leaves the body unparsed (its own parsing
 answers hostile bodies with 500s) and `trtllm_truss.api.body` reads it, every problem a 4xx.
 """
 
@@ -15,7 +15,9 @@ from typing import Any
 import fastapi
 
 from trtllm_truss.api.body import read_json_body
-from trtllm_truss.api.errors import error_response
+from trtllm_truss.api.messages import error_response as anthropic_error
+from trtllm_truss.serving.native import native_error
+from trtllm_truss.serving.openai_shared import openai_error
 from trtllm_truss.service import LLMService
 
 # model/model.py -> the truss directory (holds config.yaml and data/)
@@ -34,20 +36,27 @@ class Model:
     async def is_healthy(self) -> bool:
         return await self._service.is_healthy()
 
-    async def _answer(self, http_request: fastapi.Request, handle: Any, *, openai: bool) -> Any:
-        """Read the body ourselves (refusals answered in the route's error shape), then hand the
-        parsed body and the request to the service."""
+    async def _answer(self, http_request: fastapi.Request, handle: Any, render_error: Any) -> Any:
+        """Read the body ourselves (refusals answered by the route's `render_error(status, message,
+        headers)`, in its error shape), then hand the parsed body and the request to the service."""
         try:
             body = await read_json_body(http_request, max_bytes=self._service.limits.max_body_bytes)
         except fastapi.HTTPException as exc:
-            return error_response(exc.status_code, str(exc.detail), openai=openai)
+            return render_error(exc.status_code, str(exc.detail), None)
         return await handle(body, http_request)
 
+    # One line per route: the service's method and the dialect's error shape.
     async def predict(self, http_request: fastapi.Request) -> Any:
-        return await self._answer(http_request, self._service.predict, openai=False)
+        return await self._answer(http_request, self._service.predict, native_error)
 
     async def chat_completions(self, http_request: fastapi.Request) -> Any:
-        return await self._answer(http_request, self._service.chat_completions, openai=True)
+        return await self._answer(http_request, self._service.chat_completions, openai_error)
 
     async def completions(self, http_request: fastapi.Request) -> Any:
-        return await self._answer(http_request, self._service.completions, openai=True)
+        return await self._answer(http_request, self._service.completions, openai_error)
+
+    async def responses(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.responses, openai_error)
+
+    async def messages(self, http_request: fastapi.Request) -> Any:
+        return await self._answer(http_request, self._service.messages, anthropic_error)

@@ -43,13 +43,10 @@ VOCAB_SIZE = 4096
 # Modules whose docstrings are well written English prose; a fixed list keeps the corpus stable.
 STDLIB_MODULES = ["abc", "argparse", "array", "ast", "asyncio", "base64", "bisect", "builtins", "calendar", "cmath", "collections", "colorsys", "concurrent.futures", "configparser", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "email", "enum", "fileinput", "fnmatch", "fractions", "functools", "gettext", "glob", "gzip", "hashlib", "heapq", "hmac", "html", "http.client", "http.server", "imaplib", "importlib", "inspect", "io", "ipaddress", "itertools", "json", "logging", "lzma", "mailbox", "math", "mimetypes", "multiprocessing", "numbers", "operator", "optparse", "os", "pathlib", "pickle", "pkgutil", "platform", "plistlib", "pprint", "profile", "queue", "random", "re", "sched", "secrets", "selectors", "shelve", "shlex", "shutil", "signal", "smtplib", "socket", "socketserver", "sqlite3", "ssl", "statistics", "string", "struct", "subprocess", "symtable", "sys", "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize", "traceback", "turtle", "types", "typing", "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom", "xml.etree.ElementTree", "zipfile", "zlib"]
 
-# A simple chat format; the tokenizer adds <s> itself, so the template does not.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "### {{ message['role'] }}:\n{{ message['content'] }}\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}### assistant:\n{% endif %}"
-)
+# A simple chat format, tools-aware in Hermes' style (tools listed in a system turn, calls as
+# <tool_call>{json}</tool_call>, results as <tool_response>); the tokenizer adds <s> itself, so the
+# template does not. Kept in data/embedded-llama/chat_template.jinja (read from there).
+CHAT_TEMPLATE = (Path(__file__).resolve().parent.parent / "data/embedded-llama/chat_template.jinja").read_text()
 
 
 def pydoc_topics() -> list[str]:

@@ -18,7 +18,11 @@ TORCH_MODULES = sorted(
     str(path.relative_to(Path(__file__).parent)) for path in Path(__file__).parent.glob("unit/test_standin_*.py")
 )
 
-collect_ignore = [] if HAS_TORCH else TORCH_MODULES
+# Modules whose clients (the `anthropic` and `openai-agents` SDKs) are pinned for Python 3.11 only:
+# their tests talk to the embedded model, which needs torch anyway.
+SDK_MODULES = ["integration/test_truss_server_agent_apis.py"]
+
+collect_ignore = [] if HAS_TORCH else TORCH_MODULES + SDK_MODULES
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:

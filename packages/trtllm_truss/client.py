@@ -107,6 +107,10 @@ class GenerationParams:
     return_log_probs: bool | None = None
     stop_words: Sequence[str] = field(default_factory=tuple)
     bad_words: Sequence[str] = field(default_factory=tuple)
+    # Guided decoding (TensorRT-LLM's GuidedDecodingParams): type "json_schema" with the schema's
+    # JSON text, ... (sent by the structured-output work; the request core sets them for tool_choice).
+    guided_decoding_guide_type: str | None = None
+    guided_decoding_guide: str | None = None
 
 
 # Triton datatype and protobuf `contents` field of every scalar input.

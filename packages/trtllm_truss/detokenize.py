@@ -116,7 +116,9 @@ def _decoder_spec(tokenizer_json: dict[str, Any]) -> _DecoderSpec:
     return _DecoderSpec(byte_level, byte_fallback, tuple(replacements), strip)
 
 
-def _token_bytes_table(loaded: LoadedTokenizer, spec: _DecoderSpec, *, skip_special_tokens: bool) -> list[bytes]:
+def _token_bytes_table(
+    loaded: LoadedTokenizer, spec: _DecoderSpec, *, skip_special_tokens: bool, keep: frozenset[str] = frozenset()
+) -> list[bytes]:
     tokenizer = loaded.tokenizer
     alphabet = _byte_level_alphabet() if spec.byte_level else {}
     added = tokenizer.get_added_tokens_decoder()
@@ -124,7 +126,8 @@ def _token_bytes_table(loaded: LoadedTokenizer, spec: _DecoderSpec, *, skip_spec
     size = max([size, *(i + 1 for i in added)])
     table: list[bytes] = []
     for token_id in range(size):
-        if skip_special_tokens and token_id in loaded.special_ids:
+        kept = token_id in added and added[token_id].content in keep
+        if skip_special_tokens and token_id in loaded.special_ids and not kept:
             table.append(b"")
             continue
         piece = tokenizer.id_to_token(token_id)
@@ -148,7 +151,11 @@ def _token_bytes_table(loaded: LoadedTokenizer, spec: _DecoderSpec, *, skip_spec
 class TokenDecoder:
     """Turns token ids into text, statelessly and identically for streamed and whole sequences."""
 
-    def __init__(self, loaded: LoadedTokenizer, *, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, loaded: LoadedTokenizer, *, skip_special_tokens: bool = True, keep: frozenset[str] = frozenset()
+    ) -> None:
+        """`keep`: special tokens decoded as their text even when special tokens are skipped (the
+        markers an output parser looks for, e.g. Mistral's `[TOOL_CALLS]`)."""
         self._slow = None
         self._skip_special_tokens = skip_special_tokens
         if loaded.tokenizer is None:  # a slow remote-code tokenizer: decoded by windows
@@ -159,7 +166,7 @@ class TokenDecoder:
             self._max_token_bytes = _slow_max_token_bytes(loaded.slow)
             return
         spec = _decoder_spec(json.loads(loaded.tokenizer.to_str()))
-        self._table = _token_bytes_table(loaded, spec, skip_special_tokens=skip_special_tokens)
+        self._table = _token_bytes_table(loaded, spec, skip_special_tokens=skip_special_tokens, keep=keep)
         self._strip_leading_space = spec.strip_leading_space
         self._max_token_bytes = max((len(b) for b in self._table), default=1)
 

@@ -238,3 +238,17 @@ def load_tokenizer(tokenizer_dir: Path | str, *, trust_remote_code: bool = False
         source_dir=tokenizer_dir,
         slow=slow,
     )
+
+
+def read_chat_template(tokenizer_dir: Path | str) -> str | None:
+    """The chat template's text as transformers finds it (`chat_template.jinja`, else
+    tokenizer_config.json's `chat_template`, a string or named templates: all of them joined), or
+    None. Read without loading transformers: the workers only look for a family's markers in it."""
+    tokenizer_dir = Path(tokenizer_dir)
+    jinja = tokenizer_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = (_read_json(tokenizer_dir / "tokenizer_config.json") or {}).get("chat_template")
+    if isinstance(template, list):
+        return "\n".join(str(item.get("template", "")) for item in template if isinstance(item, dict))
+    return template if isinstance(template, str) else None

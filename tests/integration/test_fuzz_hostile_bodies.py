@@ -1,7 +1,7 @@
 """Hostile HTTP bodies against truss's own model server (truss 0.18.35) serving this repository.
 
 A generated table (seeded, so every run sends the same bodies) of well over 1,000 bodies across
-the three routes: valid requests (max_tokens <= 2), hostile field values (out-of-range numbers,
+the five routes: valid requests (max_tokens <= 2), hostile field values (out-of-range numbers,
 FP32 underflow, lone surrogates, wrong types), and raw bodies truss's own parser failed on (deep
 nesting, invalid UTF-8, 5,000-digit integers, msgpack extension types). Asserted: no 5xx, every
 4xx a JSON error, every 200 stream complete or ended by an error event, and afterwards the server
@@ -31,6 +31,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICT = "/v1/models/model:predict"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+# How the last event of a complete SSE stream of each route begins (an error event may end it early).
+LAST_EVENTS = {
+    CHAT: (b"data: [DONE]",),
+    COMPLETIONS: (b"data: [DONE]",),
+    RESPONSES: (b"event: response.completed", b"event: response.incomplete"),
+    MESSAGES: (b"event: message_stop",),
+}
 READY = "/v1/models/model"
 STARTUP_TIMEOUT_S = 240
 SEED = 20261122
@@ -94,7 +103,7 @@ HOSTILE_VALUES: list[object] = [
 INT_FIELDS = ["top_k", "seed", "min_tokens", "end_id", "beam_width", "n", "best_of"]
 FLOAT_FIELDS = ["temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "length_penalty"]
 STRING_FIELDS = ["prompt", "model", "user", "stop", "stop_words_list", "bad_words_list", "messages", "stream"]
-MAX_TOKEN_FIELDS = ["max_tokens", "max_completion_tokens"]
+MAX_TOKEN_FIELDS = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
 # Only invalid values for the length of a generation, so no mutation asks for a long one.
 INVALID_MAX_TOKENS: list[object] = [0, -1, 2**31, 2**64, 10**40, 1e-320, "2", None, [2], 1.5]
 
@@ -106,8 +115,10 @@ def _base(route: str, rng: random.Random) -> dict:
         if rng.random() < 0.3:
             return {"messages": [{"role": "user", "content": words}], "max_tokens": 2, "stream": stream}
         return {"prompt": words, "max_tokens": rng.choice([1, 2]), "stream": stream}
-    if route == CHAT:
+    if route in (CHAT, MESSAGES):
         return {"messages": [{"role": "user", "content": words}], "max_tokens": 2, "stream": stream}
+    if route == RESPONSES:
+        return {"input": [{"role": "user", "content": words}], "max_output_tokens": 2, "stream": stream}
     return {"prompt": words, "max_tokens": 2, "stream": stream}
 
 
@@ -122,12 +133,17 @@ def _mutated(route: str, rng: random.Random) -> dict:
         elif kind < 0.75:
             body[rng.choice(STRING_FIELDS)] = rng.choice(HOSTILE_VALUES)
         elif kind < 0.85:
-            body["messages"] = [{"role": rng.choice(["user", "wizard", LONE]), "content": rng.choice(HOSTILE_VALUES)}]
-            body.pop("prompt", None)
+            turn = {"role": rng.choice(["user", "wizard", LONE]), "content": rng.choice(HOSTILE_VALUES)}
+            if route == RESPONSES:
+                body["input"] = [turn, rng.choice([{}, {"type": "function_call_output", "call_id": LONE, "output": "x"}])]
+            else:
+                body["messages"] = [turn]
+                body.pop("prompt", None)
         else:
-            body[rng.choice(["x" + LONE, "tools", "logit_bias", "echo", "suffix"])] = rng.choice(HOSTILE_VALUES)
-    if body.get("max_tokens") in (None,) and "max_completion_tokens" not in body:
-        body["max_tokens"] = 2  # `null` means the default, which may be long
+            body[rng.choice(["x" + LONE, "tools", "tool_choice", "logit_bias", "echo", "suffix"])] = rng.choice(HOSTILE_VALUES)
+    length_field = "max_output_tokens" if route == RESPONSES else "max_tokens"
+    if body.get(length_field) is None and "max_completion_tokens" not in body:
+        body[length_field] = 2  # `null` means the default, which may be long
     if body.get("max_completion_tokens") is None:
         body.pop("max_completion_tokens", None)
     return body
@@ -165,7 +181,7 @@ def _raw_bodies(rng: random.Random) -> list[tuple[bytes, str, str]]:
 
 def fuzz_table(count: int = BODY_COUNT, seed: int = SEED) -> list[Case]:
     rng = random.Random(seed)
-    routes = [PREDICT, CHAT, COMPLETIONS]
+    routes = [PREDICT, CHAT, COMPLETIONS, RESPONSES, MESSAGES]
     cases: list[Case] = []
     # The issue's own examples first, on every route.
     for route in routes:
@@ -198,7 +214,7 @@ def fuzz_table(count: int = BODY_COUNT, seed: int = SEED) -> list[Case]:
 def test_the_table_is_large_and_mostly_refused_cheaply():
     table = fuzz_table()
     assert len(table) >= 1000
-    assert {case.route for case in table} == {PREDICT, CHAT, COMPLETIONS}
+    assert {case.route for case in table} == {PREDICT, CHAT, COMPLETIONS, RESPONSES, MESSAGES}
     assert sum(case.label == "valid" for case in table) < len(table) // 5
 
 
@@ -230,15 +246,19 @@ def _problem(case: Case, status: int, headers: httpx.Headers, body: bytes, strea
         return f"{status}: {body[:300]!r}"
     if 400 <= status < 500:
         try:
-            error = json.loads(body)["error"]
+            answer = json.loads(body)
+            error = answer["error"]
         except (ValueError, KeyError, TypeError):
             return f"{status} without a JSON error: {body[:300]!r}"
+        if case.route == MESSAGES and (answer.get("type") != "error" or not error.get("message")):
+            return f"{status} not in the Messages API's error shape: {body[:300]!r}"
         return None if error else f"{status} with an empty error"
     if status != 200:
         return f"unexpected status {status}"
     if streams and case.route != PREDICT:
-        if not (body.endswith(b"data: [DONE]\n\n") or b"event: error" in body):
-            return f"SSE stream ended without [DONE] or an error event: {body[-300:]!r}"
+        last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        if not (last.startswith(LAST_EVENTS[case.route]) or b"event: error" in body):
+            return f"SSE stream ended without its last event or an error event: {body[-300:]!r}"
     elif not streams and headers.get("content-type", "").startswith("application/json"):
         json.loads(body)
     return None
@@ -297,12 +317,12 @@ def test_fuzzed_bodies_get_no_5xx_and_no_cut_off_streams(server: TrussServer):
     ],
     ids=["deep", "invalid-utf8", "5000-digits", "msgpack-ext"],
 )
-@pytest.mark.parametrize("route", [PREDICT, CHAT, COMPLETIONS])
+@pytest.mark.parametrize("route", [PREDICT, CHAT, COMPLETIONS, RESPONSES, MESSAGES])
 def test_bodies_truss_failed_on_are_our_400s(server: TrussServer, route, content, content_type, words):
     answer = httpx.post(server.url + route, content=content, headers={"content-type": content_type}, timeout=30)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
-    message = error["message"] if route != PREDICT else error  # OpenAI routes: OpenAI's error shape
+    message = error["message"] if route != PREDICT else error  # OpenAI's and Anthropic's error shapes
     assert words in message, answer.text
 
 

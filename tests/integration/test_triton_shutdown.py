@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
 def process_metrics_restored() -> Iterator[None]:
     """LLMService registers the process's serving metrics in prometheus' default registry once;
     a service made here must not leave them behind for later tests of this process."""
-    import trtllm_truss.service as service_module
+    import trtllm_truss.serving.core as service_module
 
     had_metrics = service_module._METRICS is not None
     yield

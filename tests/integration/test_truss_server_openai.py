@@ -1,6 +1,8 @@
 """The official `openai` client against this repository served by truss's own model server (truss
 0.18.35, no docker) on the embedded default: log probs, n choices, batches of prompts, token-id
-prompts, JSON mode's refusal, `/v1/models`, and the fan-out's admission and cancellation.
+prompts, JSON mode's refusal, `/v1/models`, the fan-out's admission and cancellation, and tools
+(rendered by the template, refusals naming the field, tool_choice required / named under guided
+decoding).
 
 One server for the module, admitting 32 requests at once (max_batch_size 32, no queue beyond it),
 so the all-or-nothing admission of a fan-out is seen with few requests.
@@ -8,6 +10,7 @@ so the all-or-nothing admission of a fan-out is seen with few requests.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -121,7 +124,6 @@ def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
         ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
         ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
         ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
-        ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ("completions", {"n": 2, "best_of": 3}, "best_of"),
         ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
     ],
@@ -315,3 +317,114 @@ def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: Tru
         what="all slots free",
     )
     assert len(answer.json()["choices"]) == MAX_IN_FLIGHT
+
+
+# --------------------------------------------------------------------------------- tools
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin", "Tokyo"]}, "celsius": {"type": "boolean"}},
+    "required": ["city", "celsius"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+                                                     "required": ["city"], "additionalProperties": False}}},
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _streamed(oai: openai.OpenAI, **body) -> tuple[str, list[tuple[str, str]], str, str | None]:
+    """(content, [(name, arguments)], finish_reason, first call id) of a streamed chat answer,
+    rebuilt from its chunks as OpenAI's clients do (by the call's index)."""
+    content, calls, finish, first_id = [], {}, None, None
+    for chunk in oai.chat.completions.create(**body, stream=True):
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            for call in delta.tool_calls or []:
+                if call.id is not None:  # a call's first delta: its id and name
+                    assert call.index not in calls and call.function.name
+                    calls[call.index] = [call.function.name, ""]
+                    first_id = first_id or call.id
+                calls[call.index][1] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return "".join(content), [tuple(calls[i]) for i in sorted(calls)], finish, first_id
+
+
+def test_tools_are_rendered_and_streamed_and_whole_answers_agree(oai: openai.OpenAI):
+    """tool_choice auto on the embedded model (Hermes template): the tools reach the prompt, the
+    model (too small to call them) answers with text, the same streamed and not."""
+    plain = oai.chat.completions.create(**greedy(messages=ASK, max_tokens=8))
+    body = greedy(messages=ASK, max_tokens=8, tools=TOOLS)
+    whole = oai.chat.completions.create(**body)
+    assert whole.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # the tools are in the prompt
+    message = whole.choices[0].message
+    content, calls, finish, _ = _streamed(oai, **body)
+    assert (content, calls, finish) == (message.content or "", [(c.function.name, c.function.arguments) for c in message.tool_calls or []], whole.choices[0].finish_reason)
+
+
+def test_a_conversation_with_a_call_and_its_result_is_served(oai: openai.OpenAI):
+    messages = ASK + [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "celsius": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"},
+    ]
+    short = oai.chat.completions.create(**greedy(messages=messages[:1], max_tokens=2, tools=TOOLS))
+    answer = oai.chat.completions.create(**greedy(messages=messages, max_tokens=2, tools=TOOLS))
+    assert answer.usage.prompt_tokens > short.usage.prompt_tokens + 10
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_stock"}}}, "tool_choice.function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]}, "tools[0].function.parameters"),
+        ({"messages": ASK + [{"role": "tool", "tool_call_id": "call_404", "content": "x"}]}, "messages[1].tool_call_id"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}, "messages[0].content[0].type"),
+    ],
+)
+def test_bad_tools_and_content_are_400_naming_the_field(oai: openai.OpenAI, extra, field):
+    body = {"model": "embedded", "messages": ASK, "max_tokens": 2, **extra}
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(**body)
+    assert f"{field}:" in caught.value.message, caught.value.message
+
+
+def _check_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
+    import jsonschema
+
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+    assert calls and all(name in names for name, _ in calls)
+    for name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), schemas[name])
+
+
+def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: openai.OpenAI):
+    """Enforced by guided decoding: even the embedded model answers with calls whose arguments
+    validate against their tool's schema (passes once guided decoding reaches the engine)."""
+    body = greedy(messages=ASK, max_tokens=96, tools=TOOLS, tool_choice="required")
+    body["extra_body"] = {}  # stop at the end of the JSON, not at max_tokens
+    whole = oai.chat.completions.create(**body)
+    choice = whole.choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    assert choice.finish_reason == "tool_calls", choice
+    _check_calls(calls, {"get_weather", "get_time"})
+    assert all(c.id.startswith("call_") and c.type == "function" for c in choice.message.tool_calls)
+    content, streamed, finish, first_id = _streamed(oai, **body)
+    assert (streamed, finish) == (calls, "tool_calls") and first_id
+
+
+def test_a_named_tool_choice_returns_that_call_streamed_and_not(oai: openai.OpenAI):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    body = greedy(messages=ASK, max_tokens=64, tools=TOOLS, tool_choice=choice)
+    body["extra_body"] = {}
+    whole = oai.chat.completions.create(**body)
+    calls = [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls or []]
+    assert whole.choices[0].finish_reason == "tool_calls", whole.choices[0]
+    _check_calls(calls, {"get_weather"})
+    assert len(calls) == 1
+    assert _streamed(oai, **body)[1:3] == (calls, "tool_calls")

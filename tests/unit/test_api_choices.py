@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import pytest
 from fastapi import HTTPException
+
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
 from trtllm_truss.api.sampling import UINT64_MAX
 from trtllm_truss.client import GenerationParams
-from trtllm_truss.choices import choice_specs, choices_usage
-from trtllm_truss.service import _refuse_what_the_engine_cannot_do
-from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
+from trtllm_truss.serving.core import choice_specs as _choice_specs
+from trtllm_truss.serving.openai_shared import refuse_what_the_engine_cannot_do as _refuse_what_the_engine_cannot_do
+from trtllm_truss.serving.openai_shared import response_format_guide, usage_of
+from trtllm_truss.serving.request import Finish
+from trtllm_truss.streaming.protocol import GenerationSpec
 
 CHAT = [{"role": "user", "content": "x"}]
+
+
+def choice_specs(req, prompts):
+    return _choice_specs(req.n, req.seed, prompts)
 
 
 def _prompt_specs(*prompts: str) -> list[GenerationSpec]:
@@ -26,7 +33,6 @@ def test_choices_are_prompt_major_with_seed_plus_j():
     assert [(s.prompt, s.params.random_seed) for s in specs] == [
         ("a", 10), ("a", 11), ("a", 12), ("b", 10), ("b", 11), ("b", 12)
     ]
-    assert not any(s.params.return_log_probs for s in specs)
 
 
 def test_derived_seeds_wrap_within_the_uint64_tensor():
@@ -40,12 +46,12 @@ def test_unseeded_choices_get_their_own_random_seeds_and_one_choice_keeps_the_en
     assert len(set(seeds)) == 4 and all(0 <= s <= UINT64_MAX for s in seeds)
     single = CompletionRequest.model_validate({"prompt": "a", "logprobs": 0})
     (spec,) = choice_specs(single, _prompt_specs("a"))
-    assert spec.params.random_seed is None and spec.params.return_log_probs is True
+    assert spec.params.random_seed is None
 
 
 def test_usage_counts_each_prompt_once_and_every_choices_tokens():
-    ends = [StreamEnd("length", prompt_tokens=p, completion_tokens=c) for p, c in [(5, 3), (5, 4), (7, 1), (7, 2)]]
-    usage = choices_usage(ends, n=2)
+    ends = [Finish("length", prompt_tokens=p, completion_tokens=c) for p, c in [(5, 3), (5, 4), (7, 1), (7, 2)]]
+    usage = usage_of(ends, n=2)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (12, 10, 22)
 
 
@@ -54,9 +60,6 @@ def test_usage_counts_each_prompt_once_and_every_choices_tokens():
     [
         (ChatCompletionRequest, {"logprobs": True, "top_logprobs": 2, "temperature": 0}, "top_logprobs"),
         (ChatCompletionRequest, {"logprobs": True, "top_logprobs": 1}, "top_logprobs"),  # not greedy
-        (ChatCompletionRequest, {"response_format": {"type": "json_object"}}, "response_format"),
-        (ChatCompletionRequest, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        (ChatCompletionRequest, {"tool_choice": "required"}, "tool_choice"),
         (CompletionRequest, {"logprobs": 5, "top_k": 1}, "logprobs"),
         (CompletionRequest, {"logprobs": 1, "temperature": 0.5}, "logprobs"),
     ],
@@ -66,6 +69,13 @@ def test_what_the_engine_cannot_answer_is_400_naming_the_field(model, body, fiel
     with pytest.raises(HTTPException) as caught:
         _refuse_what_the_engine_cannot_do(model.model_validate({**base, **body}))
     assert caught.value.status_code == 400 and f"{field}:" in caught.value.detail
+
+
+def test_json_mode_is_refused_naming_response_format_until_guided_decoding():
+    req = ChatCompletionRequest.model_validate({"messages": CHAT, "response_format": {"type": "json_object"}})
+    with pytest.raises(HTTPException) as caught:
+        response_format_guide(req.response_format)
+    assert caught.value.status_code == 400 and "response_format:" in caught.value.detail
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from trtllm_truss.api.sampling import (
     check_prompt_bytes,
     to_generation_params,
 )
-from trtllm_truss.service import parse_request
+from trtllm_truss.serving.core import parse_request
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 LONE = "\ud800"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi import HTTPException
+
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import PredictRequest
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest, sse_error
@@ -12,7 +13,7 @@ from trtllm_truss.api.sampling import (
     resolve_max_tokens,
     to_generation_params,
 )
-from trtllm_truss.service import parse_request
+from trtllm_truss.serving.core import parse_request
 
 LIMITS = RequestLimits(max_input_len=64, max_output_len=32, max_beam_width=2, vocab_size=1000)
 
@@ -94,11 +95,7 @@ def test_native_defaults_stream_and_accepts_legacy_fields():
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 1}, "top_logprobs"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}, "response_format.type"),
-        (
-            ChatCompletionRequest,
-            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages[0].content",
-        ),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages[0].content[0].type"),
         (ChatCompletionRequest, {"model": "m"}, "messages"),
         (CompletionRequest, {"prompt": []}, "prompt"),
         (CompletionRequest, {"prompt": [[1], []]}, "prompt"),
@@ -156,6 +153,7 @@ def test_the_byte_bound_measures_the_longest_prompt_of_a_batch():
 def test_log_prob_answers_follow_openais_schemas():
     import openai.types.chat.chat_completion as chat_types
     import openai.types.completion_choice as completion_types
+
     from trtllm_truss.api.openai import chat_logprobs, completion_logprobs
 
     entries = [(" a", -0.25, b" a"), ("", -1.5, b"\xe2\x98"), ("\u2603", -0.5, b"\x83")]

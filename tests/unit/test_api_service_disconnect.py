@@ -9,7 +9,10 @@ import time
 import pytest
 from starlette.requests import Request
 
-from trtllm_truss.service import LLMService, _Refused, _unless_disconnected
+from trtllm_truss.client import GenerationParams
+from trtllm_truss.serving.core import Refused as _Refused
+from trtllm_truss.serving.core import RequestCore
+from trtllm_truss.serving.core import unless_disconnected as _unless_disconnected
 from trtllm_truss.streaming.pool import ResponseStream
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
@@ -84,22 +87,26 @@ def _private_metrics(monkeypatch):
     """The service's metrics on a registry of this test's own, not the process's default one."""
     from prometheus_client import CollectorRegistry
 
-    from trtllm_truss import service
     from trtllm_truss.metrics import ServingMetrics
+    from trtllm_truss.serving import core
 
-    monkeypatch.setattr(service, "_METRICS", ServingMetrics(CollectorRegistry()))
+    monkeypatch.setattr(core, "_METRICS", ServingMetrics(CollectorRegistry()))
 
 
-def _service(pool: _Pool) -> LLMService:
-    service = LLMService(".")
-    service._pool = pool
-    return service
+class _Core(RequestCore):
+    def __init__(self, pool: _Pool) -> None:
+        super().__init__()
+        self._pool = pool  # type: ignore[assignment]
+
+
+def _service(pool: _Pool) -> _Core:
+    return _Core(pool)
 
 
 async def test_a_client_gone_before_the_first_token_cancels_the_request():
     pool = _Pool()
     with pytest.raises(_Refused) as caught:
-        await asyncio.wait_for(_service(pool)._open(GenerationSpec(None), _request(0.3)), timeout=5)
+        await asyncio.wait_for(_service(pool).open(GenerationSpec(None), _request(0.3)), timeout=5)
     assert caught.value.status == 499 and "first token" in caught.value.message
     assert pool.forgotten == [pool.stream] and pool.open_streams == 0
 
@@ -107,12 +114,12 @@ async def test_a_client_gone_before_the_first_token_cancels_the_request():
 async def test_the_first_token_is_returned_as_it_arrives():
     pool = _Pool()
     service = _service(pool)
-    opening = asyncio.ensure_future(service._open(GenerationSpec(None), _request(60.0)))
+    opening = asyncio.ensure_future(service.open(GenerationSpec(GenerationParams("", 1)), _request(60.0)))
     while pool.stream is None:
         await asyncio.sleep(0)
     pool.stream._deliver("Hello", None, None)
-    stream, first = await asyncio.wait_for(opening, timeout=5)
-    assert first == "Hello" and stream is pool.stream and not pool.forgotten
+    generation = await asyncio.wait_for(opening, timeout=5)
+    assert generation._first == ["Hello"] and generation.stream is pool.stream and not pool.forgotten
 
 
 async def test_wait_for_text_times_out_then_wakes_on_delivery_or_end():

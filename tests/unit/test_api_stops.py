@@ -40,6 +40,15 @@ def test_earliest_of_several_stops_wins_and_later_text_is_dropped():
     assert "".join(emitted) + tail == "hel" and stopped
 
 
+def test_the_stop_that_matched_is_recorded():
+    trimmer = StopSequenceTrimmer(["world", "lo"])
+    assert trimmer.stopped_by is None
+    trimmer.feed("hel")
+    assert trimmer.stopped_by is None  # "l" may still start "lo"
+    trimmer.feed("lo world")
+    assert trimmer.stopped_by == "lo"  # the earliest in the text, as Anthropic's stop_sequence reports
+
+
 def test_native_stop_words_keep_the_stop_text_and_end_there():
     trimmer = StopSequenceTrimmer(["mode"], keep_stop=True)
     emitted = [trimmer.feed(c) for c in ["Hello, my na", "me is", " mo", "de is", " more"]]

@@ -8,6 +8,7 @@ in tests/integration/test_truss_server_api.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,44 @@ def test_llmapi_backend_streams_text_counts_usage_and_refuses_what_it_cannot_do(
         assert refused.status == 400 and "repetition_penalty" in refused.error
     finally:
         model.llmapi = None
+
+
+TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},)
+
+
+def test_the_embedded_model_detects_hermes_and_no_reasoning(model: WorkerModel):
+    info = model.info()
+    assert (info.tool_call_parser, info.reasoning_parser) == ("hermes", None)
+
+
+def test_tools_and_tool_turns_reach_the_engine_through_the_template(model: WorkerModel, monkeypatch):
+    from trtllm_truss.api.prompt import PromptTokenizer
+
+    monkeypatch.setattr(model, "settings", dataclasses.replace(model.settings, max_input_len=512))  # tools take room
+
+    turns = (
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "get_weather"},
+    )
+    engine = ScriptedEngine(_ids(model, " ok"))
+    _, end = _run(model, engine, GenerationSpec(GenerationParams("", max_tokens=4), messages=turns, prompt_field="messages", tools=TOOLS))
+    assert end.error is None, end.error
+    template = PromptTokenizer.load(EMBEDDED)
+    sent = engine.sent[0][0]
+    assert sent == template.tokenizer.apply_chat_template(list(turns), tools=list(TOOLS), tokenize=True, add_generation_prompt=True, return_dict=False)
+    text = template.tokenizer.decode(sent)
+    assert '"name": "get_weather"' in text and "<tool_response>sunny</tool_response>" in text and "<tool_call>" in text
+
+
+def test_a_hermes_call_in_the_answer_is_a_tool_call_with_finish_reason_tool_calls(model: WorkerModel):
+    answer = 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    spec = GenerationSpec(GenerationParams("", max_tokens=64), messages=(("user", "Weather?"),), prompt_field="messages", tool_parser="hermes")
+    model.engine = ScriptedEngine(_ids(model, answer))
+    parts: list = []
+    end = asyncio.run(model.run(spec, lambda out, entries: parts.extend(out)))
+    assert end.finish_reason == "tool_calls"
+    assert "".join(p[1] for p in parts if p[0] == "text") == "Checking."
+    calls = [p for p in parts if p[0] == "tool"]
+    assert calls[0][1:2] == (0,) and calls[0][3] == "get_weather" and calls[0][2].startswith("call_")
+    assert "".join(p[4] for p in calls) == '{"city": "Paris"}'

@@ -48,12 +48,15 @@ def _short_repr(value: object) -> str:
     return text if len(text) <= _MAX_VALUE_REPR else text[: _MAX_VALUE_REPR - 3] + "..."
 
 
-def from_validation_error(exc: ValidationError) -> HTTPException:
-    """One line per problem: `field.path: what is wrong (got value)`."""
+def from_validation_error(exc: ValidationError, prefix: str = "") -> HTTPException:
+    """One line per problem: `field.path: what is wrong (got value)`; `prefix` is where the
+    validated value sits in the body (`input[2]`), for values validated on their own."""
     problems: list[str] = []
     for error in exc.errors(include_url=False):
         # Errors raised by model validators carry no location; their message names the fields.
         where = _dotted(tuple(error["loc"]))
+        if prefix:
+            where = prefix if where == "body" else f"{prefix}.{where}"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] in ("missing", "extra_forbidden") or not error["loc"]:
             problems.append(f"{where}: {message}")

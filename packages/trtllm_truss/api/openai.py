@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from trtllm_truss.api.native import ChatMessage, FinishReason, Usage
+from trtllm_truss.api.native import Usage
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, StrictModel, Text
+from trtllm_truss.api.tools import FunctionTool, ToolChoiceField, ToolsField
 
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 # OpenAI's default top_p: a request without top_p/top_k samples from the whole distribution, as on
@@ -70,6 +71,47 @@ class _OpenAIRequest(SamplingFields):
         return self.temperature == 0.0 or self.top_k == 1
 
 
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class ContentPart(StrictModel):
+    """A part of a message's content. Only text is served; the other OpenAI kinds (image_url,
+    input_audio, file, ...) are taken here so the chat route can refuse them naming the field."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Text
+    text: Text | None = None
+
+
+class ToolCallFunction(StrictModel):
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it
+
+
+class ToolCallItem(StrictModel):
+    id: Text
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(StrictModel):
+    """An OpenAI chat message: text content (a string or text parts), an assistant's `tool_calls`,
+    a tool result's `tool_call_id`."""
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: Text | None = None
+    reasoning_content: Text | None = Field(None, description="an earlier answer's reasoning: not sent to the model")
+    refusal: Text | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content or ())
+
+
 class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -83,8 +125,12 @@ class ChatCompletionRequest(_OpenAIRequest):
         None, ge=0, le=MAX_CHAT_TOP_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
     )
     response_format: ResponseFormat | None = Field(None, description='only {"type": "text"}: no guided decoding')
-    tools: list[dict[str, Any]] | None = Field(None, description="refused unless empty: no guided decoding")
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = Field(None, description="only none")
+    tools: list[FunctionTool] | None = ToolsField
+    tool_choice: ToolChoiceField | None = Field(None, description="none, auto (default with tools), required, or a function")
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call per answer")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template (e.g. enable_thinking: false)"
+    )
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -179,9 +225,22 @@ class _Envelope(BaseModel):
     model: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -212,9 +271,34 @@ class ChatCompletion(_Envelope):
     usage: Usage
 
 
-class ChatDelta(BaseModel):
+class _WithoutNones(BaseModel):
+    """Dumped without its unset (None) fields: a tool call's later deltas carry only `index` and
+    `function.arguments`, as OpenAI sends them."""
+
+    @model_serializer(mode="wrap")
+    def _drop_nones(self, handler: Any) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class FunctionCallDelta(_WithoutNones):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaOut(_WithoutNones):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
+class ChatDelta(_WithoutNones):
+    """Only what the chunk carries, as OpenAI sends deltas (`{}` on the finish chunk)."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -45,6 +45,15 @@ def _turns(messages: Iterable[ChatTurn]) -> list[dict[str, Any]]:
     return turns
 
 
+def _template_extra(tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """apply_chat_template's keyword arguments beyond the turns: `tools` only when there are some
+    (a template tells "no tools" by `tools is none`), then the request's template variables."""
+    extra: dict[str, Any] = dict(template_kwargs or {})
+    if tools:
+        extra["tools"] = [dict(tool) for tool in tools]
+    return extra
+
+
 def _trie_pattern(texts: Iterable[str]) -> str:
     """A regex that finds any of `texts`, as a trie: Llama 3 has 256 added tokens, and a plain
     alternation of them costs ~4x as much per character of a message."""
@@ -125,13 +134,22 @@ class PromptTokenizer:
 
     # --- token ids for the engine -----------------------------------------------------------
 
-    def chat_ids(self, messages: Sequence[ChatTurn], field: str = "messages") -> list[int]:
+    def chat_ids(
+        self,
+        messages: Sequence[ChatTurn],
+        field: str = "messages",
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
         """The prompt ids of chat turns, ending with the assistant's turn opened: those of
         `apply_chat_template(turns, tokenize=True, add_generation_prompt=True)`, with control-token
-        text in any message string encoded as plain text (`sanitize_control_tokens=True`)."""
+        text in any message string encoded as plain text (`sanitize_control_tokens=True`). `tools`
+        go to the template as `tools=`, `template_kwargs` as extra template variables."""
         turns = _turns(messages)
         self._require_template(field)
-        if any(self._has_control_text(text) for text in _strings(turns)):
+        extra = _template_extra(tools, template_kwargs)
+        if any(self._has_control_text(text) for text in _strings([turns, extra])):
             try:
                 ids = self.tokenizer.apply_chat_template(
                     turns,
@@ -139,11 +157,12 @@ class PromptTokenizer:
                     add_generation_prompt=True,
                     sanitize_control_tokens=True,
                     return_dict=False,
+                    **extra,
                 )
             except Exception as exc:  # the template refuses the turns, or a token cannot be sanitized
                 raise field_error(field, f"the chat template rejected these messages: {exc}") from exc
             return [int(i) for i in ids]
-        return self._encode(self._render(turns, field), add_special_tokens=False, literal=False)
+        return self._encode(self._render(turns, field, extra), add_special_tokens=False, literal=False)
 
     def prompt_ids(self, text: str, *, literal_special_tokens: bool = True) -> list[int]:
         """The ids of a raw prompt, with the tokenizer's special tokens added (BOS) as the
@@ -174,19 +193,26 @@ class PromptTokenizer:
 
     # --- chat text -----------------------------------------------------------------------------
 
-    def render_chat(self, messages: Sequence[ChatTurn], field: str = "messages") -> str:
+    def render_chat(
+        self,
+        messages: Sequence[ChatTurn],
+        field: str = "messages",
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text for chat turns, ending with the assistant's turn opened. It may contain
         the template's BOS text: tokenize it with `chat_ids`, not with special tokens added."""
         self._require_template(field)
-        return self._render(_turns(messages), field)
+        return self._render(_turns(messages), field, _template_extra(tools, template_kwargs))
 
     def _require_template(self, field: str) -> None:
         if not getattr(self.tokenizer, "chat_template", None):
             raise field_error(field, "this model's tokenizer has no chat template; send a plain prompt instead")
 
-    def _render(self, turns: list[dict[str, Any]], field: str) -> str:
+    def _render(self, turns: list[dict[str, Any]], field: str, extra: Mapping[str, Any] | None = None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **(extra or {}))
         except Exception as exc:  # jinja's raise_exception(): the template refuses these turns
             raise field_error(field, f"the chat template rejected these messages: {exc}") from exc
 

@@ -21,15 +21,16 @@ class StopSequenceTrimmer:
         self._keep_stop = keep_stop
         self._held = ""
         self.stopped = False  # a stop sequence was found (and, unless kept, removed)
+        self.stopped_by: str | None = None  # which one (Anthropic's `stop_sequence` reports it)
 
     def feed(self, text: str) -> str:
         """The part of `text` (plus earlier held-back text) that is certainly output."""
         if not self._stops or self.stopped:
             return "" if self.stopped else text
         pending = self._held + text
-        found = [(i, len(w)) for i, w in ((pending.find(w), w) for w in self._stops) if i >= 0]
+        found = [(i, len(w), w) for i, w in ((pending.find(w), w) for w in self._stops) if i >= 0]
         if found:
-            cut, length = min(found)
+            cut, length, self.stopped_by = min(found)
             self._held = ""
             self.stopped = True
             return pending[: cut + length] if self._keep_stop else pending[:cut]

@@ -72,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from trtllm_truss.api.native import PredictRequest
-    from trtllm_truss.service import StreamFailed
-    from trtllm_truss.service import LLMService, parse_request
+    from trtllm_truss.service import LLMService
+    from trtllm_truss.serving.core import parse_request
+    from trtllm_truss.serving.native import StreamFailed
 
     console = Console(stderr=True)
     body = request_from_args(args)

@@ -485,6 +485,16 @@ class RuntimeConfig(StrictModel):
         description="proxy: the truss proxy streams token ids from `ensemble_ids` and decodes them (no "
         "python-backend hop per token); postprocessing: it streams text from `ensemble`.",
     )
+    tool_call_parser: Literal["auto", "none", "hermes", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"] = Field(
+        "auto",
+        description="How tool calls are read from chat answers (the model family's format); auto: detected from"
+        " the chat template's markers (<tool_call>: hermes, [TOOL_CALLS]: mistral, ...); none: tools are refused.",
+    )
+    reasoning_parser: Literal["auto", "none", "deepseek_r1", "qwen3", "gpt_oss"] = Field(
+        "auto",
+        description="How a reasoning model's thinking is split from its answer into reasoning_content; auto:"
+        " detected from the chat template (<think>, harmony channels); none: the answer is returned as it is.",
+    )
     stream_workers: int | None = Field(
         None,
         ge=1,

@@ -28,9 +28,10 @@ from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInf
 
 logger = logging.getLogger(__name__)
 
-# emit(text, log_probs): text for the client, and [(text the token added, log prob, token bytes)] of
-# the tokens behind it when the request asked for log probs (else None).
-Emit = Callable[[str, "list[LogProbEntry] | None"], None]
+# emit(text, log_probs): text for the client (or, for a request with output parsers, a list of its
+# parts: streaming.protocol), and [(text the token added, log prob, token bytes)] of the tokens
+# behind it when the request asked for log probs (else None).
+Emit = Callable[["str | list", "list[LogProbEntry] | None"], None]
 
 # Tokens a tokenizer may add that cover no byte of the text (BOS/EOS, a sentencepiece dummy prefix).
 TOKENS_A_TOKENIZER_ADDS = 4
@@ -53,6 +54,17 @@ class WorkerSettings:
     llmapi: bool = False
     # The engine speculates (model_metadata.trt_llm.speculative on tensorrtllm): ask it for its draft totals.
     draft_stats: bool = False
+    # runtime.tool_call_parser / reasoning_parser: "auto" is resolved here, from the chat template.
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
+
+
+def _turn_text(turn: Any) -> str:
+    """A chat turn's text, (role, text) or a dict (whose content is text, or None with tool calls)."""
+    if isinstance(turn, tuple):
+        return turn[1]
+    content = turn.get("content")
+    return content if isinstance(content, str) else ""
 
 
 class RequestError(Exception):
@@ -114,6 +126,17 @@ class WorkerModel:
         # max_input_len such tokens is over the limit without being tokenized.
         self.max_token_bytes = TokenDecoder(self.tokenizer, skip_special_tokens=False).max_token_bytes
         self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * self.max_token_bytes
+        from trtllm_truss import parsers
+        from trtllm_truss.tokenizer import read_chat_template
+
+        template = read_chat_template(settings.tokenizer_dir)
+        self.tool_call_parser = parsers.resolve(settings.tool_call_parser, parsers.detect_tool_parser(template))
+        self.reasoning_parser = parsers.resolve(settings.reasoning_parser, parsers.detect_reasoning_parser(template))
+        # Decodes parsed answers: the parsers' markers that are special tokens stay in the text.
+        keep = parsers.keep_tokens(self.tool_call_parser, self.reasoning_parser)
+        self.marker_decoder = (
+            TokenDecoder(self.tokenizer, skip_special_tokens=True, keep=frozenset(keep)) if keep else self.decoder
+        )
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
         self.llmapi = LlmApiClient(settings.grpc_url, model_name=settings.engine_model) if settings.llmapi else None
@@ -135,6 +158,8 @@ class WorkerModel:
             pid=os.getpid(),
             vocab_size=self.tokenizer.vocab_size,
             max_token_bytes=self.max_token_bytes,
+            tool_call_parser=self.tool_call_parser,
+            reasoning_parser=self.reasoning_parser,
         )
 
     async def close(self) -> None:
@@ -157,12 +182,12 @@ class WorkerModel:
         if spec.messages is not None:
             if self.ensemble is not None or self.llmapi is not None:
                 return self._chat_call(self.chat.render_chat, spec)
-            return "".join(text for _, text in spec.messages)
+            return "".join(_turn_text(turn) for turn in spec.messages)
         return spec.prompt or ""
 
     def _chat_call(self, method: Callable, spec: GenerationSpec) -> Any:
         try:
-            return method(spec.messages, spec.prompt_field)
+            return method(spec.messages, spec.prompt_field, tools=spec.tools, template_kwargs=dict(spec.chat_template_kwargs))
         except HTTPException as exc:  # field_error: its detail already names the field
             raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
 
@@ -233,7 +258,16 @@ class WorkerModel:
                     raise RequestError(field, "NVIDIA's llmapi model (backend llmapi) has no input for it")
             if spec.params.bad_words:
                 raise RequestError("bad_words_list", "NVIDIA's llmapi model (backend llmapi) has no input for it")
-        pieces = self._pieces(params, text, ids, draft_totals if self.settings.draft_stats else None)
+        parser = None
+        if spec.reasoning_parser is not None or spec.tool_parser is not None:
+            from trtllm_truss.parsers import OutputParser
+
+            # The prompt's last tokens tell whether the template opened a reasoning block.
+            tail = self.marker_decoder.decode(ids[-4:]) if spec.reasoning_parser is not None and not self.marker_decoder.windowed else ""
+            parser = OutputParser.create(spec.reasoning_parser, spec.tool_parser, spec.tool_parser_arg, tail)
+        pieces = self._pieces(
+            params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
+        )
         generated: list[str] = []
         generated_text = lambda: "".join(generated)  # noqa: E731 - read only for backend llmapi
         release = LogProbRelease() if params.return_log_probs else None
@@ -252,25 +286,35 @@ class WorkerModel:
                         if last_text_at:
                             gaps.add(now - last_text_at)
                         last_text_at = now
-                    emit(out, entries or None)
+                    if parser is None:
+                        emit(out, entries or None)
+                    elif (parts := parser.feed(out) if out else []) or entries:
+                        emit(parts, entries or None)
                 if stops.stopped:
                     break  # closing the stream cancels the engine request: nothing more is generated
         tail = stops.flush()
         rest = None
         if release is not None:
             rest = release.release(len(tail)) + release.rest(cut=stops.stopped)
-        if tail or rest:
+        if parser is not None:
+            parts = (parser.feed(tail) if tail else []) + parser.finish()
+            if parts or rest:
+                emit(parts, rest or None)
+        elif tail or rest:
             emit(tail, rest or None)
         if self.llmapi is not None:  # no token ids come back: count the text that was generated
             completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
+        if reason == "stop" and parser is not None and parser.tool_calls:
+            reason = "tool_calls"
         return StreamEnd(
             finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
             draft_tokens=draft_totals[0], accepted_draft_tokens=draft_totals[1],
+            stop_sequence=stops.stopped_by,
         )
 
     async def _pieces(
-        self, params, text: str, ids: list[int], draft_totals: list[int] | None = None
+        self, params, text: str, ids: list[int], draft_totals: list[int] | None = None, *, parsed: bool = False
     ) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
@@ -285,7 +329,9 @@ class WorkerModel:
                     yield delta.text, delta.token_count or 0, None
             return
         bad_words = word_list_tensor(self.tokenizer, list(params.bad_words)) if params.bad_words else None
-        detokenizer = StreamDetokenizer(self.decoder, continues_prompt=True)
+        decoder = self.marker_decoder if parsed else self.decoder
+        detokenizer = StreamDetokenizer(decoder, continues_prompt=True)
+
         def on_draft_stats(draft: int, accepted: int) -> None:
             draft_totals[:] = (draft, accepted)  # running totals: the last response's are the request's
 
@@ -305,5 +351,5 @@ class WorkerModel:
                     added = detokenizer.feed([token])
                     texts.append(added)
                     if k >= missing:
-                        entries.append((added, log_probs[k - missing], self.decoder.token_bytes([token])))
+                        entries.append((added, log_probs[k - missing], decoder.token_bytes([token])))
                 yield "".join(texts), len(new_ids), entries

@@ -59,7 +59,7 @@ class StreamListener(Protocol):
 
 
 class ResponseStream:
-    """One request's text as its worker sends it. `next_text()` returns everything that arrived since
+    """One request's output as its worker sends it. `next_text()` returns everything that arrived since
     the last call (None once the request has ended and all text was read); `end` says how it ended."""
 
     __slots__ = (
@@ -80,9 +80,12 @@ class ResponseStream:
         self.first_text_at: float | None = None
         self.listener: StreamListener | None = None
 
-    def _deliver(self, text: str, log_probs: list | None, end: StreamEnd | None) -> None:
+    def _deliver(self, text: str | list, log_probs: list | None, end: StreamEnd | None) -> None:
         if text:
-            self._parts.append(text)
+            if text.__class__ is str:
+                self._parts.append(text)
+            else:  # parsed parts (protocol docstring)
+                self._parts += text
         if log_probs:
             self._log_probs += log_probs
         if end is not None:
@@ -106,6 +109,15 @@ class ResponseStream:
         return bool(self._parts) or self.end is not None
 
     async def next_text(self) -> str | None:
+        """The text that arrived since the last call, joined (for requests without output parsers)."""
+        parts = await self.next_parts()
+        if parts is None:
+            return None
+        return parts[0] if len(parts) == 1 else "".join(parts)
+
+    async def next_parts(self) -> list | None:
+        """Everything that arrived since the last call: strings, or for a parsed request its parts
+        (`streaming.protocol`); None once the request has ended and all was read."""
         loop = asyncio.get_running_loop()
         while not self._parts:
             if self.end is not None:
@@ -127,7 +139,7 @@ class ResponseStream:
             if self.listener is not None:
                 self.listener.stream_started(self)
         parts, self._parts = self._parts, []
-        return parts[0] if len(parts) == 1 else "".join(parts)
+        return parts
 
     def take_log_probs(self) -> list[LogProbEntry]:
         """(text the token added, log prob, token bytes) of the tokens delivered since the last call

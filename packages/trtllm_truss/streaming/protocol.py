@@ -9,6 +9,11 @@ truss -> worker: `("start", rid, GenerationSpec)`, `("cancel", rid)`.
 worker -> truss: first `("ready", WorkerInfo)`, then updates `(rid, text, log_probs, StreamEnd | None)`,
 `log_probs` None or a list of (text the token added, log prob, the token's bytes), one per token whose
 text is in this update's `text` (a request's entry texts concatenate to its text).
+
+`text` is a string (the answer's text) for a request without output parsers (the fast path), or, for
+one with a reasoning or tool-call parser (`GenerationSpec.reasoning_parser` / `tool_parser`), a list
+of parts in order: `("text", s)`, `("reasoning", s)`, `("tool", index, id | None, name | None,
+arguments fragment)` (a call's first part carries its id and name, later ones only argument text).
 """
 
 from __future__ import annotations
@@ -24,24 +29,38 @@ _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
 
 
+# Kinds of the parts of a parsed update (see the module docstring).
+PART_TEXT = "text"
+PART_REASONING = "reasoning"
+PART_TOOL = "tool"
+
+
 @dataclass(frozen=True)
 class GenerationSpec:
     """One request as the truss process validated it; the worker tokenizes and streams it."""
 
     params: GenerationParams  # sampling, max_tokens, stop strings, bad words; text_input unused
     prompt: str | None = None  # a completion prompt, or
-    messages: tuple[tuple[str, str], ...] | None = None  # chat turns (role, text), or
+    # chat turns: (role, text) pairs, or OpenAI-shaped dicts (role, content, tool_calls with
+    # arguments as objects, tool_call_id, name) as the chat template takes them, or
+    messages: tuple[tuple[str, str] | dict, ...] | None = None
     prompt_ids: tuple[int, ...] | None = None  # a completion prompt as token ids (sent as they are)
     prompt_field: str = "prompt"  # where the prompt came from, for errors about it
     keep_stop_text: bool = False  # native API: the stop string stays in the text (as the engine returns it)
     literal_special_tokens: bool = True  # special-token text in the prompt is plain text, not control tokens
+    tools: tuple[dict, ...] | None = None  # function tools (OpenAI's shape) for the chat template's `tools=`
+    chat_template_kwargs: tuple[tuple[str, object], ...] = ()  # extra template variables (enable_thinking)
+    # Output parsers (trtllm_truss.parsers registry names), run in the worker on the answer's text:
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    tool_parser_arg: str | None = None  # the named function of a guided `tool_choice`
 
 
 @dataclass(frozen=True)
 class StreamEnd:
     """How one request ended. `status` is the HTTP status of an error that came before any text."""
 
-    finish_reason: str | None = None  # "stop" | "length"
+    finish_reason: str | None = None  # "stop" | "length" | "tool_calls"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
@@ -50,6 +69,7 @@ class StreamEnd:
     # Speculative decoding (the engine's perf outputs): draft tokens proposed and accepted for this request.
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    stop_sequence: str | None = None  # the stop string that ended the generation, if one did
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,9 @@ class WorkerInfo:
     pid: int
     vocab_size: int
     max_token_bytes: int  # the longest token's bytes: bounds a prompt's bytes before tokenizing
+    # The output parsers this deployment uses (runtime.*_parser, "auto" resolved from the chat template).
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 def encode_frame(messages: list) -> bytes:

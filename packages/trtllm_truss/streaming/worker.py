@@ -70,7 +70,7 @@ class WorkerProtocol(asyncio.Protocol):
         self._ends[rid] = end
         self._schedule_flush()
 
-    def _emit(self, rid: int, text: str, log_probs: list | None) -> None:
+    def _emit(self, rid: int, text: str | list, log_probs: list | None) -> None:
         parts = self._texts.get(rid)
         if parts is None:
             self._texts[rid] = [text]
@@ -90,13 +90,19 @@ class WorkerProtocol(asyncio.Protocol):
         texts, self._texts = self._texts, {}
         log_probs, self._log_probs = self._log_probs, {}
         ends, self._ends = self._ends, {}
-        updates = [
-            (rid, parts[0] if len(parts) == 1 else "".join(parts), log_probs.get(rid), ends.pop(rid, None))
-            for rid, parts in texts.items()
-        ]
+        updates = [(rid, _joined(parts), log_probs.get(rid), ends.pop(rid, None)) for rid, parts in texts.items()]
         updates.extend((rid, "", None, end) for rid, end in ends.items())
         if updates and self._transport is not None and not self._transport.is_closing():
             self._transport.write(encode_frame(updates))
+
+
+def _joined(pieces: list) -> str | list:
+    """A request's emits since the last flush: strings joined, or parsed parts concatenated."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if pieces[0].__class__ is str:
+        return "".join(pieces)
+    return [part for parts in pieces for part in parts]
 
 
 async def serve(sock: socket.socket, settings: WorkerSettings) -> None:

@@ -1,0 +1,78 @@
+"""The native route (`/v1/models/model:predict`), Baseten's trt_llm truss API: a prompt or chat
+messages in; the text as a chunked `text/plain` stream, or JSON `{text, finish_reason, usage}`.
+A failure mid-stream aborts the chunked body (clients see a truncated transfer)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from trtllm_truss.api.errors import error_response
+from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
+from trtllm_truss.serving.core import RequestCore, answered, parse_request
+from trtllm_truss.serving.generation import Generation
+from trtllm_truss.serving.request import Failure, GenerationRequest, TextDelta
+
+logger = logging.getLogger(__name__)
+
+
+class StreamFailed(RuntimeError):
+    """Raised inside a native text stream to abort its chunked body (never shown as text)."""
+
+
+def native_error(status: int, message: str, headers: Any = None) -> Any:
+    return error_response(status, message, openai=False, headers=headers)
+
+
+async def predict(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    return await answered(_predict(core, body, http_request), native_error)
+
+
+def generation_request(req: PredictRequest) -> GenerationRequest:
+    messages = None
+    if req.messages is not None:
+        messages = tuple({"role": m.role, "content": m.text()} for m in req.messages)
+    return GenerationRequest(
+        sampling=req,
+        prompt=req.prompt,
+        messages=messages,
+        prompt_field="prompt" if req.prompt is not None else "messages",
+        max_tokens=req.max_tokens,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+        stop=tuple(req.stop_words_list),
+        keep_stop_text=True,
+        bad_words=tuple(req.bad_words_list),
+        beam_width=req.beam_width,
+        literal_special_tokens=req.literal_special_tokens,
+        parse_reasoning=False,  # the native API returns the model's text as it is
+    )
+
+
+async def _predict(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    req = parse_request(PredictRequest, body)
+    generation = await core.open(core.spec(generation_request(req)), http_request)
+    if req.stream:
+        return StreamingResponse(_native_body(generation), media_type="text/plain; charset=utf-8")
+    (answer,) = await core.collect([generation], http_request)
+    finish = answer.finish
+    return PredictResponse(
+        text=answer.text, finish_reason=finish.reason, usage=Usage.of(finish.prompt_tokens, finish.completion_tokens)
+    ).model_dump()
+
+
+async def _native_body(generation: Generation) -> AsyncIterator[bytes]:
+    try:
+        async with aclosing(generation.events()) as events:
+            async for event in events:
+                if event.__class__ is TextDelta:
+                    if event.text:
+                        yield event.text.encode()
+                elif event.__class__ is Failure:
+                    raise StreamFailed(event.message)  # aborts the chunked body: a visible, broken transfer
+    finally:
+        generation.close()

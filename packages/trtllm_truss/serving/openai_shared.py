@@ -1,0 +1,60 @@
+"""What the OpenAI dialects (chat, completions) share: their error shape, the refusals of what the
+engine cannot answer, and the end of an SSE stream."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from trtllm_truss.api.errors import error_response, field_error
+from trtllm_truss.api.native import Usage
+from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from trtllm_truss.serving.request import Finish, Guide
+
+SSE_HEADERS = {"media_type": "text/event-stream"}
+
+
+def openai_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return error_response(status, message, openai=True, headers=headers)
+
+
+def usage_of(finishes: list[Finish], n: int = 1) -> Usage:
+    """`finishes` in choice order (prompt-major): each prompt counted once (its first choice's
+    count), the completion tokens of every choice."""
+    return Usage.of(sum(f.prompt_tokens for f in finishes[::n]), sum(f.completion_tokens for f in finishes))
+
+
+def response_format_guide(response_format: ResponseFormat | None, field: str = "response_format") -> Guide | None:
+    """The one place a dialect turns `response_format` into a constraint: the structured-output
+    work replaces this by `api.structured.guide_from_request`. Until then only text is served.
+    `field`: the dialect's name for it (Responses: `text.format`, Messages: `output_config.format`),
+    which converts its own to chat's `response_format` shape."""
+    if response_format is not None and response_format.type != "text":
+        raise field_error(
+            field,
+            f"{response_format.type!r} needs guided decoding, which this deployment's engine path does not offer"
+            " (only {\"type\": \"text\"} is served)",
+        )
+    return None
+
+
+def refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """400 naming the field for what is valid OpenAI but that this engine path cannot answer."""
+    if isinstance(req, ChatCompletionRequest):
+        field, alternatives = "top_logprobs", req.top_logprobs or 0
+    else:
+        field, alternatives = "logprobs", req.logprobs or 0
+    # TensorRT-LLM returns the sampled token's log prob only (output_log_probs): the most likely
+    # token is known only when decoding is greedy, and never more than one.
+    if alternatives > 1 or (alternatives == 1 and not req.greedy()):
+        raise field_error(
+            field,
+            f"{alternatives} most likely tokens are not available: the engine returns the log prob of the"
+            f" sampled token only; use {field}: 0, or 1 with temperature: 0",
+        )
+
+
+def model_name(req: Any, default: str) -> str:
+    return getattr(req, "model", None) or default

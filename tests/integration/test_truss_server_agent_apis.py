@@ -1,0 +1,341 @@
+"""The agents' APIs against this repository served by truss's own model server (truss 0.18.35, no
+docker) on the embedded default: `/v1/responses` through the official `openai` SDK, `/v1/messages`
+through the official `anthropic` SDK, each streamed and not (greedy answers agree), with tools;
+bad input answered in each API's error shape; and an agent loop of OpenAI's Agents SDK that calls
+one of our tools under `tool_choice: required` and then answers.
+
+Tool calls forced by `tool_choice` (required, a named tool) are guided decoding on the stand-in
+engine: the embedded model returns a call whose arguments validate against the tool's schema.
+One server for the module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+from trtllm_truss.truss_server import TrussServer
+from truss_serving import serve_truss
+
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+GREEDY = {"temperature": 0}
+# The anthropic SDK (2.x) has no sampling arguments of its own: they travel in the body as extras.
+GREEDY_ANTHROPIC = {"extra_body": GREEDY}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_agent_apis"), {})
+
+
+@pytest.fixture(scope="module")
+def oai(server: TrussServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+@pytest.fixture(scope="module")
+def claude(server: TrussServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+# --------------------------------------------------------------------------------- /v1/responses
+
+
+def test_responses_streamed_and_not_agree(oai: openai.OpenAI):
+    body = dict(model="embedded", input="Tell me about the sea", instructions="Answer briefly.", max_output_tokens=12, **GREEDY)
+    whole = oai.responses.create(**body)
+    assert whole.object == "response" and whole.output_text
+    assert whole.usage.output_tokens <= 12 and whole.usage.input_tokens > 0
+    assert whole.status == ("incomplete" if whole.usage.output_tokens == 12 else "completed")
+
+    events = list(oai.responses.create(**body, stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert kinds[-1] == f"response.{whole.status}"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    final = events[-1].response
+    assert deltas == final.output_text == whole.output_text  # greedy: the same answer either way
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+    # The SDK's own stream accumulator (responses.stream) takes the events in their order and
+    # rebuilds the same response (its get_final_response() wants `completed`, not `incomplete`).
+    with oai.responses.stream(**body) as stream:
+        rebuilt = list(stream)[-1]
+    assert rebuilt.type == f"response.{whole.status}" and rebuilt.response.output_text == whole.output_text
+
+
+def test_responses_conversation_items_and_incomplete_at_the_limit(oai: openai.OpenAI):
+    response = oai.responses.create(
+        model="embedded",
+        input=[
+            {"role": "developer", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "input_text", "text": "Name a colour."}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Blue.", "annotations": []}]},
+            {"role": "user", "content": "Another one?"},
+        ],
+        max_output_tokens=4,
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 4
+
+
+def _weather_tool_responses() -> dict:
+    return {"type": "function", "name": "weather", "description": "The weather forecast", "parameters": WEATHER, "strict": True}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "weather"}])
+def test_responses_forced_tool_call_streamed_and_not(oai: openai.OpenAI, tool_choice):
+    body = dict(
+        model="embedded", input="What will the weather be in Paris?", tools=[_weather_tool_responses()],
+        tool_choice=tool_choice, max_output_tokens=60, **GREEDY,
+    )
+    whole = oai.responses.create(**body)
+    calls = [item for item in whole.output if item.type == "function_call"]
+    assert len(calls) >= 1 and calls[0].name == "weather" and calls[0].call_id
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+
+    events = list(oai.responses.create(**body, stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    fragments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert added[0].name == "weather"
+    assert fragments == "".join(d.arguments for d in done)  # the fragments concatenate to the arguments
+    assert [d.arguments for d in done] == [c.arguments for c in calls]  # greedy: the same calls either way
+    assert events[-1].type == "response.completed"
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": False}
+
+
+def test_responses_json_schema_text_format_streamed_and_not(oai: openai.OpenAI):
+    body = dict(
+        model="embedded", input="Name a city.", max_output_tokens=40, **GREEDY,
+        text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+    )
+    whole = oai.responses.create(**body)
+    jsonschema.validate(json.loads(whole.output_text), CITY)
+    events = list(oai.responses.create(**body, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+
+
+# ---------------------------------------------------------------------------------- /v1/messages
+
+
+def test_messages_create_and_stream_agree(claude: anthropic.Anthropic):
+    body = dict(
+        model="embedded", max_tokens=12, system="Answer briefly.",
+        messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC,
+    )
+    whole = claude.messages.create(**body)
+    assert whole.type == "message" and whole.role == "assistant"
+    assert [block.type for block in whole.content] == ["text"]
+    assert whole.stop_reason in ("end_turn", "max_tokens")
+    assert whole.usage.input_tokens > 0 and 0 < whole.usage.output_tokens <= 12
+
+    with claude.messages.stream(**body) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(texts) == final.content[0].text == whole.content[0].text
+    assert (final.stop_reason, final.usage.input_tokens, final.usage.output_tokens) == (
+        whole.stop_reason, whole.usage.input_tokens, whole.usage.output_tokens
+    )
+
+
+def test_messages_stop_sequence_is_reported(claude: anthropic.Anthropic):
+    body = dict(model="embedded", max_tokens=24, messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC)
+    text = claude.messages.create(**body).content[0].text
+    word = next(w for w in text.split()[1:] if w.isalpha())
+    stopped = claude.messages.create(**body, stop_sequences=[word])
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+    assert stopped.content[0].text == text[: text.index(word)]
+
+
+@pytest.mark.parametrize("tool_choice", [{"type": "any"}, {"type": "tool", "name": "weather"}])
+def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic, tool_choice):
+    body = dict(
+        model="embedded", max_tokens=60, messages=[{"role": "user", "content": "What will the weather be in Paris?"}],
+        tools=[{"name": "weather", "description": "The weather forecast", "input_schema": WEATHER}],
+        tool_choice=tool_choice, **GREEDY_ANTHROPIC,
+    )
+    whole = claude.messages.create(**body)
+    uses = [block for block in whole.content if block.type == "tool_use"]
+    assert whole.stop_reason == "tool_use" and uses and uses[0].name == "weather"
+    jsonschema.validate(uses[0].input, WEATHER)
+
+    with claude.messages.stream(**body) as stream:
+        final = stream.get_final_message()
+    streamed = [block for block in final.content if block.type == "tool_use"]
+    assert [(u.name, u.input) for u in streamed] == [(u.name, u.input) for u in uses]
+
+    # The tool's result goes back as a tool_result block; the model answers in text.
+    follow = claude.messages.create(
+        model="embedded", max_tokens=8, tools=body["tools"], **GREEDY_ANTHROPIC,
+        messages=[
+            *body["messages"],
+            {"role": "assistant", "content": [u.model_dump(include={"type", "id", "name", "input"}) for u in uses]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "Sunny, 24 C"}]},
+        ],
+        tool_choice={"type": "none"},
+    )
+    assert follow.content and follow.content[0].type == "text"
+
+
+def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
+    created = claude.messages.create(
+        model="embedded", max_tokens=40, messages=[{"role": "user", "content": "Name a city."}],
+        output_config={"format": {"type": "json_schema", "schema": CITY}}, **GREEDY_ANTHROPIC,
+    )
+    jsonschema.validate(json.loads(created.content[0].text), CITY)
+
+
+# ------------------------------------------------------------------------------------ reasoning
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """The embedded model read as DeepSeek-R1 reads (`runtime.reasoning_parser: deepseek_r1`): its
+    answer opens inside the thinking, and since this model never writes `</think>`, all of it is
+    thinking (a second server, as the parser is a deployment setting)."""
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_thinking"), {"TRTLLM_RUNTIME__REASONING_PARSER": "deepseek_r1"})
+
+
+def test_reasoning_items_and_thinking_blocks_streamed_and_not(thinking_server: TrussServer):
+    oai = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="x", max_retries=0, timeout=120.0)
+    body = dict(model="embedded", input="Tell me about the sea", max_output_tokens=10, **GREEDY)
+    whole = oai.responses.create(**body)
+    assert [item.type for item in whole.output] == ["reasoning"]
+    thought = whole.output[0].content[0].text
+    assert thought and whole.output_text == ""
+    events = list(oai.responses.create(**body, stream=True))
+    assert [e.type for e in events if "reasoning" in e.type] == (
+        ["response.reasoning_text.delta"] * sum(e.type == "response.reasoning_text.delta" for e in events) + ["response.reasoning_text.done"]
+    )
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    assert events[-1].response.output[0].content[0].text == thought
+
+    claude = anthropic.Anthropic(base_url=thinking_server.url, api_key="x", max_retries=0, timeout=120.0)
+    message = dict(model="embedded", max_tokens=10, messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC)
+    created = claude.messages.create(**message)
+    assert [(b.type, b.thinking) for b in created.content] == [("thinking", thought)]
+    with claude.messages.stream(**message) as stream:
+        deltas = [e.thinking for e in stream if e.type == "thinking"]
+        final = stream.get_final_message()
+    assert "".join(deltas) == final.content[0].thinking == thought
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+TOOL_R = _weather_tool_responses()
+TOOL_M = {"name": "weather", "input_schema": WEATHER}
+BAD_SCHEMA = {"type": "object", "properties": {"city": {"type": "no-such-type"}}}
+
+
+@pytest.mark.parametrize(
+    "route, body, field",
+    [
+        ("responses", {"input": "hi", "tools": [TOOL_R], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
+        ("responses", {"input": "hi", "tools": [{**TOOL_R, "parameters": BAD_SCHEMA}]}, "tools[0].parameters"),
+        ("responses", {"input": [{"type": "function_call_output", "call_id": "c9", "output": "1"}]}, "input[0].call_id"),
+        ("responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input[0].content[0].type"),
+        ("responses", {"input": "hi", "store": True}, "store"),
+        ("responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ("messages", {"tools": [TOOL_M], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+        ("messages", {"tools": [{**TOOL_M, "input_schema": BAD_SCHEMA}]}, "tools[0].input_schema"),
+        ("messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "1"}]}]}, "messages[0].content[0].tool_use_id"),
+        ("messages", {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}, "messages[0].content[0].type"),
+        ("messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_bad_input_is_a_4xx_naming_the_field_in_the_api_s_shape(server: TrussServer, route, body, field):
+    if route == "messages":
+        body = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **body}
+    answer = httpx.post(f"{server.url}/v1/{route}", json={"model": "embedded", **body}, timeout=30)
+    assert 400 <= answer.status_code < 500, answer.text
+    error = answer.json()
+    if route == "messages":
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        message = error["error"]["message"]
+    else:
+        assert error["error"]["type"] == "invalid_request_error"
+        message = error["error"]["message"]
+    assert f"{field}:" in message, message
+
+
+def test_sdks_raise_their_own_errors(oai: openai.OpenAI, claude: anthropic.Anthropic):
+    with pytest.raises(openai.BadRequestError, match="keeps no state"):
+        oai.responses.create(model="embedded", input="hi", store=True)
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice.name"):
+        claude.messages.create(
+            model="embedded", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+            tools=[TOOL_M], tool_choice={"type": "tool", "name": "nope"},
+        )
+
+
+# ---------------------------------------------------------------------------------- agent loop
+
+
+def test_openai_agents_loop_calls_our_tool_then_answers(server: TrussServer):
+    """OpenAI's Agents SDK over /v1/responses: under tool_choice required the model must call the
+    tool (guided decoding), the SDK runs it and sends its output back (resetting tool_choice to
+    auto, its default), and the model's next answer is the final output: two model calls."""
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        RunConfig,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    # One string argument: the embedded model, forced to write JSON, writes an unbounded integer
+    # digit after digit until max_tokens (guided decoding keeps it valid, not short).
+    @function_tool
+    def weather(city: str) -> str:
+        """The weather forecast for a city."""
+        calls.append(city)
+        return f"Sunny in {city}."
+
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+    agent = Agent(
+        name="forecaster",
+        instructions="Answer questions about the weather using the weather tool.",
+        tools=[weather],
+        model=OpenAIResponsesModel(model="embedded", openai_client=client),
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64, store=False),
+    )
+
+    async def run():
+        try:
+            return await Runner.run(agent, "What will the weather be in Paris?", max_turns=3, run_config=RunConfig(tracing_disabled=True))
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert len(calls) == 1 and isinstance(calls[0], str)
+    assert len(result.raw_responses) == 2  # the call, then (its output sent back) the answer
+    assert [item.type for item in result.raw_responses[0].output] == ["function_call"]
+    assert [item.type for item in result.raw_responses[1].output] == ["message"]
+    assert isinstance(result.final_output, str) and result.final_output
