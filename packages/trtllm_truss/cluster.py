@@ -61,7 +61,9 @@ SLURMD_NODENAME = "SLURMD_NODENAME"
 
 # Variables mpirun forwards to every rank (`-x NAME`; mpirun's own environment supplies the value).
 # Names only, never values: the launch environment is already free of credentials (child_env).
-FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "HOME", "HF_HOME", "TMPDIR", WORLD_ADDRESS_ENV, NODE_WAIT_ENV)
+# PATH, PYTHONPATH and LD_LIBRARY_PATH always: the launcher adds to them after this list is made.
+FORWARDED_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
+FORWARDED_NAMES = ("HOME", "HF_HOME", "TMPDIR", WORLD_ADDRESS_ENV, NODE_WAIT_ENV)
 FORWARDED_PREFIXES = ("CUDA_", "NCCL_", "UCX_", "TRTLLM_", "TLLM_", "NVIDIA_", "OMPI_MCA_")
 
 
@@ -123,13 +125,11 @@ class ClusterPlan:
         """Open MPI hostfile: one line per node, its GPUs as slots."""
         return "".join(f"{host} slots={self.gpus_per_node}\n" for host in self.group.hosts)
 
-    def mpirun_args(self, hostfile: Path, env: Mapping[str, str], *, agent: str | None = None) -> list[str]:
-        """mpirun options that spread the ranks over the group (before the per-rank app contexts)."""
+    def mpirun_args(self, hostfile: Path, *, agent: str | None = None) -> list[str]:
+        """mpirun's global options that spread the ranks over the group (before the app contexts)."""
         args = ["--hostfile", str(hostfile), "--map-by", f"ppr:{self.gpus_per_node}:node"]
         if agent:
             args += ["--mca", "plm_rsh_agent", agent]
-        for name in forwarded_names(env):
-            args += ["-x", name]
         return args
 
     def describe(self) -> list[str]:
@@ -147,6 +147,16 @@ class ClusterPlan:
             span = f"rank {first}" if first == last else f"ranks {first}-{last}"
             lines.append(f"  node {node} {ranks[0].host}: {span} on GPUs 0-{len(ranks) - 1} ({role})")
         return lines
+
+
+def rank_env_args(env: Mapping[str, str]) -> list[str]:
+    """`-x NAME` for every forwarded variable. Open MPI 4.1 takes `-x` per app context: given once before
+    `-n 1 cmd : -n 1 cmd`, it reaches only the first context's ranks (seen here: a remote rank 1 lacked
+    the variable), so every rank's context carries the list."""
+    args: list[str] = []
+    for name in forwarded_names(env):
+        args += ["-x", name]
+    return args
 
 
 def place_ranks(world_size: int, hosts: Sequence[str], gpus_per_node: int) -> list[RankPlacement]:
@@ -396,10 +406,10 @@ def planned_cluster(world_size: int, node_count: int, gpus_per_node: int) -> Clu
 
 
 def forwarded_names(env: Mapping[str, str]) -> list[str]:
-    """The names mpirun forwards to remote ranks: those of FORWARDED_NAMES / FORWARDED_PREFIXES that are set."""
-    return sorted(
-        name for name in env if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES)
-    )
+    """The names mpirun forwards to remote ranks: FORWARDED_ALWAYS, and those of FORWARDED_NAMES /
+    FORWARDED_PREFIXES that are set."""
+    chosen = {name for name in env if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES)}
+    return [*FORWARDED_ALWAYS, *sorted(chosen - set(FORWARDED_ALWAYS))]
 
 
 def launch_agent(environ: Mapping[str, str] | None = None) -> str | None:
@@ -420,6 +430,40 @@ def repository_digest(repository: Path) -> str:
         digest.update(str(path.relative_to(repository)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+# --- a world that ended ---------------------------------------------------------------------------
+
+# What Open MPI 4.1's mpirun prints when a rank or a node ends the job.
+_RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \(([^)]+)\))?")
+_RANK_STATUS = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
+_LOST_DAEMON = re.compile(r"Remote daemon: \[\[\d+,\d+\],\d+\] on node (\S+)")
+
+
+def explain_world_exit(plan: ClusterPlan, log_tail: Sequence[str], *, will_restart: bool) -> str:
+    """One line saying which rank or node ended the world, from mpirun's own report."""
+    text = "\n".join(log_tail)
+    placement = plan.placement()
+    world = f"the MPI world of {plan.world_size} ranks on {plan.group.node_count} nodes"
+    then = "; restarting all of it (every node's ranks)" if will_restart else "; not restarting it"
+    match = _RANK_SIGNAL.search(text)
+    if match:
+        rank = int(match[1])
+        node = placement[rank].node if rank < len(placement) else "?"
+        signal_name = f" ({match[4]})" if match[4] else ""
+        return f"rank {rank} on node {node} ({match[2]}) died of signal {match[3]}{signal_name}: {world} failed with it{then}"
+    match = _LOST_DAEMON.search(text)
+    if match:
+        return f"node {match[1]} left (mpirun lost its daemon there): {world} failed with it{then}"
+    match = _RANK_STATUS.search(text)
+    if match:
+        rank = int(match[1])
+        node = placement[rank].node if rank < len(placement) else "?"
+        code = _EXIT_CODE.search(text)
+        status = f" with exit code {code[1]}" if code else ""
+        return f"rank {rank} on node {node} exited{status}: {world} failed with it{then}"
+    return f"{world} ended (see mpirun's output above){then}"
 
 
 # --- the rank wrapper -----------------------------------------------------------------------------

@@ -198,6 +198,8 @@ class LLMService:
         started = time.monotonic()
         self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
+        if self._stack.is_worker_node:  # its ranks are node 0's to start; this truss serves no requests
+            return
         try:
             from trtllm_truss.tokenizer import ensure_tokenizer_json
 
@@ -246,6 +248,8 @@ class LLMService:
     async def is_healthy(self) -> bool:
         """tritonserver alive with its models ready, a stream worker running, and the engine answering
         its probe (a hung engine reads unhealthy within runtime.health's interval + timeout)."""
+        if self._stack is not None and self._stack.is_worker_node:
+            return True  # prepared; the world's health is node 0's to report
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
             return False
         # Triton's own readiness of the models (a restarted tritonserver is alive before it is ready);
@@ -262,14 +266,24 @@ class LLMService:
     @property
     def pool(self) -> StreamPool:
         if self._pool is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
+            raise self._not_serving()
         return self._pool
 
     @property
     def limits(self) -> RequestLimits:
         if self._limits is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
+            raise self._not_serving()
         return self._limits
+
+    def _not_serving(self) -> HTTPException:
+        if self._stack is not None and self._stack.is_worker_node:
+            group = self._stack.cluster.group
+            return HTTPException(
+                status_code=503,
+                detail=f"node {group.node_rank} of {group.node_count} runs model ranks only; send requests to node 0"
+                f" ({group.hosts[0]})",
+            )
+        return HTTPException(status_code=503, detail="the model is still loading")
 
     # --- native predict --------------------------------------------------------------------------
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from trtllm_truss.cluster import ClusterPlan
 from trtllm_truss.plan import ServingPlan
 from trtllm_truss.probe import RuntimeFacts
-from trtllm_truss.supervisor import TritonPorts, TritonServer
+from trtllm_truss.supervisor import ServerExit, TritonPorts, TritonServer, choose_free_ports
 from trtllm_truss.tritonserver_install import locate_tritonserver
 
 logger = logging.getLogger(__name__)
@@ -30,18 +31,26 @@ BuildEngine = Callable[[ServingPlan], Path]
 
 @dataclass
 class RunningStack:
-    """A ready tritonserver serving the repository rendered for `plan`."""
+    """A ready tritonserver serving the repository rendered for `plan`; on a worker node of a multi-node
+    group (`cluster.group.node_rank` > 0) no server: the node's artifacts and repository are in place and
+    node 0's mpirun starts this node's ranks."""
 
     plan: ServingPlan
-    server: TritonServer
+    server: TritonServer | None
     repository_dir: Path
+    cluster: ClusterPlan | None = None
     # Removed on stop() when start_stack created it.
     _scratch_dir: Path | None = field(default=None, repr=False)
     # Holds the engine cache's lease on the entry being served, so eviction leaves it alone.
     _engine_builder: object | None = field(default=None, repr=False)
 
+    @property
+    def is_worker_node(self) -> bool:
+        return self.server is None
+
     def stop(self) -> None:
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
         if self._scratch_dir is not None:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
             self._scratch_dir = None
@@ -96,6 +105,14 @@ def start_stack(
         facts = probe_facts()
     plan = make_plan(resolved, facts, environ=environ)
     logger.info("backend %s (%s), world size %d", plan.backend, plan.backend_reason, plan.world_size)
+    cluster = None
+    if plan.node_count > 1:  # before any download: a group that does not match fails in seconds
+        from trtllm_truss.cluster import cluster_plan
+
+        cluster = cluster_plan(plan.tritonserver_ranks, plan.node_count, plan.gpus_per_node, environ)
+        for line in cluster.describe():
+            logger.info("%s", line)
+        logger.info("this is node %d (%s)", cluster.group.node_rank, cluster.group.hosts[cluster.group.node_rank])
     # Before any download or build: a missing tritonserver should cost seconds, not a fetched engine.
     binary = locate_tritonserver(plan.runtime.tritonserver_path)
 
@@ -106,14 +123,28 @@ def start_stack(
     progress("fetching model artifacts" if plan.backend == "pytorch" else "fetching or building the engine")
     plan, _ = prepare_artifacts(plan, secrets=secrets, environ=environ, build_engine=build_engine)
 
+    if cluster is not None:
+        # Every node renders the same repository at the same path (mpirun hands each rank node 0's paths).
+        progress("rendering the Triton model repository")
+        repository_dir = render_node_repository(plan, plan.artifacts_dir or Path(tempfile.gettempdir()))
+        if not cluster.group.is_leader:
+            logger.info(
+                "node %d of %d is prepared (repository %s); node 0's mpirun starts its ranks",
+                cluster.group.node_rank, cluster.group.node_count, repository_dir,
+            )
+            return RunningStack(plan=plan, server=None, repository_dir=repository_dir, cluster=cluster)
     scratch = None
-    if repository_dir is None:
+    if repository_dir is None or cluster is not None:
         scratch = Path(tempfile.mkdtemp(prefix="trtllm-truss-stack-"))
+    if repository_dir is None:
+        assert scratch is not None
         repository_dir = scratch / "model_repository"
     server: TritonServer | None = None
     try:
-        progress("rendering the Triton model repository")
-        render_repository(plan, repository_dir)
+        if cluster is None:
+            progress("rendering the Triton model repository")
+            render_repository(plan, repository_dir)
+        launch = {} if cluster is None else _multi_node_launch(plan, cluster, Path(repository_dir), scratch)
         server = TritonServer(
             repository_dir,
             world_size=plan.tritonserver_ranks,
@@ -122,7 +153,10 @@ def start_stack(
             startup_timeout_s=startup_timeout_s or plan.runtime.startup_timeout_s,
             # NVIDIA's llmapi layout is one model, no ensembles.
             ready_models=(ENGINE,) if plan.backend == "llmapi" else (ENSEMBLE, IDS_ENSEMBLE),
+            **launch,
         )
+        if cluster is not None:
+            server.add_exit_listener(lambda event: _log_world_exit(cluster, event))
         progress(f"starting tritonserver (world size {plan.world_size}, {plan.tritonserver_ranks} process(es))")
         server.start()
         progress("waiting for the models to be ready")
@@ -134,5 +168,75 @@ def start_stack(
             shutil.rmtree(scratch, ignore_errors=True)
         raise
     return RunningStack(
-        plan=plan, server=server, repository_dir=Path(repository_dir), _scratch_dir=scratch, _engine_builder=build_engine
+        plan=plan,
+        server=server,
+        repository_dir=Path(repository_dir),
+        cluster=cluster,
+        _scratch_dir=scratch,
+        _engine_builder=build_engine,
     )
+
+
+def render_node_repository(plan: ServingPlan, artifacts_dir: Path) -> Path:
+    """Render into `<artifacts>/repositories/<digest of the content>`: the same config gives every node the
+    same path; a repository already there (an earlier start, or a node sharing the cache) is reused."""
+    import os
+
+    from trtllm_truss.cluster import repository_digest
+    from trtllm_truss.repository import render_repository
+
+    root = Path(artifacts_dir) / "repositories"
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".render-", dir=root))
+    try:
+        rendered = render_repository(plan, scratch / "model_repository")
+        final = root / repository_digest(rendered)[:24]
+        if not final.exists():
+            try:
+                os.rename(rendered, final)
+            except OSError:
+                if not final.exists():  # not another node's identical rendering winning the race
+                    raise
+        return final
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _multi_node_launch(plan: ServingPlan, cluster: ClusterPlan, repository_dir: Path, scratch: Path | None) -> dict:
+    """TritonServer's options for a world over several nodes: hostfile and placement, environment
+    forwarding, the rank wrapper that waits for each node's repository, and rank 0's rendezvous address."""
+    import os
+
+    from trtllm_truss import child_env
+    from trtllm_truss.cluster import (
+        DEFAULT_NODE_WAIT_S,
+        NODE_WAIT_ENV,
+        WORLD_ADDRESS_ENV,
+        launch_agent,
+        rank_env_args,
+        rank_wrapper,
+        write_hostfile,
+    )
+    from trtllm_truss.repository.render import MARKER_FILE
+
+    assert scratch is not None
+    wait_s = float(os.environ.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
+    extra_env = {WORLD_ADDRESS_ENV: f"{cluster.group.hosts[0]}:{choose_free_ports().http}"}
+    env = child_env.child_environment({**os.environ, **extra_env})
+    hostfile = write_hostfile(cluster, scratch)
+    rank_prefix = rank_env_args(env) + rank_wrapper(repository_dir / MARKER_FILE, wait_s)
+    if plan.backend == "llmapi":
+        # NVIDIA's multi-node LLM API launcher: rank 0 runs the command (tritonserver), the others serve as
+        # its MPI workers (tensorrt_llm/llmapi/trtllm-llmapi-launch; tests/data/multinode records it).
+        rank_prefix.append("trtllm-llmapi-launch")
+    return {
+        "env": extra_env,
+        "mpi_args": cluster.mpirun_args(hostfile, agent=launch_agent()),
+        "rank_prefix": rank_prefix,
+    }
+
+
+def _log_world_exit(cluster: ClusterPlan, event: ServerExit) -> None:
+    from trtllm_truss.cluster import explain_world_exit
+
+    logger.error("%s", explain_world_exit(cluster, event.log_tail, will_restart=event.will_restart))

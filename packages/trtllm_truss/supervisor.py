@@ -134,8 +134,9 @@ class LaunchSpec:
     # its own SIGTERM handling holds the ranks for a while and then SIGKILLs them, and Open MPI's ranks
     # outlive a killed mpirun, which is why each rank carries its own.
     setpriv: str | None = None
-    # Several nodes (trtllm_truss.cluster): mpirun options placing the ranks (hostfile, launch agent, -x
-    # forwarding) and the argv every rank starts through (it waits for its node's repository).
+    # Several nodes (trtllm_truss.cluster): mpirun's global options placing the ranks (hostfile, launch
+    # agent), and what every rank's app context starts with: its options (`-x` forwarding) and the argv
+    # it starts through (a wrapper that waits for its node's repository).
     mpi_args: tuple[str, ...] = ()
     rank_prefix: tuple[str, ...] = ()
 
