@@ -144,7 +144,7 @@ def start_stack(
         if cluster is None:
             progress("rendering the Triton model repository")
             render_repository(plan, repository_dir)
-        launch = {} if cluster is None else _multi_node_launch(plan, cluster, Path(repository_dir), scratch)
+        launch = {} if cluster is None else _multi_node_launch(plan, cluster, Path(repository_dir), scratch, environ)
         server = TritonServer(
             repository_dir,
             world_size=plan.tritonserver_ranks,
@@ -202,9 +202,16 @@ def render_node_repository(plan: ServingPlan, artifacts_dir: Path) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _multi_node_launch(plan: ServingPlan, cluster: ClusterPlan, repository_dir: Path, scratch: Path | None) -> dict:
+def _multi_node_launch(
+    plan: ServingPlan,
+    cluster: ClusterPlan,
+    repository_dir: Path,
+    scratch: Path | None,
+    environ: Mapping[str, str] | None = None,
+) -> dict:
     """TritonServer's options for a world over several nodes: hostfile and placement, environment
-    forwarding, the rank wrapper that waits for each node's repository, and rank 0's rendezvous address."""
+    forwarding, the rank wrapper that waits for each node's repository, and rank 0's rendezvous address.
+    Settings come from `environ` (default os.environ); what is forwarded, from the children's environment."""
     import os
 
     from trtllm_truss import child_env
@@ -220,8 +227,10 @@ def _multi_node_launch(plan: ServingPlan, cluster: ClusterPlan, repository_dir: 
     from trtllm_truss.repository.render import MARKER_FILE
 
     assert scratch is not None
-    wait_s = float(os.environ.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
-    extra_env = {WORLD_ADDRESS_ENV: f"{cluster.group.hosts[0]}:{choose_free_ports().http}"}
+    settings = os.environ if environ is None else environ
+    wait_s = float(settings.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
+    # Both reach every rank (forwarded): the stand-in's rendezvous with rank 0, and how long it waits.
+    extra_env = {WORLD_ADDRESS_ENV: f"{cluster.group.hosts[0]}:{choose_free_ports().http}", NODE_WAIT_ENV: str(wait_s)}
     env = child_env.child_environment({**os.environ, **extra_env})
     hostfile = write_hostfile(cluster, scratch)
     rank_prefix = rank_env_args(env) + rank_wrapper(repository_dir / MARKER_FILE, wait_s)
@@ -231,7 +240,7 @@ def _multi_node_launch(plan: ServingPlan, cluster: ClusterPlan, repository_dir: 
         rank_prefix.append("trtllm-llmapi-launch")
     return {
         "env": extra_env,
-        "mpi_args": cluster.mpirun_args(hostfile, agent=launch_agent()),
+        "mpi_args": cluster.mpirun_args(hostfile, agent=launch_agent(settings)),
         "rank_prefix": rank_prefix,
     }
 
