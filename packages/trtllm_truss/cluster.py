@@ -135,8 +135,10 @@ class ClusterPlan:
     def describe(self) -> list[str]:
         """Which rank runs where, one line per node (validate and serve print it)."""
         lines = [
-            f"MPI world of {self.world_size} rank(s) on {self.group.node_count} node(s) x {self.gpus_per_node} GPU(s)"
-            f" ({self.group.source})"
+            (
+                f"MPI world of {self.world_size} rank(s) on {self.group.node_count} node(s) x {self.gpus_per_node}"
+                f" GPU(s) ({self.group.source})"
+            )
         ]
         by_node: dict[int, list[RankPlacement]] = {}
         for placed in self.placement():

@@ -17,7 +17,12 @@ from typing import TypeVar
 from trtllm_truss.cluster import ClusterPlan
 from trtllm_truss.plan import ServingPlan
 from trtllm_truss.probe import RuntimeFacts
-from trtllm_truss.supervisor import ServerExit, TritonPorts, TritonServer, choose_free_ports
+from trtllm_truss.supervisor import (
+    ServerExit,
+    TritonPorts,
+    TritonServer,
+    choose_free_ports,
+)
 from trtllm_truss.tritonserver_install import locate_tritonserver
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,12 @@ from pathlib import Path
 
 import pytest
 from ensemble_stream import ensemble_inputs, run_on_stream
-
-from trtllm_truss.cluster import HOSTFILE_ENV, LAUNCH_AGENT_ENV, NODE_RANK_ENV, ClusterError
+from trtllm_truss.cluster import (
+    HOSTFILE_ENV,
+    LAUNCH_AGENT_ENV,
+    NODE_RANK_ENV,
+    ClusterError,
+)
 from trtllm_truss.stack import start_stack
 
 pytestmark = [
@@ -194,7 +198,7 @@ def test_rank_1_dying_fails_the_world_and_the_restart_brings_both_back(world, ca
 
 
 def test_a_worker_node_prepares_the_same_repository_and_starts_nothing(world):
-    stack, tmp, truss_dir, env = world
+    stack, _, truss_dir, env = world
     worker_env = {**env, NODE_RANK_ENV: "1"}
     worker = start_stack(truss_dir, environ=worker_env)
     try:
@@ -206,7 +210,7 @@ def test_a_worker_node_prepares_the_same_repository_and_starts_nothing(world):
 
 
 def test_a_group_that_does_not_match_node_count_is_refused_before_any_work(world, tmp_path):
-    _, tmp, truss_dir, env = world
+    _, _, truss_dir, env = world
     three = _world_env(tmp_path, [socket.gethostname(), "node1", "node2"], node_rank=0)
     with pytest.raises(ClusterError, match="resources.node_count is 2 but the hostfile .* has 3 node"):
         start_stack(truss_dir, environ={**env, **three})

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from trtllm_truss.cluster import (
@@ -261,8 +260,7 @@ def test_rank_wrapper_waits_for_the_node_repository_then_becomes_the_command(tmp
 def test_rank_wrapper_gives_up_with_the_reason(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "trtllm_truss.cluster", "wait-for", str(tmp_path / "never"), "0.3", "--", "true"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=30, check=False,
     )
     assert done.returncode == 1
     assert "did not appear within 0s" in done.stderr and "same config.yaml" in done.stderr
-    assert Path(tmp_path / "never").exists() is False

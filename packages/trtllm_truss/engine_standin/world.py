@@ -72,7 +72,7 @@ def join_world(environ: Mapping[str, str], timeout_s: float) -> WorldMembership 
                 listener.settimeout(min(remaining, 1.0))
                 try:
                     connection, _ = listener.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 connection.settimeout(5.0)
                 line = connection.makefile("r").readline().strip()
