@@ -29,6 +29,7 @@ from trtllm_truss.cluster import (
     ClusterError,
 )
 from trtllm_truss.stack import start_stack
+from trtllm_truss.supervisor import _session_members
 
 pytestmark = [
     pytest.mark.triton,
@@ -84,12 +85,12 @@ def _world_env(tmp: Path, hosts: list[str], node_rank: int) -> dict[str, str]:
     }
 
 
-def _ranks() -> dict[int, tuple[int, dict[str, str]]]:
-    """rank -> (pid, environment) of every tritonserver rank of ours running now."""
+def _ranks(stack) -> dict[int, tuple[int, dict[str, str]]]:
+    """rank -> (pid, environment) of the tritonserver ranks of `stack`'s world running now (mpirun's
+    session holds them all: the agent starts node1's daemon as mpirun's child)."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _session_members(stack.server.pid):
+        entry = Path(f"/proc/{pid}")
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             environ = dict(
@@ -157,7 +158,7 @@ def test_two_nodes_run_one_world_through_the_real_mpirun_command_line(world):
 
 
 def test_rank_1_runs_on_node_1_with_only_the_forwarded_environment(world):
-    ranks = _ranks()
+    ranks = _ranks(world[0])
     assert sorted(ranks) == [0, 1]
     _, rank0_env = ranks[0]
     _, rank1_env = ranks[1]
@@ -178,7 +179,7 @@ def test_a_request_is_served_through_rank_0(world):
 
 def test_rank_1_dying_fails_the_world_and_the_restart_brings_both_back(world, caplog):
     stack = world[0]
-    before = _ranks()
+    before = _ranks(stack)
     restarts = stack.server.restarts
     with caplog.at_level(logging.ERROR, logger="trtllm_truss.stack"):
         os.kill(before[1][0], signal.SIGKILL)
@@ -189,8 +190,8 @@ def test_rank_1_dying_fails_the_world_and_the_restart_brings_both_back(world, ca
         "rank 1 on node 1 (node1) died of signal 9" in message and "restarting all of it" in message
         for message in messages
     ), messages
-    _poll(lambda: sorted(_ranks()) == [0, 1], 60, "both ranks to be back")
-    after = _ranks()
+    _poll(lambda: sorted(_ranks(stack)) == [0, 1], 60, "both ranks to be back")
+    after = _ranks(stack)
     # Rank 0 went down with rank 1 and came back: the restart covered the whole world.
     assert after[0][0] != before[0][0] and after[1][0] != before[1][0]
     assert after[1][1]["TRTLLM_TRUSS_TEST_NODE"] == "node1"
@@ -214,3 +215,49 @@ def test_a_group_that_does_not_match_node_count_is_refused_before_any_work(world
     three = _world_env(tmp_path, [socket.gethostname(), "node1", "node2"], node_rank=0)
     with pytest.raises(ClusterError, match="resources.node_count is 2 but the hostfile .* has 3 node"):
         start_stack(truss_dir, environ={**env, **three})
+
+
+def test_a_worker_nodes_truss_serves_nothing_and_names_node_0(world):
+    import asyncio
+
+    from fastapi import HTTPException
+    from trtllm_truss.service import LLMService
+
+    _, _, truss_dir, env = world
+    service = LLMService(truss_dir, environ={**env, NODE_RANK_ENV: "1"})
+    service.load()
+    try:
+        assert asyncio.run(service.is_healthy())  # prepared; the world's health is node 0's
+        with pytest.raises(HTTPException) as refused:
+            service.limits  # noqa: B018 -- what model.py reads first for every request
+        assert refused.value.status_code == 503
+        assert refused.value.detail == (
+            f"node 1 of 2 runs model ranks only; send requests to node 0 ({socket.gethostname()})"
+        )
+    finally:
+        service.shutdown()
+
+
+def test_leaderworkerset_variables_launch_the_world_through_mpirun(world):
+    """LeaderWorkerSet's own variables (no hostfile) drive the same real launch: the leader's address is
+    this host's name, and LWS names the worker pod <leader>-1, a name only the launch agent knows.
+    (Slurm's variables give their hostfile in tests/unit/test_cluster_groups.py.)"""
+    _, _, truss_dir, env = world
+    host = socket.gethostname()
+    base = {
+        LAUNCH_AGENT_ENV: str(AGENT),
+        "TRTLLM_TRUSS_ARTIFACTS_DIR": env["TRTLLM_TRUSS_ARTIFACTS_DIR"],
+        "TRTLLM_TRUSS_NODE_WAIT_S": "60",
+    }
+    lws = {"LWS_LEADER_ADDRESS": host, "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0"}
+    expected = [host, f"{host}-1"]
+    stack = start_stack(truss_dir, environ={**base, **lws}, startup_timeout_s=180)
+    try:
+        command = stack.server.command
+        hostfile = Path(command[command.index("--hostfile") + 1])
+        assert hostfile.read_text() == "".join(f"{name} slots=1\n" for name in expected)
+        assert stack.cluster.group.platform == "lws"
+        assert _generate(stack)
+        assert _ranks(stack)[1][1]["TRTLLM_TRUSS_TEST_NODE"] == expected[1]
+    finally:
+        stack.stop()
