@@ -419,6 +419,45 @@ def launch_agent(environ: Mapping[str, str] | None = None) -> str | None:
     return environ.get(LAUNCH_AGENT_ENV) or None
 
 
+def wait_for_nodes(
+    plan: ClusterPlan,
+    agent: str | None,
+    timeout_s: float,
+    *,
+    env: Mapping[str, str] | None = None,
+    poll_s: float = 2.0,
+) -> None:
+    """Block until the launch agent (default ssh) runs `true` on every other node, as mpirun will run its
+    daemons there. Pods and nodes of a group start in any order: without this, a leader up before its
+    workers would fail its first launch. Raises ClusterError naming the node and the agent's last words."""
+    import shlex
+    import subprocess
+
+    command = shlex.split(agent) if agent else ["ssh", "-o", "BatchMode=yes"]
+    deadline = time.monotonic() + timeout_s
+    for node, host in enumerate(plan.group.hosts):
+        if node == plan.group.node_rank:
+            continue
+        while True:
+            try:
+                done = subprocess.run(
+                    [*command, host, "true"], env=None if env is None else dict(env), capture_output=True,
+                    text=True, timeout=max(1.0, min(30.0, deadline - time.monotonic())), check=False,
+                )
+                ok, said = done.returncode == 0, (done.stderr or done.stdout).strip()
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                ok, said = False, str(exc)
+            if ok:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"node {node} ({host}) did not answer through {' '.join(command)} within {timeout_s:.0f}s"
+                    f" (last: {said.splitlines()[-1] if said else 'no output'}); mpirun starts that node's ranks"
+                    f" this way: check the node is up and reachable, or set {LAUNCH_AGENT_ENV}"
+                )
+            time.sleep(poll_s)
+
+
 def write_hostfile(plan: ClusterPlan, directory: Path) -> Path:
     path = Path(directory) / "hostfile"
     path.write_text(plan.hostfile_text())

@@ -150,6 +150,9 @@ def start_stack(
             progress("rendering the Triton model repository")
             render_repository(plan, repository_dir)
         launch = {} if cluster is None else _multi_node_launch(plan, cluster, Path(repository_dir), scratch, environ)
+        if cluster is not None:
+            progress("waiting for every node to be reachable")
+            _wait_for_nodes(cluster, environ)
         server = TritonServer(
             repository_dir,
             world_size=plan.tritonserver_ranks,
@@ -248,6 +251,22 @@ def _multi_node_launch(
         "mpi_args": cluster.mpirun_args(hostfile, agent=launch_agent(settings)),
         "rank_prefix": rank_prefix,
     }
+
+
+def _wait_for_nodes(cluster: ClusterPlan, environ: Mapping[str, str] | None) -> None:
+    import os
+
+    from trtllm_truss import child_env
+    from trtllm_truss.cluster import (
+        DEFAULT_NODE_WAIT_S,
+        NODE_WAIT_ENV,
+        launch_agent,
+        wait_for_nodes,
+    )
+
+    settings = os.environ if environ is None else environ
+    wait_s = float(settings.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
+    wait_for_nodes(cluster, launch_agent(settings), wait_s, env=child_env.child_environment())
 
 
 def _log_world_exit(cluster: ClusterPlan, event: ServerExit) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from trtllm_truss.cluster import (
@@ -27,6 +28,7 @@ from trtllm_truss.cluster import (
     parse_hostfile,
     planned_cluster,
     rank_env_args,
+    wait_for_nodes,
 )
 from trtllm_truss.engine_standin.world import join_world
 
@@ -264,3 +266,27 @@ def test_rank_wrapper_gives_up_with_the_reason(tmp_path):
     )
     assert done.returncode == 1
     assert "did not appear within 0s" in done.stderr and "same config.yaml" in done.stderr
+
+
+# --- the other nodes must answer before mpirun starts -------------------------------------------------
+
+
+def _agent(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_leader_waits_until_the_other_nodes_answer_through_the_agent(tmp_path):
+    # Answers from the third try on, as a worker pod that starts a few seconds after its leader.
+    counter = tmp_path / "tries"
+    agent = _agent(tmp_path, f'echo x >> {counter}\n[ "$(wc -l < {counter})" -ge 3 ] || {{ echo "no route to $1" >&2; exit 255; }}\nshift; exec sh -c "$*"\n')
+    wait_for_nodes(planned_cluster(2, 2, 1), agent, 30, poll_s=0.05)
+    assert counter.read_text().count("x") == 3
+
+
+def test_a_node_that_never_answers_is_named_with_the_agents_last_words(tmp_path):
+    agent = _agent(tmp_path, 'echo "ssh: connect to host $1 port 22: Connection refused" >&2\nexit 255\n')
+    with pytest.raises(ClusterError, match=r"node 1 \(node1\) did not answer .* within 0s \(last: ssh: connect to host node1"):
+        wait_for_nodes(planned_cluster(2, 2, 1), agent, 0.2, poll_s=0.05)
