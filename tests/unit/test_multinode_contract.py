@@ -191,3 +191,25 @@ def test_llmapi_ranks_start_through_nvidias_multi_node_launcher(tmp_path):
     prefix = launch["rank_prefix"]
     assert prefix[-1] == "trtllm-llmapi-launch" and prefix.index("wait-for") < prefix.index("trtllm-llmapi-launch")
     assert (tmp_path / "hostfile").read_text() == "node0 slots=8\nnode1 slots=8\n"
+
+
+def test_a_moe_checkpoint_over_two_nodes_shows_its_expert_split(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text(
+        textwrap.dedent(
+            """\
+            resources: {accelerator: "H100:8", node_count: 2}
+            model_metadata:
+              trt_llm:
+                build:
+                  base_model_architecture: deepseek
+                  huggingface_ckpt_repository: deepseek-ai/DeepSeek-R1
+                  tensor_parallel_count: 16
+                  expert_parallel_count: 16
+            """
+        )
+    )
+    code = main(["validate", str(tmp_path), "--trtllm-version", "1.0.0"])
+    out = capsys.readouterr().out
+    assert "MPI world of 16 rank(s) on 2 node(s) x 8 GPU(s)" in out
+    assert "MoE experts split 16 ways over the 16 ranks" in out
+    assert code == 0 and "backend llmapi" in out

@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         layout = planned_cluster(config.world_size, resolved.node_count, resolved.accelerator.count)
         for line in layout.describe():
             print(line, file=out.file)
+        experts = config.build.expert_parallel_count if config.build is not None else None
+        if experts:
+            print(f"  MoE experts split {experts} ways over the {config.world_size} ranks", file=out.file)
     for warning in resolved.warnings:
         err.print(f"warning: {redact(warning)}", markup=False)
     return _check_plan(resolved, args, out, err)
