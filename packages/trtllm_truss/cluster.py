@@ -414,6 +414,10 @@ def forwarded_names(env: Mapping[str, str]) -> list[str]:
     return [*FORWARDED_ALWAYS, *sorted(chosen - set(FORWARDED_ALWAYS))]
 
 
+def node_wait_s(environ: Mapping[str, str]) -> float:
+    return float(environ.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
+
+
 def launch_agent(environ: Mapping[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
     return environ.get(LAUNCH_AGENT_ENV) or None

@@ -87,7 +87,9 @@ def start_stack(
 
     `environ` is what the configuration's environment overrides are read from (default: os.environ);
     tritonserver inherits the process environment minus every credential (trtllm_truss.child_env).
-    `repository_dir` defaults to a fresh temporary directory removed by `RunningStack.stop()`. Errors of every stage propagate with their own
+    `repository_dir` defaults to a fresh temporary directory removed by `RunningStack.stop()`
+    (several nodes: always `<artifacts>/repositories/<content digest>`, the same path on every node; on a
+    worker node the stack stops there, prepared, with no server). Errors of every stage propagate with their own
     message (ConfigError, PlanError, FetchError, RepositoryError, TritonInstallError, TritonStartupError).
     """
     # Imported here: each stage pulls in its own dependencies, and `validate` never needs them.
@@ -138,21 +140,20 @@ def start_stack(
                 cluster.group.node_rank, cluster.group.node_count, repository_dir,
             )
             return RunningStack(plan=plan, server=None, repository_dir=repository_dir, cluster=cluster)
-    scratch = None
-    if repository_dir is None or cluster is not None:
-        scratch = Path(tempfile.mkdtemp(prefix="trtllm-truss-stack-"))
+    # A multi-node world's hostfile goes to the scratch directory too.
+    scratch = Path(tempfile.mkdtemp(prefix="trtllm-truss-stack-")) if repository_dir is None or cluster else None
     if repository_dir is None:
         assert scratch is not None
         repository_dir = scratch / "model_repository"
     server: TritonServer | None = None
     try:
+        launch: dict = {}
         if cluster is None:
             progress("rendering the Triton model repository")
             render_repository(plan, repository_dir)
-        launch = {} if cluster is None else _multi_node_launch(plan, cluster, Path(repository_dir), scratch, environ)
-        if cluster is not None:
-            progress("waiting for every node to be reachable")
-            _wait_for_nodes(cluster, environ)
+        else:
+            assert scratch is not None
+            launch = _prepare_world(plan, cluster, Path(repository_dir), scratch, environ, progress)
         server = TritonServer(
             repository_dir,
             world_size=plan.tritonserver_ranks,
@@ -210,63 +211,47 @@ def render_node_repository(plan: ServingPlan, artifacts_dir: Path) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _multi_node_launch(
+def _prepare_world(
     plan: ServingPlan,
     cluster: ClusterPlan,
     repository_dir: Path,
-    scratch: Path | None,
+    scratch: Path,
     environ: Mapping[str, str] | None = None,
+    progress: ProgressCallback = _noop,
 ) -> dict:
-    """TritonServer's options for a world over several nodes: hostfile and placement, environment
-    forwarding, the rank wrapper that waits for each node's repository, and rank 0's rendezvous address.
+    """Node 0's part of a world over several nodes, before mpirun: wait until every other node answers
+    through the launch agent, write the hostfile, and return TritonServer's options (placement, environment
+    forwarding, the rank wrapper that waits for each node's repository, rank 0's rendezvous address).
     Settings come from `environ` (default os.environ); what is forwarded, from the children's environment."""
     import os
 
     from trtllm_truss import child_env
     from trtllm_truss.cluster import (
-        DEFAULT_NODE_WAIT_S,
         NODE_WAIT_ENV,
         WORLD_ADDRESS_ENV,
         launch_agent,
+        node_wait_s,
         rank_env_args,
         rank_wrapper,
+        wait_for_nodes,
         write_hostfile,
     )
     from trtllm_truss.repository.render import MARKER_FILE
 
-    assert scratch is not None
     settings = os.environ if environ is None else environ
-    wait_s = float(settings.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
+    wait_s, agent = node_wait_s(settings), launch_agent(settings)
+    progress("waiting for every node to be reachable")
+    wait_for_nodes(cluster, agent, wait_s, env=child_env.child_environment())
     # Both reach every rank (forwarded): the stand-in's rendezvous with rank 0, and how long it waits.
     extra_env = {WORLD_ADDRESS_ENV: f"{cluster.group.hosts[0]}:{choose_free_ports().http}", NODE_WAIT_ENV: str(wait_s)}
-    env = child_env.child_environment({**os.environ, **extra_env})
-    hostfile = write_hostfile(cluster, scratch)
-    rank_prefix = rank_env_args(env) + rank_wrapper(repository_dir / MARKER_FILE, wait_s)
+    rank_prefix = rank_env_args(child_env.child_environment({**os.environ, **extra_env}))
+    rank_prefix += rank_wrapper(repository_dir / MARKER_FILE, wait_s)
     if plan.backend == "llmapi":
         # NVIDIA's multi-node LLM API launcher: rank 0 runs the command (tritonserver), the others serve as
         # its MPI workers (tensorrt_llm/llmapi/trtllm-llmapi-launch; tests/data/multinode records it).
         rank_prefix.append("trtllm-llmapi-launch")
-    return {
-        "env": extra_env,
-        "mpi_args": cluster.mpirun_args(hostfile, agent=launch_agent(settings)),
-        "rank_prefix": rank_prefix,
-    }
-
-
-def _wait_for_nodes(cluster: ClusterPlan, environ: Mapping[str, str] | None) -> None:
-    import os
-
-    from trtllm_truss import child_env
-    from trtllm_truss.cluster import (
-        DEFAULT_NODE_WAIT_S,
-        NODE_WAIT_ENV,
-        launch_agent,
-        wait_for_nodes,
-    )
-
-    settings = os.environ if environ is None else environ
-    wait_s = float(settings.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
-    wait_for_nodes(cluster, launch_agent(settings), wait_s, env=child_env.child_environment())
+    hostfile = write_hostfile(cluster, scratch)
+    return {"env": extra_env, "mpi_args": cluster.mpirun_args(hostfile, agent=agent), "rank_prefix": rank_prefix}
 
 
 def _log_world_exit(cluster: ClusterPlan, event: ServerExit) -> None:

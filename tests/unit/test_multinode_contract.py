@@ -20,7 +20,7 @@ from trtllm_truss.config import ConfigError, load_config
 from trtllm_truss.config.schema import RuntimeConfig
 from trtllm_truss.plan import ServingPlan, make_plan
 from trtllm_truss.repository.models import repository_configs
-from trtllm_truss.stack import _multi_node_launch
+from trtllm_truss.stack import _prepare_world
 from trtllm_truss.supervisor import LaunchSpec, TritonPorts, build_launch_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +187,12 @@ def test_llmapi_ranks_start_through_nvidias_multi_node_launcher(tmp_path):
         max_output_len=8, runtime=RuntimeConfig(), tensor_parallel_count=16, node_count=2, gpus_per_node=8,
     )
     assert plan.tritonserver_ranks == 16  # one launcher per rank, as NVIDIA's `mpirun -np N trtllm-llmapi-launch ...`
-    launch = _multi_node_launch(plan, planned_cluster(16, 2, 8), tmp_path / "repo", tmp_path)
+    agent = tmp_path / "agent.sh"  # every node answers at once
+    agent.write_text('#!/bin/sh\nexit 0\n')
+    agent.chmod(0o755)
+    launch = _prepare_world(
+        plan, planned_cluster(16, 2, 8), tmp_path / "repo", tmp_path, {"TRTLLM_TRUSS_MPI_LAUNCH_AGENT": str(agent)}
+    )
     prefix = launch["rank_prefix"]
     assert prefix[-1] == "trtllm-llmapi-launch" and prefix.index("wait-for") < prefix.index("trtllm-llmapi-launch")
     assert (tmp_path / "hostfile").read_text() == "node0 slots=8\nnode1 slots=8\n"
