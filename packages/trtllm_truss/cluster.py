@@ -484,6 +484,7 @@ _RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited
 _RANK_STATUS = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
 _LOST_DAEMON = re.compile(r"Remote daemon: \[\[\d+,\d+\],\d+\] on node (\S+)")
+_DAEMON_FAILED = "ORTE was unable to reliably start one or more daemons"
 
 
 def explain_world_exit(plan: ClusterPlan, log_tail: Sequence[str], *, will_restart: bool) -> str:
@@ -501,6 +502,11 @@ def explain_world_exit(plan: ClusterPlan, log_tail: Sequence[str], *, will_resta
     match = _LOST_DAEMON.search(text)
     if match:
         return f"node {match[1]} left (mpirun lost its daemon there): {world} failed with it{then}"
+    if _DAEMON_FAILED in text:
+        return (
+            f"a node's Open MPI daemon did not start or was lost (mpirun: {_DAEMON_FAILED}): {world} failed with it"
+            f"{then}"
+        )
     match = _RANK_STATUS.search(text)
     if match:
         rank = int(match[1])

@@ -261,3 +261,26 @@ def test_leaderworkerset_variables_launch_the_world_through_mpirun(world):
         assert _ranks(stack)[1][1]["TRTLLM_TRUSS_TEST_NODE"] == expected[1]
     finally:
         stack.stop()
+
+
+def test_node_1_leaving_fails_the_world_and_the_restart_brings_it_back(world, caplog):
+    """Node 1's Open MPI daemon dies (as when its machine or pod goes away): its rank goes with it
+    (parent-death signal), mpirun ends the job, and the supervisor restarts the whole world."""
+    stack = world[0]
+    daemons = [
+        pid for pid in _session_members(stack.server.pid)
+        if b"orted" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    ]
+    assert len(daemons) == 1  # node 0's ranks are mpirun's own children; node1 has a daemon
+    restarts = stack.server.restarts
+    with caplog.at_level(logging.ERROR, logger="trtllm_truss.stack"):
+        os.kill(daemons[0], signal.SIGKILL)
+        _poll(lambda: stack.server.restarts == restarts + 1, 60, "the world to be restarted")
+        stack.server.wait_ready(180)
+    messages = [record.getMessage() for record in caplog.records if record.name == "trtllm_truss.stack"]
+    assert any(
+        message.startswith("node node1 left (mpirun lost its daemon there)") and "restarting all of it" in message
+        for message in messages
+    ), messages
+    _poll(lambda: sorted(_ranks(stack)) == [0, 1], 60, "both ranks to be back")
+    assert _generate(stack)

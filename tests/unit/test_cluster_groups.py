@@ -205,6 +205,8 @@ def test_mpirun_reports_become_one_line_naming_rank_and_node():
         plan, ["  HNP daemon   : [[1,0],0] on node gpu01", "  Remote daemon: [[1,0],1] on node gpu02"], will_restart=True
     )
     assert lost.startswith("node gpu02 left")
+    gone = explain_world_exit(plan, ["ORTE was unable to reliably start one or more daemons."], will_restart=True)
+    assert gone.startswith("a node's Open MPI daemon did not start or was lost")
 
 
 # --- rank 0 waits for every rank; the rank wrapper --------------------------------------------------
