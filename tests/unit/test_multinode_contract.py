@@ -8,6 +8,7 @@ launch for real with the stand-in engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -218,3 +219,34 @@ def test_a_moe_checkpoint_over_two_nodes_shows_its_expert_split(tmp_path, capsys
     assert "MPI world of 16 rank(s) on 2 node(s) x 8 GPU(s)" in out
     assert "MoE experts split 16 ways over the 16 ranks" in out
     assert code == 0 and "backend llmapi" in out
+
+
+def test_a_tp16_engine_is_verified_against_the_gpus_of_both_nodes(tmp_path):
+    from trtllm_truss.artifacts import prepare_artifacts
+    from trtllm_truss.artifacts.engine_config import EngineVerificationError
+    from trtllm_truss.probe import GpuInfo, RuntimeFacts
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({
+        "version": "0.16.0",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM", "dtype": "bfloat16",
+            "mapping": {"world_size": 16, "tp_size": 16, "pp_size": 1},
+        },
+        "build_config": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_beam_width": 1},
+    }))
+    for rank in range(16):
+        (engine / f"rank{rank}.engine").write_bytes(b"\x01" * 8)
+    node = RuntimeFacts(
+        gpus=(GpuInfo("NVIDIA H100 80GB HBM3", "9.0"),) * 8, trtllm_version="0.16.0", trtllm_unavailable_reason=None
+    )
+    plan = ServingPlan(
+        backend="tensorrtllm", tokenizer_dir=tmp_path, engine_dir=engine, max_batch_size=1, max_input_len=1,
+        max_output_len=1, runtime=RuntimeConfig(), tensor_parallel_count=16, facts=node, limits_final=False,
+        node_count=2, gpus_per_node=8,
+    )
+    ready, _ = prepare_artifacts(plan)
+    assert ready.limits_final and ready.max_input_len == 1024
+    with pytest.raises(EngineVerificationError, match="engine needs 16 GPUs .* but 8 are visible"):
+        prepare_artifacts(dataclasses.replace(plan, node_count=1, gpus_per_node=1))

@@ -66,7 +66,8 @@ def prepare_artifacts(
             engine_dir,
             expected_tp=plan.tensor_parallel_count,
             expected_pp=plan.pipeline_parallel_count,
-            gpu_count=facts.gpu_count,
+            # Over several nodes the world's GPUs are every node's (the config gave each node its share).
+            gpu_count=facts.gpu_count * plan.node_count,
             runtime_trtllm_version=facts.trtllm_version,
             runtime_gpu=facts.gpus[0] if facts.gpus else None,
         )
