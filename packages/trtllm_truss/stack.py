@@ -128,7 +128,14 @@ def start_stack(
 
         build_engine = EngineBuilder(secrets=secrets, environ=environ)
     progress("fetching model artifacts" if plan.backend == "pytorch" else "fetching or building the engine")
-    plan, _ = prepare_artifacts(plan, secrets=secrets, environ=environ, build_engine=build_engine)
+    # A node of a multi-node world fetches only its own ranks' engine files (a prebuilt engine; a build
+    # makes every rank's).
+    engine_ranks = None
+    if cluster is not None and plan.backend == "tensorrtllm" and plan.mode == "serve":
+        engine_ranks = [p.rank for p in cluster.placement() if p.node == cluster.group.node_rank]
+    plan, _ = prepare_artifacts(
+        plan, secrets=secrets, environ=environ, build_engine=build_engine, engine_ranks=engine_ranks
+    )
 
     if cluster is not None:
         # Every node renders the same repository at the same path (mpirun hands each rank node 0's paths).

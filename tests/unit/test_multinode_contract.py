@@ -221,7 +221,7 @@ def test_a_moe_checkpoint_over_two_nodes_shows_its_expert_split(tmp_path, capsys
     assert code == 0 and "backend llmapi" in out
 
 
-def test_a_tp16_engine_is_verified_against_the_gpus_of_both_nodes(tmp_path):
+def test_a_tp16_engine_is_verified_against_both_nodes_gpus_and_each_nodes_ranks(tmp_path):
     from trtllm_truss.artifacts import prepare_artifacts
     from trtllm_truss.artifacts.engine_config import EngineVerificationError
     from trtllm_truss.probe import GpuInfo, RuntimeFacts
@@ -250,3 +250,9 @@ def test_a_tp16_engine_is_verified_against_the_gpus_of_both_nodes(tmp_path):
     assert ready.limits_final and ready.max_input_len == 1024
     with pytest.raises(EngineVerificationError, match="engine needs 16 GPUs .* but 8 are visible"):
         prepare_artifacts(dataclasses.replace(plan, node_count=1, gpus_per_node=1))
+    # Node 1's own volume holds only its ranks' files: enough for node 1, not for a whole world.
+    for rank in range(8):
+        (engine / f"rank{rank}.engine").unlink()
+    prepare_artifacts(plan, engine_ranks=range(8, 16))
+    with pytest.raises(EngineVerificationError, match=r"missing engine file\(s\) rank0\.engine"):
+        prepare_artifacts(plan)
