@@ -19,8 +19,9 @@ platform, each by the variables it documents:
 
 Ranks are placed in blocks, `gpus_per_node` per node: rank r runs on node r // gpus_per_node with local
 GPU r % gpus_per_node (TensorRT-LLM's default device of a rank). Node 0 runs truss's server, the stream
-workers, `mpirun` and rank 0 (Triton's leader); every other node prepares the same artifacts and model
-repository (at the same paths) and waits for mpirun to start its ranks there. `mpirun` reaches the
+workers, `mpirun` and rank 0 (Triton's leader); every other node prepares its share of the artifacts
+(a prebuilt engine's files of its own ranks) and the same model repository (at the same paths) and
+waits for mpirun to start its ranks there. `mpirun` reaches the
 other nodes through Open MPI's rsh launcher: `ssh` by default, or the command in
 `TRTLLM_TRUSS_MPI_LAUNCH_AGENT` (`--mca plm_rsh_agent`, e.g. NVIDIA's tutorial's `kubessh`).
 
