@@ -256,3 +256,11 @@ def test_a_tp16_engine_is_verified_against_both_nodes_gpus_and_each_nodes_ranks(
     prepare_artifacts(plan, engine_ranks=range(8, 16))
     with pytest.raises(EngineVerificationError, match=r"missing engine file\(s\) rank0\.engine"):
         prepare_artifacts(plan)
+
+
+def test_init_from_the_two_node_example_scales_the_world_with_the_accelerator(tmp_path, capsys):
+    truss_dir = tmp_path / "h200"
+    assert main(["init", str(truss_dir), "--from", EXAMPLE.name, "--accelerator", "H200:8"]) == 0
+    resolved = load_config(truss_dir, environ={})
+    assert resolved.node_count == 2 and str(resolved.accelerator) == "H200:8"
+    assert resolved.trt_llm.world_size == 16  # 8 GPUs per node x 2 nodes
