@@ -103,6 +103,10 @@ class ServingPlan:
     # checkpoint (draft_target / eagle3 on llmapi) once fetched.
     speculative: Any = None
     draft_dir: Path | None = None
+    # resources.node_count and each node's GPUs: a multi-node plan is one MPI world of
+    # node_count x gpus_per_node ranks (trtllm_truss.cluster places them).
+    node_count: int = 1
+    gpus_per_node: int = 1
 
     @property
     def world_size(self) -> int:
@@ -112,7 +116,12 @@ class ServingPlan:
     def tritonserver_ranks(self) -> int:
         """tritonserver processes to launch: one per rank for NVIDIA's C++ backend (leader mode under
         mpirun); one for NVIDIA's llmapi model, whose LLM API starts its own TP/PP workers (NVIDIA's
-        model.py clears inherited MPI job variables for that), and one for the stand-in."""
+        model.py clears inherited MPI job variables for that), and one for the stand-in. Over several
+        nodes every backend runs one rank per GPU of every node: the stand-in in leader mode as NVIDIA's
+        backend does (so the multi-node launch runs for real without GPUs), llmapi under
+        `trtllm-llmapi-launch`."""
+        if self.node_count > 1:
+            return self.node_count * self.gpus_per_node
         return self.world_size if self.backend == "tensorrtllm" else 1
 
     def with_engine(self, engine_dir: Path, info: EngineInfo) -> ServingPlan:
@@ -333,7 +342,10 @@ def make_plan(
     trt = resolved.trt_llm
     runtime = trt.runtime
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
-    backend, reason = choose_backend(runtime.backend, facts, trt.world_size, build=trt.build, mode=trt.mode)
+    node_count = resolved.node_count
+    # The config checked that the world fills node_count nodes: each node needs its share of the GPUs.
+    ranks_per_node = max(1, trt.world_size // node_count)
+    backend, reason = choose_backend(runtime.backend, facts, ranks_per_node, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
     if problems:
@@ -350,6 +362,8 @@ def make_plan(
         "tensor_parallel_count": trt.tensor_parallel_count if backend != "pytorch" else 1,
         "pipeline_parallel_count": trt.pipeline_parallel_count if backend != "pytorch" else 1,
         "speculative": trt.speculative if backend != "pytorch" else None,
+        "node_count": node_count,
+        "gpus_per_node": ranks_per_node if node_count > 1 else 1,
     }
     model_override = runtime.pytorch.model
 

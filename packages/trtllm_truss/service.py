@@ -63,6 +63,8 @@ class LLMService:
         started = time.monotonic()
         self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
+        if self._stack.is_worker_node:  # its ranks are node 0's to start; this truss serves no requests
+            return
         try:
             from trtllm_truss.tokenizer import ensure_tokenizer_json
 
@@ -112,6 +114,8 @@ class LLMService:
     async def is_healthy(self) -> bool:
         """tritonserver alive with its models ready, a stream worker running, and the engine answering
         its probe (a hung engine reads unhealthy within runtime.health's interval + timeout)."""
+        if self._stack is not None and self._stack.is_worker_node:
+            return True  # prepared; the world's health is node 0's to report
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
             return False
         # Triton's own readiness of the models (a restarted tritonserver is alive before it is ready);

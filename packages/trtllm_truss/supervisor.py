@@ -134,6 +134,11 @@ class LaunchSpec:
     # its own SIGTERM handling holds the ranks for a while and then SIGKILLs them, and Open MPI's ranks
     # outlive a killed mpirun, which is why each rank carries its own.
     setpriv: str | None = None
+    # Several nodes (trtllm_truss.cluster): mpirun's global options placing the ranks (hostfile, launch
+    # agent), and what every rank's app context starts with: its options (`-x` forwarding) and the argv
+    # it starts through (a wrapper that waits for its node's repository).
+    mpi_args: tuple[str, ...] = ()
+    rank_prefix: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -183,10 +188,11 @@ def build_launch_command(spec: LaunchSpec) -> list[str]:
     command = [*_parent_death(spec, "KILL"), spec.mpirun, "--allow-run-as-root"]
     if spec.oversubscribe:
         command.append("--oversubscribe")
+    command += spec.mpi_args
     for rank in range(spec.world_size):
         if rank:
             command.append(":")
-        command += ["-n", "1", *tritonserver_rank_args(spec, rank)]
+        command += ["-n", "1", *spec.rank_prefix, *tritonserver_rank_args(spec, rank)]
     return command
 
 
@@ -402,6 +408,8 @@ class TritonServer:
         check_numpy: bool = True,
         on_exit: Callable[[ServerExit], None] | None = None,
         secrets: Iterable[str] = (),
+        mpi_args: Sequence[str] = (),
+        rank_prefix: Sequence[str] = (),
     ) -> None:
         self.repository = Path(repository).resolve()
         self.world_size = world_size
@@ -419,6 +427,8 @@ class TritonServer:
         self._stop_timeout_s = stop_timeout_s
         self._mpirun = mpirun
         self._check_numpy = check_numpy
+        self._mpi_args = tuple(mpi_args)
+        self._rank_prefix = tuple(rank_prefix)
         self._exit_listeners: list[Callable[[ServerExit], None]] = [on_exit] if on_exit else []
 
         self._lock = threading.RLock()
@@ -549,6 +559,8 @@ class TritonServer:
             mpirun=self._mpirun,
             # A prefix command rather than a preexec_fn, which is unsafe in a process with threads.
             setpriv=shutil.which("setpriv"),
+            mpi_args=self._mpi_args,
+            rank_prefix=self._rank_prefix,
         )
         logger.info(
             "starting tritonserver from %s (%s), world size %d, repository %s, ports http %d grpc %d metrics %d",

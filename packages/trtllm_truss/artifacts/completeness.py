@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -99,10 +100,11 @@ def _check_json_files(directory: Path, names: list[str], what: str) -> None:
             ) from None
 
 
-def check_complete(directory: Path, kind: ArtifactKind, *, what: str) -> None:
+def check_complete(directory: Path, kind: ArtifactKind, *, what: str, ranks: Collection[int] | None = None) -> None:
     """Raise IncompleteArtifactError unless `directory` holds a usable artifact of `kind`.
 
-    `what` names the artifact in messages (source and revision, never a token).
+    `what` names the artifact in messages (source and revision, never a token). `ranks`: an engine
+    needs only these ranks' files (one node's share of a multi-node world).
     """
     files = artifact_files(directory)
     if not files:
@@ -114,7 +116,7 @@ def check_complete(directory: Path, kind: ArtifactKind, *, what: str) -> None:
         try:
             # Structure only (config parses, every rank file present and non-empty); the runtime
             # facts (versions, GPUs) are checked by verify_engine_dir when serving.
-            verify_engine_dir(directory)
+            verify_engine_dir(directory, ranks=ranks)
         except EngineVerificationError as exc:
             raise IncompleteArtifactError(f"{what}: {exc}") from None
         return

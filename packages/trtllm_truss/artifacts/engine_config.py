@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -259,11 +259,13 @@ def verify_engine_dir(
     gpu_count: int | None = None,
     runtime_trtllm_version: str | None = None,
     runtime_gpu: GpuInfo | None = None,
+    ranks: Collection[int] | None = None,
 ) -> EngineInfo:
     """Check an engine directory before launching Triton; return its EngineInfo.
 
     Checks that are given no fact (None) are skipped: on a machine without nvidia-smi the GPU checks
-    cannot run, and the engine config alone says nothing about them.
+    cannot run, and the engine config alone says nothing about them. `ranks`: only these ranks' files
+    must be there (one node of a multi-node world holds only its own); None: every rank's.
     """
     engine_dir = Path(engine_dir)
     if not engine_dir.is_dir():
@@ -297,7 +299,8 @@ def verify_engine_dir(
     # Rank files: present and non-empty for every rank of the engine's world.
     present = {p.name: p for p in engine_dir.iterdir() if p.is_file() and p.name.endswith(".engine")}
     rank_files = expected_rank_files(info)
-    missing = [name for name in rank_files if name not in present]
+    needed_files = rank_files if ranks is None else tuple(rank_files[r] for r in sorted(ranks) if r < len(rank_files))
+    missing = [name for name in needed_files if name not in present]
     if missing:
         found = ", ".join(sorted(present)) or "none"
         raise EngineVerificationError(
@@ -305,7 +308,7 @@ def verify_engine_dir(
             f"(tp={info.tensor_parallel}, pp={info.pipeline_parallel}; found: {found}); "
             "the upload or download is incomplete, upload every rank file or fetch again"
         )
-    empty = [name for name in rank_files if present[name].stat().st_size == 0]
+    empty = [name for name in needed_files if present[name].stat().st_size == 0]
     if empty:
         raise EngineVerificationError(
             f"{where}: engine file(s) {', '.join(empty)} are empty (0 bytes); the upload or download was "

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,11 +91,47 @@ def _drop_mismatched(dest: Path, marker: CompletionMarker) -> None:
             path.unlink()
 
 
+# An engine's per-rank file, either layout (`rank3.engine`, `llama_float16_tp4_rank3.engine`).
+_RANK_FILE = re.compile(r"(?:^|_)rank(\d+)\.engine$")
+
+
+def _for_ranks(names: Collection[str], ranks: Collection[int] | None) -> set[str]:
+    """`names` minus the rank files of ranks not in `ranks` (None: all of them)."""
+    if ranks is None:
+        return set(names)
+    wanted = set(ranks)
+    kept = set()
+    for name in names:
+        match = _RANK_FILE.search(name)
+        if match is None or int(match.group(1)) in wanted:
+            kept.add(name)
+    return kept
+
+
+def _holds_ranks(files: Collection[str], ranks: Collection[int] | None) -> bool:
+    """A download with a file for every rank in `ranks` (None: no requirement beyond the marker)."""
+    if ranks is None:
+        return True
+    present = {int(m.group(1)) for m in map(_RANK_FILE.search, files) if m is not None}
+    return set(ranks) <= present
+
+
 def _reusable(
-    dest: Path, source: Source, kind: ArtifactKind, resolved: str | None, revision: str | None
+    dest: Path,
+    source: Source,
+    kind: ArtifactKind,
+    resolved: str | None,
+    revision: str | None,
+    needed: Collection[str] | None = None,
+    ranks: Collection[int] | None = None,
 ) -> CompletionMarker | None:
     marker = read_marker(dest)
     if marker is None or marker.source != str(source) or marker.kind != kind:
+        return None
+    # Another node sharing the directory may have completed it with only its own ranks' files.
+    if needed is not None and not set(needed) <= set(marker.files):
+        return None
+    if not _holds_ranks(marker.files, ranks):
         return None
     if resolved is not None and marker.resolved_revision != resolved:
         return None
@@ -108,14 +145,24 @@ def _reusable(
 
 
 def _finish(
-    dest: Path, source: Source, kind: ArtifactKind, revision: str | None, resolved: str, keep: set[str]
+    dest: Path,
+    source: Source,
+    kind: ArtifactKind,
+    revision: str | None,
+    resolved: str,
+    keep: set[str],
+    *,
+    known: set[str] | None = None,
+    ranks: Collection[int] | None = None,
 ) -> FetchResult:
-    _prune(dest, keep)
+    """`keep`: what this fetch needs; `known`: every file of the artifact at this revision, which pruning
+    spares (other ranks' files that another node sharing the directory fetched)."""
+    _prune(dest, keep | ((known or set()) & set(artifact_files(dest))))
     what = _label(source, revision)
     missing = sorted(keep - set(artifact_files(dest)))
     if missing:
         raise IncompleteArtifactError(f"{what}: download incomplete, missing {', '.join(missing[:5])}; retry")
-    check_complete(dest, kind, what=what)
+    check_complete(dest, kind, what=what, ranks=ranks)
     files = artifact_files(dest)
     write_marker(dest, CompletionMarker(str(source), kind, revision, resolved, files))
     return FetchResult(dest, str(source), kind, revision, resolved, files, downloaded=True)
@@ -129,25 +176,27 @@ def _fetch_hub(
     token: str | None,
     environ: Mapping[str, str] | None,
     max_workers: int,
+    ranks: Collection[int] | None = None,
 ) -> FetchResult:
     try:
         commit, repo_files = hub.resolve_hub_revision(src.repo_id, revision, token=token, environ=environ)
     except hub.HubUnreachableError:
         # Hub unreachable on restart: a complete download of the same requested revision is still good.
         # (Only then: a hub that answers "no such revision" must not be papered over with an old copy.)
-        marker = _reusable(dest, src, kind, None, revision)
+        marker = _reusable(dest, src, kind, None, revision, ranks=ranks)
         if marker is None:
             raise
         logger.warning("%s: hub unreachable, using the complete download at %s", _label(src, revision), dest)
         return FetchResult(dest, str(src), kind, revision, marker.resolved_revision, dict(marker.files))
-    needed = set(hub.needed_hub_files(repo_files, kind))
+    known = set(hub.needed_hub_files(repo_files, kind))
+    needed = _for_ranks(known, ranks)
     if not needed:
         raise IncompleteArtifactError(
             f"{_label(src, revision)}: the repo has no {kind} files at commit {commit[:12]} "
             f"(looked for top-level files matching what a {kind} needs); check the repository and revision"
         )
     with _lock_for(dest):
-        marker = _reusable(dest, src, kind, commit, revision)
+        marker = _reusable(dest, src, kind, commit, revision, needed, ranks)
         if marker is not None:
             logger.info("%s: already complete at %s (commit %s)", _label(src, revision), dest, commit[:12])
             return FetchResult(dest, str(src), kind, revision, commit, dict(marker.files))
@@ -165,7 +214,7 @@ def _fetch_hub(
             revision_label=revision,
             files=sorted(needed),
         )
-        return _finish(dest, src, kind, revision, commit, needed)
+        return _finish(dest, src, kind, revision, commit, needed, known=known, ranks=ranks)
 
 
 def _fetch_s3(
@@ -175,6 +224,7 @@ def _fetch_s3(
     kind: ArtifactKind,
     environ: Mapping[str, str] | None,
     max_workers: int,
+    ranks: Collection[int] | None = None,
 ) -> FetchResult:
     if revision:
         raise FetchError(
@@ -184,23 +234,28 @@ def _fetch_s3(
     objects = s3.list_s3_objects(src, kind, environ=environ)
     if not objects:
         raise IncompleteArtifactError(f"{src}: no {kind} files directly under this prefix; check the bucket and prefix")
-    fingerprint = s3.s3_fingerprint(objects)
+    fingerprint = s3.s3_fingerprint(objects)  # of the whole artifact: the same on every node
+    known = {o.relative_path for o in objects}
+    needed = _for_ranks(known, ranks)
     with _lock_for(dest):
-        marker = _reusable(dest, src, kind, fingerprint, revision)
+        marker = _reusable(dest, src, kind, fingerprint, revision, needed, ranks)
         if marker is not None:
             return FetchResult(dest, str(src), kind, revision, fingerprint, dict(marker.files))
         dest.mkdir(parents=True, exist_ok=True)
         remove_marker(dest)
-        s3.download_s3_objects(src, objects, dest, environ=environ, max_workers=max_workers)
-        return _finish(dest, src, kind, revision, fingerprint, {o.relative_path for o in objects})
+        wanted = [o for o in objects if o.relative_path in needed]
+        s3.download_s3_objects(src, wanted, dest, environ=environ, max_workers=max_workers)
+        return _finish(dest, src, kind, revision, fingerprint, needed, known=known, ranks=ranks)
 
 
-def _use_local(src: LocalSource, revision: str | None, kind: ArtifactKind) -> FetchResult:
+def _use_local(
+    src: LocalSource, revision: str | None, kind: ArtifactKind, ranks: Collection[int] | None = None
+) -> FetchResult:
     if revision:
         raise FetchError(f"{src}: a local path has no revisions (got {revision!r}); remove the revision setting")
     if not src.path.is_dir():
         raise FetchError(f"{src}: local {kind} directory does not exist")
-    check_complete(src.path, kind, what=str(src))
+    check_complete(src.path, kind, what=str(src), ranks=ranks)
     files = {p.name: p.stat().st_size for p in src.path.iterdir() if p.is_file() and p.name not in BOOKKEEPING}
     return FetchResult(src.path, str(src), kind, None, local_fingerprint(src.path, kind), files)
 
@@ -215,25 +270,30 @@ def fetch_repository(
     environ: Mapping[str, str] | None = None,
     base_dir: Path | None = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    ranks: Collection[int] | None = None,
 ) -> FetchResult:
     """Make the `kind` files of `source` (at `revision`) available; return where they are.
 
     Hub repos and S3 prefixes are downloaded into `dest`; local directories are checked and used in
     place (`dest` is not touched). `token` defaults to TRUSS_SECRET_hf_access_token / HF_TOKEN.
+    `ranks` (engines): only these ranks' `rank*.engine` files are needed, e.g. one node's share of a
+    multi-node world; files of other ranks already in `dest` (a directory shared by nodes) are kept.
     Raises FetchError (or a subclass) with a one-line message that never contains the token.
     """
     if kind not in ARTIFACT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(ARTIFACT_KINDS)}, got {kind!r}")
     environ = os.environ if environ is None else environ
     src = parse_source(source, base_dir=base_dir)
+    if kind != "engine":
+        ranks = None
     if isinstance(src, LocalSource):
-        return _use_local(src, revision, kind)
+        return _use_local(src, revision, kind, ranks)
     dest = Path(dest)
     if isinstance(src, S3Source):
-        return _fetch_s3(src, dest, revision, kind, environ, max_workers)
+        return _fetch_s3(src, dest, revision, kind, environ, max_workers, ranks)
     token = token or hub.resolve_hf_token(None, environ)
     try:
-        return _fetch_hub(src, dest, revision, kind, token, environ, max_workers)
+        return _fetch_hub(src, dest, revision, kind, token, environ, max_workers, ranks)
     except FetchError as exc:
         # Belt and braces: no message leaves this function carrying the token.
         if token and token in str(exc):

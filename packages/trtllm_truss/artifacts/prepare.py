@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from trtllm_truss.artifacts.engine_config import EngineVerificationError, verify_engine_dir
@@ -27,8 +27,12 @@ def prepare_artifacts(
     environ: Mapping[str, str] | None = None,
     build_engine: BuildEngine | None = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    engine_ranks: Collection[int] | None = None,
 ) -> tuple[ServingPlan, list[FetchResult]]:
     """Fetch what the plan lists, verify the engine against this machine, and fill in the final limits.
+
+    `engine_ranks`: this node's ranks of a multi-node world; a fetched engine brings (and is checked
+    for) only their `rank*.engine` files. None: every rank's.
 
     `build_engine` (build mode with tensorrtllm) returns the engine directory from the engine cache,
     building on a miss; without it the returned plan keeps `engine_dir=None` for the caller to fill.
@@ -46,6 +50,7 @@ def prepare_artifacts(
             environ=environ,
             base_dir=plan.truss_dir,
             max_workers=max_workers,
+            ranks=engine_ranks if request.role == "engine" else None,
         )
         logger.info(
             "%s %s: %s (%d files, %.1f MB, revision %s)",
@@ -67,9 +72,11 @@ def prepare_artifacts(
             engine_dir,
             expected_tp=plan.tensor_parallel_count,
             expected_pp=plan.pipeline_parallel_count,
-            gpu_count=facts.gpu_count,
+            # Over several nodes the world's GPUs are every node's (the config gave each node its share).
+            gpu_count=facts.gpu_count * plan.node_count,
             runtime_trtllm_version=facts.trtllm_version,
             runtime_gpu=facts.gpus[0] if facts.gpus else None,
+            ranks=engine_ranks,
         )
         if plan.speculative is not None:
             build_config = json.loads((Path(engine_dir) / "config.json").read_text(encoding="utf-8")).get("build_config")

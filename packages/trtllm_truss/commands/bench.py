@@ -341,6 +341,12 @@ def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: A
             progress=lambda stage: status.update(f"starting the stack: {stage}..."),
         )
     cleanup.callback(stack.stop)
+    if stack.is_worker_node:  # node > 0 of a multi-node group serves nothing: bench node 0
+        group = stack.cluster.group
+        raise _SetupError(
+            f"this is node {group.node_rank} of {group.node_count}, which serves no requests; bench node 0 ({group.hosts[0]})",
+            2,
+        )
     return stack
 
 

@@ -125,9 +125,13 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
             served["tokenizer_repository"] = args.tokenizer_repository
     if args.accelerator:
         config.setdefault("resources", {})["accelerator"] = args.accelerator
-        # one engine rank per GPU: the parallel layout follows the accelerator count
+        # one engine rank per GPU of every node: the parallel layout follows the accelerator count (per node)
+        # times resources.node_count
         parallel = served if served is not None else build
-        tensor_parallel = _tensor_parallel(args.accelerator) // int(parallel.get("pipeline_parallel_count", 1) or 1)
+        resources = config.get("resources") or {}
+        nodes = resources.get("node_count") if isinstance(resources.get("node_count"), int) else 1
+        gpus = _tensor_parallel(args.accelerator) * max(nodes, 1)
+        tensor_parallel = gpus // int(parallel.get("pipeline_parallel_count", 1) or 1)
         parallel["tensor_parallel_count"] = max(tensor_parallel, 1)
     return config
 

@@ -63,12 +63,15 @@ def _configure_logging(console, verbose: bool) -> None:
 
 def _startup_errors() -> tuple[type[BaseException], ...]:
     from trtllm_truss.artifacts import FetchError
+    from trtllm_truss.cluster import ClusterError
     from trtllm_truss.config import ConfigError
     from trtllm_truss.plan import PlanError
     from trtllm_truss.repository import RepositoryError
     from trtllm_truss.supervisor import TritonInstallError, TritonStartupError
 
-    return (ConfigError, PlanError, FetchError, RepositoryError, TritonInstallError, TritonStartupError, ValueError)
+    return (
+        ConfigError, PlanError, FetchError, RepositoryError, ClusterError, TritonInstallError, TritonStartupError, ValueError
+    )
 
 
 def _describe(exc: BaseException) -> str:
@@ -111,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
 
         server, plan = stack.server, stack.plan
         out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        if server is None:  # a worker node of a multi-node group: node 0's mpirun starts its ranks here
+            group = stack.cluster.group
+            out.print(f"[bold green]prepared[/]: node {group.node_rank} of {group.node_count}, repository"
+                      f" {stack.repository_dir}; node 0 ({group.hosts[0]}) starts this node's ranks. Ctrl-C stops.")
+            while not stop_requested.wait(0.5):  # a timeout keeps Ctrl-C deliverable
+                pass
+            return 0
         out.print(f"[bold green]ready[/]: backend {plan.backend}, world size {plan.world_size}, "
                   f"repository {stack.repository_dir}")
         out.print(f"  gRPC     {server.grpc_url}")

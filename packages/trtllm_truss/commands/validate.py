@@ -69,6 +69,15 @@ def run(args: argparse.Namespace) -> int:
         f" secrets declared: {', '.join(resolved.secrets) or 'none'}",
         markup=False,
     )
+    if resolved.node_count > 1 and resolved.accelerator is not None:
+        from trtllm_truss.cluster import planned_cluster
+
+        layout = planned_cluster(config.world_size, resolved.node_count, resolved.accelerator.count)
+        for line in layout.describe():
+            print(line, file=out.file)
+        experts = config.build.expert_parallel_count if config.build is not None else None
+        if experts:
+            print(f"  MoE experts split {experts} ways over the {config.world_size} ranks", file=out.file)
     for warning in resolved.warnings:
         err.print(f"warning: {redact(warning)}", markup=False)
     return _check_plan(resolved, args, out, err)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trtllm_truss.cluster import node_count_problem
 from trtllm_truss.config.accelerator import (
     BF16_MIN_COMPUTE_CAPABILITY,
     FP4_MIN_COMPUTE_CAPABILITY,
@@ -13,13 +14,25 @@ from trtllm_truss.config.errors import SECTION_PATH
 from trtllm_truss.config.schema import AwqFormat, Backend, Dtype, Quantization, TrtLlmConfig
 
 
-def hardware_problems(config: TrtLlmConfig, accelerator: Accelerator | None) -> tuple[list[str], list[str]]:
-    """(problems, warnings) for parallelism, FP8 and bfloat16 versus the requested GPUs."""
+def hardware_problems(
+    config: TrtLlmConfig, accelerator: Accelerator | None, node_count: int = 1
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for parallelism (over `node_count` nodes of `accelerator`), FP8 and bfloat16
+    versus the requested GPUs."""
     problems: list[str] = []
     warnings: list[str] = []
     mode_path = f"{SECTION_PATH}.{config.mode}"
     tp, pp, world = config.tensor_parallel_count, config.pipeline_parallel_count, config.world_size
-    if accelerator is None:
+    if node_count > 1:
+        problem = node_count_problem(
+            world,
+            node_count,
+            accelerator.count if accelerator is not None else None,
+            key=f"{mode_path}.tensor_parallel_count {tp} x pipeline_parallel_count {pp}",
+        )
+        if problem is not None:
+            problems.append(problem)
+    elif accelerator is None:
         if world > 1:
             problems.append(
                 f"{mode_path}.tensor_parallel_count: tensor_parallel_count {tp} x pipeline_parallel_count {pp}"

@@ -60,6 +60,7 @@ class ResolvedConfig:
     secrets: list[str]  # declared secret names; their values are only remembered for redaction
     warnings: list[str] = field(default_factory=list)
     model_name: str | None = None
+    node_count: int = 1  # resources.node_count: nodes that serve the model together as one MPI world
 
     def source_of(self, key: str) -> Source:
         """Origin of a key given as a full dotted path or relative to model_metadata.trt_llm."""
@@ -207,6 +208,14 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
         accelerator = parse_accelerator(resources.get("accelerator") if isinstance(resources, dict) else None)
     except ValueError as exc:
         raw.problems.append(f"resources.accelerator: {exc}")
+    node_count = 1
+    declared_nodes = resources.get("node_count") if isinstance(resources, dict) else None
+    if declared_nodes is not None:
+        # truss's own schema: a strict integer >= 1 (or null)
+        if isinstance(declared_nodes, bool) or not isinstance(declared_nodes, int) or declared_nodes < 1:
+            raw.problems.append(f"resources.node_count: expected an integer >= 1 (got {show_value(declared_nodes)})")
+        else:
+            node_count = declared_nodes
 
     for name in secrets:
         if declared_secrets[name] not in (None, ""):
@@ -231,7 +240,7 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
         problems += _format_validation_error(exc, raw.origins)
     warnings = list(raw.warnings)
     if config is not None:
-        hw_problems, hw_warnings = hardware_problems(config, accelerator)
+        hw_problems, hw_warnings = hardware_problems(config, accelerator, node_count)
         problems += hw_problems
         warnings += hw_warnings
     if problems:
@@ -247,4 +256,5 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
         secrets=secrets,
         warnings=warnings,
         model_name=str(model_name) if model_name is not None else None,
+        node_count=node_count,
     )

@@ -160,16 +160,19 @@ class RequestCore:
     def attach(self, pool: StreamPool, limits: RequestLimits) -> None:
         self._pool, self._limits = pool, limits
 
+    # Why requests get 503 while nothing is attached (a worker node of a multi-node world serves none).
+    unavailable = "the model is still loading"
+
     @property
     def pool(self) -> StreamPool:
         if self._pool is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
+            raise HTTPException(status_code=503, detail=self.unavailable)
         return self._pool
 
     @property
     def limits(self) -> RequestLimits:
         if self._limits is None:
-            raise HTTPException(status_code=503, detail="the model is still loading")
+            raise HTTPException(status_code=503, detail=self.unavailable)
         return self._limits
 
     @property

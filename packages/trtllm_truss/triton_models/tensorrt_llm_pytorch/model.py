@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -42,6 +43,7 @@ from trtllm_truss.engine_standin.responses import (
 )
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 from trtllm_truss.engine_standin.unsupported_inputs import refuse_unsupported
+from trtllm_truss.engine_standin.world import join_world
 
 STANDIN_MODEL_INTERFACE = """
 Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
@@ -240,6 +242,12 @@ def _instance_position(args: dict, model_config: dict) -> tuple[int, int]:
     return min(index, count - 1), count
 
 
+def _world_join_timeout_s() -> float:
+    from trtllm_truss.cluster import DEFAULT_NODE_WAIT_S, NODE_WAIT_ENV
+
+    return float(os.environ.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
+
+
 class TritonPythonModel:
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
@@ -263,6 +271,8 @@ class TritonPythonModel:
         self.prefix_window = int(parameters.get("prefix_window_tokens", "8") or 8)
         self.default_end_id = _eos_token_id(self.settings)
         self.engine: EngineBase = build_engine(self.settings)
+        # Several ranks (nodes): rank 0 is ready only once every rank has joined, as NVIDIA's executor.
+        self._world = join_world(os.environ, _world_join_timeout_s()) if self.instance_index == 0 else None
         instance_name = str(args.get("model_instance_name", args["model_name"]))
         # Requests the engine holds (running or waiting) on Triton's /metrics: shows slots freed
         # after a client cancels. Refreshed with the cancellation checks, off the per-token path.
@@ -696,6 +706,8 @@ class TritonPythonModel:
         )
 
     def finalize(self) -> None:
+        if self._world is not None:
+            self._world.close()
         self.engine.shutdown()  # ends what is left with an error response, queued on the lanes
         self._stopping.set()
         for lane in self._lanes:
