@@ -64,6 +64,11 @@ class LLMService:
         self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
         if self._stack.is_worker_node:  # its ranks are node 0's to start; this truss serves no requests
+            group = self._stack.cluster.group
+            self.core.unavailable = (
+                f"node {group.node_rank} of {group.node_count} runs model ranks only; send requests to node 0"
+                f" ({group.hosts[0]})"
+            )
             return
         try:
             from trtllm_truss.tokenizer import ensure_tokenizer_json
