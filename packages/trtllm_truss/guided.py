@@ -1,0 +1,62 @@
+"""Guided decoding guides in NVIDIA's terms, turned into llguidance grammars and checked.
+
+One vocabulary on every path: a guide is NVIDIA's `guided_decoding_guide_type` (tensorrtllm_backend
+v0.19.0 `tensorrt_llm` input; `GuidedDecodingParams.GuideType` in the executor) with its
+`guided_decoding_guide` text. The API dialects turn their own fields (`response_format`,
+`tool_choice`, vLLM's and trtllm-serve's extensions) into one; the stand-in engine compiles it with
+llguidance and masks the logits at every step; the TensorRT-LLM paths pass it on unchanged.
+
+No torch here: the request path (every supported Python) checks guides with the same compiler the
+stand-in decodes with, so a guide the stand-in cannot enforce is refused before it is queued.
+"""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+
+# NVIDIA's guide types: "json" is any JSON value (no guide text), "json_schema" a JSON Schema's
+# text, "regex" a regular expression, "ebnf_grammar" an EBNF (GBNF) grammar, "structural_tag"
+# xgrammar's structural tag JSON.
+GUIDE_TYPES: tuple[str, ...] = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+
+
+class GuideError(ValueError):
+    """The guide cannot be enforced: the message says why (the keyword, the position, the limit)."""
+
+
+def grammar_of(guide_type: str, guide: str | None) -> str:
+    """The llguidance grammar of a guide; raises GuideError for an unknown type or malformed text
+    (a grammar that parses here may still fail to compile: `check_guide` compiles it)."""
+    if guide_type not in GUIDE_TYPES:
+        raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
+    if guide_type == "json":
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+    if not guide:
+        raise GuideError(f"guide type {guide_type!r} needs a guide")
+    try:
+        if guide_type == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(guide)
+        if guide_type == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(guide)
+        if guide_type == "ebnf_grammar":
+            return llguidance.grammar_from("grammar", guide)
+    except ValueError as exc:
+        raise GuideError(str(exc)) from None
+    raise GuideError(f"guide type {guide_type!r} is not enforced yet")
+
+
+def check_guide(guide_type: str, guide: str | None) -> str:
+    """Compile the guide without a tokenizer; returns its grammar or raises GuideError with
+    llguidance's message (which names an unsupported keyword)."""
+    grammar = grammar_of(guide_type, guide)
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise GuideError(error)
+    return grammar
+
+
+def schema_text(schema: object) -> str:
+    """A schema object as guide text (compact, key order kept)."""
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
