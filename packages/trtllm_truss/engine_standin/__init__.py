@@ -6,17 +6,14 @@ behind NVIDIA's `tensorrt_llm` tensor interface.
 
 from __future__ import annotations
 
-from trtllm_truss.engine_standin.scheduler import (
-    EngineBase,
-    OutputCallback,
-    StandinEngine,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from trtllm_truss.engine_standin.settings import (
     SettingsError,
     StandinSettings,
     resolve_device,
 )
-from trtllm_truss.engine_standin.synthetic import SyntheticEngine, ordinary_token_ids
 from trtllm_truss.engine_standin.types import (
     EngineLimits,
     FinishReason,
@@ -26,6 +23,26 @@ from trtllm_truss.engine_standin.types import (
     SamplingParams,
 )
 from trtllm_truss.engine_standin.words import parse_word_list
+
+if TYPE_CHECKING:
+    from trtllm_truss.engine_standin.scheduler import EngineBase, OutputCallback, StandinEngine
+    from trtllm_truss.engine_standin.synthetic import SyntheticEngine, ordinary_token_ids
+
+# The engines need torch; the types, settings and world modules do not, and are imported by code and
+# tests that run on Pythons without torch. So the engines load on first use.
+_NEEDS_TORCH = {
+    "EngineBase": "scheduler",
+    "OutputCallback": "scheduler",
+    "StandinEngine": "scheduler",
+    "SyntheticEngine": "synthetic",
+    "ordinary_token_ids": "synthetic",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NEEDS_TORCH:
+        return getattr(importlib.import_module(f"{__name__}.{_NEEDS_TORCH[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "EngineBase",
@@ -47,13 +64,15 @@ __all__ = [
 ]
 
 
-def build_engine(settings: StandinSettings) -> EngineBase:
+def build_engine(settings: StandinSettings) -> "EngineBase":
     """The engine the settings ask for, started."""
     import torch
 
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     if settings.synthetic:
+        from trtllm_truss.engine_standin.synthetic import SyntheticEngine, ordinary_token_ids
+
         vocab_size = _vocab_size(settings)
         cycle = ordinary_token_ids(settings.tokenizer_dir, vocab_size)
         engine: EngineBase = SyntheticEngine(
@@ -61,6 +80,7 @@ def build_engine(settings: StandinSettings) -> EngineBase:
         )
     else:
         from trtllm_truss.engine_standin.model_runner import CausalLMRunner
+        from trtllm_truss.engine_standin.scheduler import StandinEngine
 
         assert settings.model_dir is not None
         runner = CausalLMRunner(settings.model_dir, device=resolve_device(settings.device), dtype=settings.dtype)
