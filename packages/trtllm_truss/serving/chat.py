@@ -44,7 +44,7 @@ from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import (
     openai_error,
     refuse_what_the_engine_cannot_do,
-    response_format_guide,
+    request_guide,
     usage_of,
 )
 from trtllm_truss.serving.request import (
@@ -93,7 +93,7 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
         tools=tool_dicts(tools),
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
-        guide=response_format_guide(req.response_format),
+        guide=request_guide(req),
         chat_template_kwargs=kwargs,
         model=req.model,
         n=req.n,
@@ -141,7 +141,7 @@ async def _chat_completions(core: RequestCore, body: Any, http_request: Request 
     req = parse_request(ChatCompletionRequest, body)
     refuse_what_the_engine_cannot_do(req)
     request = generation_request(req)
-    specs = core.choice_specs(request, [core.spec(request)])
+    specs = core.choice_specs(request, [await core.prepare(request)])
     generations = await core.open_all(specs, http_request)
     model = req.model or SERVED_MODEL_NAME
     if req.stream:

@@ -30,10 +30,11 @@ from pydantic import BaseModel, ValidationError
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, check_prompt_bytes, resolve_max_tokens, to_generation_params
+from trtllm_truss.api import structured
 from trtllm_truss.api.tools import tool_guide
 from trtllm_truss.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
-from trtllm_truss.serving.request import Answer, GenerationRequest
+from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool
 from trtllm_truss.streaming.protocol import GenerationSpec
 
@@ -186,6 +187,16 @@ class RequestCore:
         return info.reasoning_parser if info is not None else None
 
     # --- request -> specs -------------------------------------------------------------------------
+
+    async def prepare(self, req: GenerationRequest) -> GenerationSpec:
+        """`spec(req)` with its output constraint compiled off the event loop (api.structured.check):
+        a guide that cannot be enforced is a 400 naming its field before anything is queued."""
+        spec = self.spec(req)
+        params = spec.params
+        if params.guided_decoding_guide_type is not None:
+            field = req.guide.field if req.guide is not None else req.tools_field
+            await structured.check(Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, field))
+        return spec
 
     def spec(self, req: GenerationRequest) -> GenerationSpec:
         """The worker's spec of `req` (one choice), or an HTTPException naming the field."""
