@@ -1,6 +1,6 @@
 """The official `openai` client against this repository served by truss's own model server (truss
 0.18.35, no docker) on the embedded default: log probs, n choices, batches of prompts, token-id
-prompts, JSON mode's refusal, `/v1/models`, the fan-out's admission and cancellation, and tools
+prompts, a schema guided decoding cannot enforce, `/v1/models`, the fan-out's admission and cancellation, and tools
 (rendered by the template, refusals naming the field, tool_choice required / named under guided
 decoding).
 
@@ -122,8 +122,7 @@ def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
         ("chat", {"logprobs": True, "top_logprobs": 1, "temperature": 0.7}, "top_logprobs"),
         ("completions", {"logprobs": 2, "temperature": 0}, "logprobs"),
         ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
-        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-        ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "response_format.json_schema.schema"),
         ("completions", {"n": 2, "best_of": 3}, "best_of"),
         ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
     ],
