@@ -188,6 +188,8 @@ NVIDIA_ENGINE_INPUTS = {
     "retention_token_range_durations_ms": ("TYPE_INT32", (-1,), True, False),
     "retention_decode_priority": ("TYPE_INT32", (1,), True, False),
     "retention_decode_duration_ms": ("TYPE_INT32", (1,), True, False),
+    "guided_decoding_guide_type": ("TYPE_STRING", (1,), True, False),
+    "guided_decoding_guide": ("TYPE_STRING", (1,), True, False),
 }
 NVIDIA_ENGINE_OUTPUTS = {
     "output_ids": ("TYPE_INT32", (-1, -1)),

@@ -155,6 +155,10 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
     ("decoder_input_ids", INT32, (-1,), True, True),
     ("decoder_input_lengths", INT32, (1,), True, False),
     ("embedding_bias", FP32, (-1,), True, True),
+    # Guided decoding (v0.19.0): NVIDIA's guide type (json, json_schema, regex, ebnf_grammar) and its
+    # text, TYPE_STRING [1], ragged, not reshaped; the stand-in enforces them with llguidance.
+    ("guided_decoding_guide_type", STRING, (1,), True, True),
+    ("guided_decoding_guide", STRING, (1,), True, True),
 )
 # NVIDIA's inputs that the stand-in declares but refuses by name (engine_standin/unsupported_inputs.py says
 # why for each): declared on both paths so that NVIDIA's core-model clients reach the engine on the GPU
@@ -193,6 +197,8 @@ _NOT_RESHAPED = frozenset(
         "lookahead_verification_set_size",
         "retention_decode_priority",
         "retention_decode_duration_ms",
+        "guided_decoding_guide_type",
+        "guided_decoding_guide",
     }
 )
 # Inputs only NVIDIA's engine implements; the stand-in does not declare them (Triton then rejects them with
