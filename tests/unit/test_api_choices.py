@@ -74,7 +74,7 @@ def test_what_the_engine_cannot_answer_is_400_naming_the_field(model, body, fiel
 def test_json_mode_is_guided_decoding_of_any_json_object():
     req = ChatCompletionRequest.model_validate({"messages": CHAT, "response_format": {"type": "json_object"}})
     guide = request_guide(req)
-    assert (guide.type, guide.guide, guide.field) == ("json", None, "response_format")
+    assert (guide.type, guide.guide, guide.field) == ("json_schema", '{"type":"object"}', "response_format")
 
 
 @pytest.mark.parametrize(

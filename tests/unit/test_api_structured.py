@@ -56,7 +56,7 @@ def _check(guide: Guide, **kwargs) -> None:
     "body, expected",
     [
         ({"response_format": {"type": "text"}}, None),
-        ({"response_format": {"type": "json_object"}}, ("json", None, "response_format")),
+        ({"response_format": {"type": "json_object"}}, ("json_schema", '{"type":"object"}', "response_format")),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}},
             ("json_schema", json.dumps(PERSON, separators=(",", ":")), "response_format.json_schema.schema"),
@@ -66,7 +66,7 @@ def _check(guide: Guide, **kwargs) -> None:
         ({"response_format": {"type": "ebnf", "ebnf": 'root ::= "yes" | "no"'}}, ("ebnf_grammar", 'root ::= "yes" | "no"', "response_format.ebnf")),
         ({"structured_outputs": {"regex": "a+"}}, ("regex", "a+", "structured_outputs.regex")),
         ({"structured_outputs": {"json": PERSON}}, ("json_schema", json.dumps(PERSON, separators=(",", ":")), "structured_outputs.json")),
-        ({"structured_outputs": {"json_object": True}}, ("json", None, "structured_outputs.json_object")),
+        ({"structured_outputs": {"json_object": True}}, ("json_schema", '{"type":"object"}', "structured_outputs.json_object")),
         ({"structured_outputs": {"grammar": 'root ::= "a"'}}, ("ebnf_grammar", 'root ::= "a"', "structured_outputs.grammar")),
         ({"guided_json": '{"type": "integer"}'}, ("json_schema", '{"type":"integer"}', "guided_json")),
         ({"guided_regex": "b+"}, ("regex", "b+", "guided_regex")),
@@ -83,7 +83,7 @@ def test_each_dialect_field_becomes_nvidias_guide(body, expected):
 
 def test_completions_take_the_same_fields():
     req = CompletionRequest.model_validate({"prompt": "x", "response_format": {"type": "json_object"}})
-    assert request_guide(req) == Guide("json", None, "response_format")
+    assert request_guide(req) == Guide("json_schema", '{"type":"object"}', "response_format")
     req = CompletionRequest.model_validate({"prompt": "x", "guided_regex": "[ab]"})
     assert request_guide(req) == Guide("regex", "[ab]", "guided_regex")
 
@@ -108,7 +108,7 @@ def test_responses_and_messages_name_their_own_fields():
     guide = responses.generation_request(req).guide
     assert (guide.type, guide.field) == ("json_schema", "text.format.schema")
     req = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_object"}}})
-    assert responses.generation_request(req).guide == Guide("json", None, "text.format")
+    assert responses.generation_request(req).guide == Guide("json_schema", '{"type":"object"}', "text.format")
     body = {"model": "m", "max_tokens": 5, "messages": CHAT, "output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
     guide = messages.generation_request(MessagesRequest.model_validate(body)).guide
     assert (guide.type, guide.field) == ("json_schema", "output_config.format.schema")

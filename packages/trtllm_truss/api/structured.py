@@ -4,7 +4,8 @@ checked before the request is queued.
 A `Guide` is TensorRT-LLM's `guided_decoding_guide_type` with its `guided_decoding_guide` text
 (`trtllm_truss.guided.GUIDE_TYPES`), plus the request field it came from (for errors). Sources:
 
-- OpenAI `response_format` (chat, completions): `text`, `json_object` -> "json", `json_schema`
+- OpenAI `response_format` (chat, completions): `text`, `json_object` -> "json_schema" of an
+  object (NVIDIA's "json" is any JSON value), `json_schema`
   (`name`, `description`, `schema`, `strict`) -> "json_schema"; trtllm-serve's additions
   (`tensorrt_llm/serve/openai_protocol.py` `ResponseFormat`): `json` (`schema`), `regex` (`regex`),
   `ebnf` (`ebnf`) -> "ebnf_grammar", `structural_tag` (`format`, or `structures` + `triggers`).
@@ -120,7 +121,7 @@ def response_format_guide(
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return Guide("json", None, field)
+        return object_guide(field)
     if fmt.type == "json_schema":
         spec = fmt.json_schema
         if spec is None:
@@ -149,7 +150,7 @@ def vllm_guides(fields: VllmGuidedFields) -> list[Guide]:
     if so is not None:
         guides += _vllm_guides("structured_outputs.", so.json_, so.regex, so.choice, so.grammar)
         if so.json_object:
-            guides.append(Guide("json", None, "structured_outputs.json_object"))
+            guides.append(object_guide("structured_outputs.json_object"))
         if so.structural_tag is not None:
             guides.append(text_guide("structural_tag", so.structural_tag, "structured_outputs.structural_tag"))
         if not guides:
@@ -206,6 +207,15 @@ def native_guide(guide_type: str | None, guide: str | None) -> Guide | None:
             raise field_error("guided_decoding_guide", "must be a JSON Schema object")
         return schema_guide(schema, "guided_decoding_guide")
     return text_guide(guide_type, guide, "guided_decoding_guide")
+
+
+# OpenAI's (and vLLM's) json_object is a JSON object; NVIDIA's "json" is any JSON value (xgrammar's
+# builtin JSON grammar: `[2025]` in its docs), so an object is asked for by its schema on every engine.
+OBJECT_SCHEMA = '{"type":"object"}'
+
+
+def object_guide(field: str) -> Guide:
+    return Guide("json_schema", OBJECT_SCHEMA, field)
 
 
 def choice_guide(choices: list[str], field: str) -> Guide:

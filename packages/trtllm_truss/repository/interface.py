@@ -58,6 +58,10 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _opt("exclude_input_in_output", BOOL),
     _opt("embedding_bias_words", STRING, (-1,)),
     _opt("embedding_bias_weights", FP32, (-1,)),
+    # Guided decoding (v0.19.0 ensemble config.pbtxt: TYPE_STRING [1], optional, allow_ragged_batch),
+    # passed straight to tensorrt_llm (preprocessing does not see them).
+    Tensor("guided_decoding_guide_type", STRING, (1,), optional=True, allow_ragged_batch=True),
+    Tensor("guided_decoding_guide", STRING, (1,), optional=True, allow_ragged_batch=True),
 )
 # The engine's outputs that a response carries only when asked for (NVIDIA's fillTritonResponse):
 # logits with return_*_logits, batch_index when the request has batch size > 1, sequence_index
@@ -271,6 +275,8 @@ ENSEMBLE_TO_ENGINE_PASSTHROUGH: tuple[tuple[str, str], ...] = (
     ("beam_width", "beam_width"),
     ("streaming", "stream"),
     ("exclude_input_in_output", "exclude_input_in_output"),
+    ("guided_decoding_guide_type", "guided_decoding_guide_type"),
+    ("guided_decoding_guide", "guided_decoding_guide"),
 )
 
 

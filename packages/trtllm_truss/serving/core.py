@@ -194,8 +194,18 @@ class RequestCore:
         spec = self.spec(req)
         params = spec.params
         if params.guided_decoding_guide_type is not None:
-            field = req.guide.field if req.guide is not None else req.tools_field
-            await structured.check(Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, field))
+            # A tool_choice guide: the engine path is named by tool_choice, a schema it cannot take by tools.
+            own = req.guide.field if req.guide is not None else None
+            limits = self.limits
+            if limits.guided_decoding_off is not None:
+                raise field_error(own or req.tool_choice_field, f"cannot be enforced: {limits.guided_decoding_off}")
+            if limits.guide_types is not None and params.guided_decoding_guide_type not in limits.guide_types:
+                raise field_error(
+                    own or req.tool_choice_field,
+                    f"guide type {params.guided_decoding_guide_type!r} is not one this engine takes ({', '.join(limits.guide_types)})",
+                )
+            guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field)
+            await structured.check(guide)
         return spec
 
     def spec(self, req: GenerationRequest) -> GenerationSpec:
