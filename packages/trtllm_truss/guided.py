@@ -16,10 +16,18 @@ import json
 
 import llguidance
 
-# NVIDIA's guide types: "json" is any JSON value (no guide text), "json_schema" a JSON Schema's
+# NVIDIA's guide types: "json" is a JSON object (OpenAI's json_object; no guide text), "json_schema" a JSON Schema's
 # text, "regex" a regular expression, "ebnf_grammar" an EBNF (GBNF) grammar, "structural_tag"
 # xgrammar's structural tag JSON.
 GUIDE_TYPES: tuple[str, ...] = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+
+
+# JSON without free whitespace, as TensorRT-LLM's guided decoder compiles schemas (xgrammar
+# CompileJSONSchema(guide, any_whitespace=false)): a model cannot stall in blanks. Defaults, so a
+# schema's own "x-guidance" options still win.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+# Guide text above this is refused before anything compiles it (a bound on work per request).
+MAX_GUIDE_BYTES = 1 << 20
 
 
 class GuideError(ValueError):
@@ -32,12 +40,14 @@ def grammar_of(guide_type: str, guide: str | None) -> str:
     if guide_type not in GUIDE_TYPES:
         raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
     if guide_type == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if not guide:
         raise GuideError(f"guide type {guide_type!r} needs a guide")
+    if len(guide) > MAX_GUIDE_BYTES // 4 and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
+        raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
     try:
         if guide_type == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(guide)
+            return llguidance.LLMatcher.grammar_from_json_schema(guide, defaults=_JSON_OPTIONS)
         if guide_type == "regex":
             return llguidance.LLMatcher.grammar_from_regex(guide)
         if guide_type == "ebnf_grammar":
