@@ -167,7 +167,7 @@ def test_guided_and_unguided_rows_share_a_batch_unchanged(engine, tokenizer):
     guide = Guide("json_schema", schema_text(PERSON))
     alone_plain = [run(engine, request(tokenizer, p, None, 24, top_k=1))[0] for p in PROMPTS]
     alone_guided = [run(engine, request(tokenizer, p, guide, 48, top_k=1))[0] for p in PROMPTS]
-    seeded = dict(top_k=40, random_seed=7)
+    seeded = {"top_k": 40, "random_seed": 7}
     alone_seeded = run(engine, request(tokenizer, PROMPTS[0], guide, 48, **seeded))[0]
     together = []
     for p in PROMPTS:  # interleaved: every decode step holds both kinds of row

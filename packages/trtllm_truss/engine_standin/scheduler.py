@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_truss.engine_standin.guidance import GuideCompiler, TokenMasker, matcher_error
+from trtllm_truss.engine_standin.guidance import (
+    GuideCompiler,
+    TokenMasker,
+    matcher_error,
+)
 from trtllm_truss.engine_standin.kv_cache import BatchKVCache
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 from trtllm_truss.engine_standin.sampling import (
