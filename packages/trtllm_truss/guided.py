@@ -13,6 +13,7 @@ stand-in decodes with, so a guide the stand-in cannot enforce is refused before 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import llguidance
 
@@ -70,3 +71,31 @@ def check_guide(guide_type: str, guide: str | None) -> str:
 def schema_text(schema: object) -> str:
     """A schema object as guide text (compact, key order kept)."""
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def load_guide_tokenizer(tokenizer_dir: Path | str) -> llguidance.LLTokenizer:
+    """The model's tokenizer as llguidance needs it: transformers' fast tokenizer (it adds the tokens of
+    tokenizer_config.json that tokenizer.json may lack), else tokenizer.json itself."""
+    directory = Path(tokenizer_dir)
+    try:
+        import llguidance.hf
+        from transformers import AutoTokenizer
+
+        return llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(str(directory)))
+    except Exception as exc:  # no transformers, or a slow (sentencepiece-only) tokenizer
+        if (directory / "tokenizer.json").is_file():
+            return llguidance.LLTokenizer(str(directory / "tokenizer.json"))
+        raise GuideError(f"guided decoding needs the model's tokenizer (tokenizer.json in {directory.name}): {exc}") from exc
+
+
+def compile_matcher(
+    guide_type: str, guide: str | None, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits | None = None
+) -> llguidance.LLMatcher:
+    """A matcher for the guide over the model's tokenizer, its first mask computed (a guide over the
+    per-step limits there is refused now, not mid-generation); raises GuideError with the reason."""
+    matcher = llguidance.LLMatcher(tokenizer, grammar_of(guide_type, guide), log_level=0, limits=limits)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        raise GuideError(matcher.get_error())
+    return matcher

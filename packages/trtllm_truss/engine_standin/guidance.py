@@ -3,7 +3,7 @@ enforced where tokens are chosen, as TensorRT-LLM's guided decoder masks the log
 
 It uses llguidance, the compiler the request path checks guides with (`trtllm_truss.guided`), so a guide
 the API accepted is a guide the engine enforces.
-- `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) on a small thread pool, never on the
+- `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guided.compile_matcher`) on a small thread pool, never on the
   decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
   compiled grammar and lexer). A guide that fails to compile, or is still compiling after the timeout,
   fails the requests waiting for it with the reason and leaves nothing cached.
@@ -22,14 +22,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.numpy
 import numpy as np
-import torch
 
 from trtllm_truss.engine_standin.types import Guide
-from trtllm_truss.guided import GuideError, grammar_of
+from trtllm_truss.guided import GuideError, compile_matcher, load_guide_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +42,6 @@ GuideReady = Callable[[llguidance.LLMatcher | None, str | None], None]
 DEFAULT_CACHE_SIZE = 64
 DEFAULT_COMPILE_THREADS = 2
 DEFAULT_COMPILE_TIMEOUT_S = 30.0
-
-
-def load_guide_tokenizer(tokenizer_dir: Path | str) -> llguidance.LLTokenizer:
-    """The model's tokenizer as llguidance needs it: transformers' fast tokenizer (it adds the tokens of
-    tokenizer_config.json that tokenizer.json may lack), else tokenizer.json itself."""
-    directory = Path(tokenizer_dir)
-    try:
-        import llguidance.hf
-        from transformers import AutoTokenizer
-
-        return llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(str(directory)))
-    except Exception as exc:  # no transformers, or a slow (sentencepiece-only) tokenizer
-        if (directory / "tokenizer.json").is_file():
-            return llguidance.LLTokenizer(str(directory / "tokenizer.json"))
-        raise GuideError(f"guided decoding needs the model's tokenizer (tokenizer.json in {directory.name}): {exc}") from exc
 
 
 @dataclass
@@ -148,16 +136,7 @@ class GuideCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _build(self, guide_type: str, guide: str | None) -> llguidance.LLMatcher:
-        grammar = grammar_of(guide_type, guide)
-        # log_level 0: the reason goes to the request, not to tritonserver's log.
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
-        # The first mask here too: a guide over the per-step limits (e.g. max_items_in_row) is refused
-        # before its request is queued, and that first mask is not computed on the decode loop.
-        if not matcher.is_error():
-            matcher.compute_bitmask()
-        if matcher.is_error():
-            raise GuideError(matcher.get_error())
-        return matcher
+        return compile_matcher(guide_type, guide, self.tokenizer, self._limits)
 
     def _compile(self, key: tuple[str, str | None], pending: _Pending, timer: threading.Timer) -> None:
         start = time.perf_counter()
