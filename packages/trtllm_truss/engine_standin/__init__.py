@@ -22,6 +22,7 @@ from trtllm_truss.engine_standin.types import (
     FinishReason,
     GenerationOutput,
     GenerationRequest,
+    Guide,
     RequestRejected,
     SamplingParams,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "FinishReason",
     "GenerationOutput",
     "GenerationRequest",
+    "Guide",
     "OutputCallback",
     "RequestRejected",
     "SamplingParams",
