@@ -404,8 +404,10 @@ def _check_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
 
 def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: openai.OpenAI):
     """Enforced by guided decoding: even the embedded model answers with calls whose arguments
-    validate against their tool's schema (passes once guided decoding reaches the engine)."""
-    body = greedy(messages=ASK, max_tokens=96, tools=TOOLS, tool_choice="required")
+    validate against their tool's schema. One call (parallel_tool_calls: false, maxItems 1): with
+    parallel calls allowed the greedy embedded model keeps adding valid calls to the array until
+    max_tokens (finish_reason "length"), which the guide allows."""
+    body = greedy(messages=ASK, max_tokens=96, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     body["extra_body"] = {}  # stop at the end of the JSON, not at max_tokens
     whole = oai.chat.completions.create(**body)
     choice = whole.choices[0]
