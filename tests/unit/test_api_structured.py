@@ -12,13 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 from fastapi import HTTPException
-
 from trtllm_truss.api import structured
 from trtllm_truss.api.limits import RequestLimits
-from trtllm_truss.api.messages import MessagesRequest, chat_response_format as messages_format
+from trtllm_truss.api.messages import MessagesRequest
+from trtllm_truss.api.messages import chat_response_format as messages_format
 from trtllm_truss.api.native import PredictRequest
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
-from trtllm_truss.api.responses import ResponsesRequest, chat_response_format as responses_format
+from trtllm_truss.api.responses import ResponsesRequest
+from trtllm_truss.api.responses import chat_response_format as responses_format
 from trtllm_truss.api.structured import MAX_GUIDE_BYTES, MAX_GUIDE_DEPTH, Guide
 from trtllm_truss.guided import check_guide
 from trtllm_truss.serving import chat, messages, native, responses

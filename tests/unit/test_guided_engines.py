@@ -18,11 +18,14 @@ import pytest
 from fastapi import HTTPException
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
-
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.openai import ChatCompletionRequest
 from trtllm_truss.config.schema import RuntimeConfig
-from trtllm_truss.guided_engines import TOKENIZER_INFO_FILE, guided_decoding_problems, xgrammar_tokenizer_info
+from trtllm_truss.guided_engines import (
+    TOKENIZER_INFO_FILE,
+    guided_decoding_problems,
+    xgrammar_tokenizer_info,
+)
 from trtllm_truss.plan import ServingPlan
 from trtllm_truss.probe import RuntimeFacts
 from trtllm_truss.repository import render_repository, repository_configs

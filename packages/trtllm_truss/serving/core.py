@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 from fastapi import HTTPException, Request
 from pydantic import BaseModel, ValidationError
 
+from trtllm_truss.api import structured
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, check_prompt_bytes, resolve_max_tokens, to_generation_params
-from trtllm_truss.api import structured
 from trtllm_truss.api.tools import tool_guide
 from trtllm_truss.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
