@@ -294,3 +294,14 @@ def test_prepare_puts_the_guide_into_nvidias_engine_inputs():
     req = chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, "guided_regex": "[0-9]+"}))
     params = asyncio.run(_core().prepare(req)).params
     assert (params.guided_decoding_guide_type, params.guided_decoding_guide) == ("regex", "[0-9]+")
+
+
+def test_strict_tools_whose_calls_are_guided_refuse_unenforced_keywords():
+    nullable = {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": nullable, "strict": True}}]
+    body = {"messages": CHAT, "tools": tools}
+    detail = _refused(lambda: chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "required"})))
+    assert detail.startswith("invalid request: tools[0].function.parameters.properties.a: keyword 'nullable'")
+    chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "auto"}))  # parsed, not guided
+    loose = [{"type": "function", "function": {"name": "f", "parameters": nullable}}]
+    chat.generation_request(ChatCompletionRequest.model_validate({**body, "tools": loose, "tool_choice": "required"}))

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
-from trtllm_truss.api.structured import Guide, check_schema
+from trtllm_truss.api.structured import Guide, check_schema, unenforced_keywords
 
 
 # OpenAI's rule for function names.
@@ -92,6 +92,21 @@ def check_tool_choice(tools: Sequence[FunctionTool], choice: Any, field: str = "
     if choice == "required" and not tools:
         raise field_error(field, "'required' needs at least one tool in `tools`")
     return choice or "auto"
+
+
+def check_strict_tools(tools: Sequence[FunctionTool], choice: str, field: str = "tools") -> None:
+    """`function.strict: true` on a tool whose calls are guided (`required`, or the named one): 400
+    naming the place of a keyword guided decoding would not enforce (as `response_format`'s strict).
+    Under `auto` calls are parsed from the model's text, never guided (docs/api.md)."""
+    for i, tool in enumerate(tools):
+        guided = choice == "required" or choice == tool.function.name
+        if not (guided and tool.function.strict and tool.function.parameters):
+            continue
+        for where, key in unenforced_keywords(tool.function.parameters):
+            raise field_error(
+                f"{field}[{i}].function.parameters{where}",
+                f"keyword {key!r} cannot be enforced by guided decoding; strict: true refuses it",
+            )
 
 
 def tool_dicts(tools: Sequence[FunctionTool]) -> tuple[dict[str, Any], ...]:
