@@ -571,6 +571,14 @@ def build_engine_request(
     if bad_words is not None and bad_words.size:
         _require_input(interface, "bad_words_list", "bad_words")
         add("bad_words_list", "INT32", list(bad_words.shape[-2:])).int_contents.extend(bad_words.reshape(-1).tolist())
+    if params.guided_decoding_guide_type is not None:
+        # NVIDIA's guided-decoding inputs (tensorrtllm_backend v0.19.0): BYTES [1] each; "json" has no guide.
+        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+            value = getattr(params, name)
+            if value is None:
+                continue
+            _require_input(interface, name, name)
+            add(name, "BYTES", [1]).bytes_contents.append(value.encode("utf-8"))
     return request
 
 

@@ -13,13 +13,22 @@ stand-in decodes with, so a guide the stand-in cannot enforce is refused before 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import llguidance
 
-# NVIDIA's guide types: "json" is any JSON value (no guide text), "json_schema" a JSON Schema's
+# NVIDIA's guide types: "json" is a JSON object (OpenAI's json_object; no guide text), "json_schema" a JSON Schema's
 # text, "regex" a regular expression, "ebnf_grammar" an EBNF (GBNF) grammar, "structural_tag"
 # xgrammar's structural tag JSON.
 GUIDE_TYPES: tuple[str, ...] = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+
+
+# JSON without free whitespace, as TensorRT-LLM's guided decoder compiles schemas (xgrammar
+# CompileJSONSchema(guide, any_whitespace=false)): a model cannot stall in blanks. Defaults, so a
+# schema's own "x-guidance" options still win.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+# Guide text above this is refused before anything compiles it (a bound on work per request).
+MAX_GUIDE_BYTES = 1 << 20
 
 
 class GuideError(ValueError):
@@ -32,12 +41,14 @@ def grammar_of(guide_type: str, guide: str | None) -> str:
     if guide_type not in GUIDE_TYPES:
         raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
     if guide_type == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if not guide:
         raise GuideError(f"guide type {guide_type!r} needs a guide")
+    if len(guide) > MAX_GUIDE_BYTES // 4 and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
+        raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
     try:
         if guide_type == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(guide)
+            return llguidance.LLMatcher.grammar_from_json_schema(guide, defaults=_JSON_OPTIONS)
         if guide_type == "regex":
             return llguidance.LLMatcher.grammar_from_regex(guide)
         if guide_type == "ebnf_grammar":
@@ -60,3 +71,31 @@ def check_guide(guide_type: str, guide: str | None) -> str:
 def schema_text(schema: object) -> str:
     """A schema object as guide text (compact, key order kept)."""
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def load_guide_tokenizer(tokenizer_dir: Path | str) -> llguidance.LLTokenizer:
+    """The model's tokenizer as llguidance needs it: transformers' fast tokenizer (it adds the tokens of
+    tokenizer_config.json that tokenizer.json may lack), else tokenizer.json itself."""
+    directory = Path(tokenizer_dir)
+    try:
+        import llguidance.hf
+        from transformers import AutoTokenizer
+
+        return llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(str(directory)))
+    except Exception as exc:  # no transformers, or a slow (sentencepiece-only) tokenizer
+        if (directory / "tokenizer.json").is_file():
+            return llguidance.LLTokenizer(str(directory / "tokenizer.json"))
+        raise GuideError(f"guided decoding needs the model's tokenizer (tokenizer.json in {directory.name}): {exc}") from exc
+
+
+def compile_matcher(
+    guide_type: str, guide: str | None, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits | None = None
+) -> llguidance.LLMatcher:
+    """A matcher for the guide over the model's tokenizer, its first mask computed (a guide over the
+    per-step limits there is refused now, not mid-generation); raises GuideError with the reason."""
+    matcher = llguidance.LLMatcher(tokenizer, grammar_of(guide_type, guide), log_level=0, limits=limits)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        raise GuideError(matcher.get_error())
+    return matcher

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from trtllm_truss.guided_engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.probe import RuntimeFacts
 from trtllm_truss.speculation import engine_build, speculation_problems
 
@@ -107,6 +108,18 @@ class ServingPlan:
     # node_count x gpus_per_node ranks (trtllm_truss.cluster places them).
     node_count: int = 1
     gpus_per_node: int = 1
+
+    @property
+    def guided_decoding_off(self) -> str | None:
+        """None when this deployment's engine path enforces guides, else why not (guided_engines)."""
+        setting = getattr(self.runtime, "guided_decoding_backend", "auto")
+        version = self.facts.trtllm_version
+        return guided_decoding_off(setting, self.backend, _version_tuple(version), version)
+
+    @property
+    def guide_types(self) -> tuple[str, ...] | None:
+        """The guide types the engine path takes (None: all of guided.GUIDE_TYPES the stand-in compiles)."""
+        return engine_guide_types(self.backend)
 
     @property
     def world_size(self) -> int:
@@ -348,6 +361,9 @@ def make_plan(
     backend, reason = choose_backend(runtime.backend, facts, ranks_per_node, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
+    problems += guided_decoding_problems(
+        runtime.guided_decoding_backend, backend, _version_tuple(facts.trtllm_version), facts.trtllm_version
+    )
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {

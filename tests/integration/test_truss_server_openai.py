@@ -1,6 +1,6 @@
 """The official `openai` client against this repository served by truss's own model server (truss
 0.18.35, no docker) on the embedded default: log probs, n choices, batches of prompts, token-id
-prompts, JSON mode's refusal, `/v1/models`, the fan-out's admission and cancellation, and tools
+prompts, a schema guided decoding cannot enforce, `/v1/models`, the fan-out's admission and cancellation, and tools
 (rendered by the template, refusals naming the field, tool_choice required / named under guided
 decoding).
 
@@ -122,8 +122,7 @@ def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
         ("chat", {"logprobs": True, "top_logprobs": 1, "temperature": 0.7}, "top_logprobs"),
         ("completions", {"logprobs": 2, "temperature": 0}, "logprobs"),
         ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
-        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-        ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "response_format.json_schema.schema"),
         ("completions", {"n": 2, "best_of": 3}, "best_of"),
         ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
     ],
@@ -405,8 +404,10 @@ def _check_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
 
 def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: openai.OpenAI):
     """Enforced by guided decoding: even the embedded model answers with calls whose arguments
-    validate against their tool's schema (passes once guided decoding reaches the engine)."""
-    body = greedy(messages=ASK, max_tokens=96, tools=TOOLS, tool_choice="required")
+    validate against their tool's schema. One call (parallel_tool_calls: false, maxItems 1): with
+    parallel calls allowed the greedy embedded model keeps adding valid calls to the array until
+    max_tokens (finish_reason "length"), which the guide allows."""
+    body = greedy(messages=ASK, max_tokens=96, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     body["extra_body"] = {}  # stop at the end of the JSON, not at max_tokens
     whole = oai.chat.completions.create(**body)
     choice = whole.choices[0]

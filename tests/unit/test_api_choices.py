@@ -12,7 +12,7 @@ from trtllm_truss.api.sampling import UINT64_MAX
 from trtllm_truss.client import GenerationParams
 from trtllm_truss.serving.core import choice_specs as _choice_specs
 from trtllm_truss.serving.openai_shared import refuse_what_the_engine_cannot_do as _refuse_what_the_engine_cannot_do
-from trtllm_truss.serving.openai_shared import response_format_guide, usage_of
+from trtllm_truss.serving.openai_shared import request_guide, usage_of
 from trtllm_truss.serving.request import Finish
 from trtllm_truss.streaming.protocol import GenerationSpec
 
@@ -71,11 +71,10 @@ def test_what_the_engine_cannot_answer_is_400_naming_the_field(model, body, fiel
     assert caught.value.status_code == 400 and f"{field}:" in caught.value.detail
 
 
-def test_json_mode_is_refused_naming_response_format_until_guided_decoding():
+def test_json_mode_is_guided_decoding_of_any_json_object():
     req = ChatCompletionRequest.model_validate({"messages": CHAT, "response_format": {"type": "json_object"}})
-    with pytest.raises(HTTPException) as caught:
-        response_format_guide(req.response_format)
-    assert caught.value.status_code == 400 and "response_format:" in caught.value.detail
+    guide = request_guide(req)
+    assert (guide.type, guide.guide, guide.field) == ("json_schema", '{"type":"object"}', "response_format")
 
 
 @pytest.mark.parametrize(

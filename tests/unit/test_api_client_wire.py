@@ -139,3 +139,44 @@ def test_only_the_first_beams_valid_ids_are_decoded(embedded_decoder: TokenDecod
     assert delta.final and delta.text == "best beam" and delta.token_count == len(best)
     without_lengths = parse_response(_ids_response([best], None), StreamDetokenizer(embedded_decoder, continues_prompt=False))
     assert without_lengths.text == "best beam" and without_lengths.token_count == len(best)
+
+
+# The engine model's inputs as the rendered repository declares them (GPU path), guided decoding included.
+def _engine_interface() -> EnsembleInterface:
+    from trtllm_truss.repository.interface import engine_inputs
+
+    return EnsembleInterface(batched=True, inputs=frozenset(t.name for t in engine_inputs(cpp_backend=True)))
+
+
+def test_engine_request_carries_the_guide_as_nvidias_bytes_inputs():
+    from trtllm_truss.client import build_engine_request
+
+    schema = '{"type":"object","properties":{"é":{"type":"integer"}}}'
+    params = GenerationParams(
+        text_input="", max_tokens=4, guided_decoding_guide_type="json_schema", guided_decoding_guide=schema
+    )
+    tensors = _inputs(build_engine_request([1, 2], params, _engine_interface(), "r"))
+    for name, value in (("guided_decoding_guide_type", b"json_schema"), ("guided_decoding_guide", schema.encode())):
+        assert tensors[name].datatype == "BYTES" and list(tensors[name].shape) == [1, 1]
+        assert list(tensors[name].contents.bytes_contents) == [value]
+
+
+def test_engine_request_without_a_guide_or_with_json_sends_no_guide_text():
+    from trtllm_truss.client import build_engine_request
+
+    interface = _engine_interface()
+    plain = _inputs(build_engine_request([1], GenerationParams(text_input="", max_tokens=1), interface, "r"))
+    assert not {"guided_decoding_guide_type", "guided_decoding_guide"} & set(plain)
+    params = GenerationParams(text_input="", max_tokens=1, guided_decoding_guide_type="json")
+    tensors = _inputs(build_engine_request([1], params, interface, "r"))
+    assert list(tensors["guided_decoding_guide_type"].contents.bytes_contents) == [b"json"]
+    assert "guided_decoding_guide" not in tensors
+
+
+def test_engine_request_to_a_model_without_guided_inputs_is_refused_by_name():
+    from trtllm_truss.client import build_engine_request
+
+    older = EnsembleInterface(batched=True, inputs=frozenset({"input_ids", "input_lengths", "request_output_len", "streaming"}))
+    params = GenerationParams(text_input="", max_tokens=1, guided_decoding_guide_type="regex", guided_decoding_guide="a+")
+    with pytest.raises(UpstreamError, match="guided_decoding_guide_type"):
+        build_engine_request([1], params, older, "r")

@@ -71,7 +71,7 @@ def test_responses_tools_and_choices_in_chat_form():
     chat, choice = rsp.chat_tools(responses(input="hi", tools=tools, tool_choice=allowed))
     assert [t["function"]["name"] for t in chat] == ["weather"] and choice == "required"
     fmt = {"format": {"type": "json_schema", "name": "w", "schema": WEATHER, "strict": True}}
-    assert rsp.chat_response_format(responses(input="hi", text=fmt)).model_dump() == {
+    assert rsp.chat_response_format(responses(input="hi", text=fmt)).model_dump(by_alias=True, exclude_none=True) == {
         "type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER, "strict": True}
     }
 

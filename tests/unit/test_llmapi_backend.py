@@ -191,3 +191,18 @@ def test_llmapi_runs_one_tritonserver_process_whatever_the_world_size(tmp_path):
     assert plan.world_size == 2 and plan.tritonserver_ranks == 1
     engine = make_plan(resolved(tmp_path), facts("0.16.0"), artifacts_dir=tmp_path / "a")
     assert engine.tritonserver_ranks == 2
+
+
+def test_guided_decoding_cannot_reach_nvidias_llmapi_model(tmp_path):
+    """Its Triton model takes no guide (tests/data/trtllm_flags/1.0.0/llmapi_guided_decoding.json):
+    model.yaml gets no guided_decoding_backend, `xgrammar` is a config error naming the key, and auto
+    leaves guided requests to a 400 (plan.guided_decoding_off)."""
+    plan = make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a")
+    assert plan.backend == "llmapi" and "llmapi" in plan.guided_decoding_off
+    assert "guided_decoding_backend" not in model_yaml_document(plan.build, plan.runtime, plan.model_dir)
+    with pytest.raises(PlanError, match=r"runtime\.guided_decoding_backend: xgrammar is not available: backend llmapi"):
+        make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("1.0.0"), artifacts_dir=tmp_path / "b")
+    engine = make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("0.19.0"), artifacts_dir=tmp_path / "c")
+    assert engine.backend == "tensorrtllm" and engine.guided_decoding_off is None
+    with pytest.raises(PlanError, match=r"guided_decoding_backend: xgrammar is not available: TensorRT-LLM 0\.16\.0"):
+        make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("0.16.0"), artifacts_dir=tmp_path / "d")

@@ -110,6 +110,8 @@ NVIDIA_ENSEMBLE_INPUTS = {
     "exclude_input_in_output": ("TYPE_BOOL", (1,), True),
     "embedding_bias_words": ("TYPE_STRING", (-1,), True),
     "embedding_bias_weights": ("TYPE_FP32", (-1,), True),
+    "guided_decoding_guide_type": ("TYPE_STRING", (1,), True),
+    "guided_decoding_guide": ("TYPE_STRING", (1,), True),
 }
 # The engine's outputs a response carries only when asked for (v0.19.0 tensorrt_llm and ensemble
 # config.pbtxt; the ensemble passes them through under the same names).
@@ -188,6 +190,8 @@ NVIDIA_ENGINE_INPUTS = {
     "retention_token_range_durations_ms": ("TYPE_INT32", (-1,), True, False),
     "retention_decode_priority": ("TYPE_INT32", (1,), True, False),
     "retention_decode_duration_ms": ("TYPE_INT32", (1,), True, False),
+    "guided_decoding_guide_type": ("TYPE_STRING", (1,), True, False),
+    "guided_decoding_guide": ("TYPE_STRING", (1,), True, False),
 }
 NVIDIA_ENGINE_OUTPUTS = {
     "output_ids": ("TYPE_INT32", (-1, -1)),

@@ -22,6 +22,8 @@ class RequestLimits:
     max_beam_width: int = 1
     vocab_size: int | None = None  # bounds `end_id` when known
     max_token_bytes: int = MAX_TOKEN_BYTES  # the tokenizer's longest token in bytes, when known
+    guided_decoding_off: str | None = None  # why guides cannot be enforced here (None: they are)
+    guide_types: tuple[str, ...] | None = None  # the guide types the engine takes (None: any it compiles)
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -43,4 +45,6 @@ class RequestLimits:
             max_beam_width=plan.max_beam_width,
             vocab_size=vocab_size,
             max_token_bytes=max_token_bytes or MAX_TOKEN_BYTES,
+            guided_decoding_off=plan.guided_decoding_off,
+            guide_types=plan.guide_types,
         )

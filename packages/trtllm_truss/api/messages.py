@@ -28,7 +28,7 @@ from trtllm_truss.api.conversation import (
 from trtllm_truss.api.errors import encodable, field_error
 from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, Text, Word
-from trtllm_truss.api.tools import MAX_TOOLS, check_functions, check_schema
+from trtllm_truss.api.tools import MAX_TOOLS, check_functions
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -119,7 +119,6 @@ def chat_response_format(req: MessagesRequest) -> ResponseFormat | None:
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is None:
         return None
-    check_schema("output_config.format.schema", fmt.schema_)
     return ResponseFormat(type="json_schema", json_schema={"name": "output", "schema": fmt.schema_})
 
 

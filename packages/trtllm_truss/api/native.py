@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, StrictModel, Text, WordList
+from trtllm_truss.guided import GUIDE_TYPES
 
 DEFAULT_MAX_TOKENS = 50
 FinishReason = Literal["stop", "length"]
@@ -46,6 +47,11 @@ class PredictRequest(SamplingFields):
     literal_special_tokens: bool = Field(
         True, description="special-token text in `prompt` (\"</s>\") is plain text; false: it is the control token"
     )
+    # NVIDIA's names (tensorrt_llm model inputs, tensorrtllm_backend v0.19.0): the output constraint.
+    guided_decoding_guide_type: Literal[GUIDE_TYPES] | None = Field(  # type: ignore[valid-type]
+        None, description="json, json_schema, regex, ebnf_grammar or structural_tag"
+    )
+    guided_decoding_guide: Text | None = Field(None, description="the schema / regex / grammar text (none for json)")
 
     @model_validator(mode="after")
     def _one_input(self) -> PredictRequest:

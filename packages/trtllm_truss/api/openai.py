@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 from trtllm_truss.api.native import Usage
 from trtllm_truss.api.sampling import INT32_MAX, MAX_WORDS, SamplingFields, StrictModel, Text
+from trtllm_truss.api.structured import ResponseFormat, VllmGuidedFields
 from trtllm_truss.api.tools import FunctionTool, ToolChoiceField, ToolsField
 
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
@@ -41,7 +42,7 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class _OpenAIRequest(SamplingFields):
+class _OpenAIRequest(SamplingFields, VllmGuidedFields):
     model: Text | None = Field(None, description="accepted and echoed; this deployment serves one model")
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices per prompt: one engine request each")
@@ -112,11 +113,6 @@ class ChatMessage(StrictModel):
         return "".join(part.text or "" for part in self.content or ())
 
 
-class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatCompletionRequest(_OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="newer name of max_tokens")
@@ -124,7 +120,7 @@ class ChatCompletionRequest(_OpenAIRequest):
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_CHAT_TOP_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
     )
-    response_format: ResponseFormat | None = Field(None, description='only {"type": "text"}: no guided decoding')
+    response_format: ResponseFormat | None = Field(None, description="text, json_object, json_schema (+ trtllm-serve's json, regex, ebnf)")
     tools: list[FunctionTool] | None = ToolsField
     tool_choice: ToolChoiceField | None = Field(None, description="none, auto (default with tools), required, or a function")
     parallel_tool_calls: bool = Field(True, description="false: at most one tool call per answer")
@@ -154,6 +150,7 @@ class CompletionRequest(_OpenAIRequest):
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]] = Field(
         description="a prompt, a list of prompts, token ids, or a list of token-id prompts"
     )
+    response_format: ResponseFormat | None = Field(None, description="as on chat (vLLM and trtllm-serve accept it here)")
     echo: Literal[False] = False
     logprobs: int | None = Field(
         None, ge=0, le=MAX_COMPLETION_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"

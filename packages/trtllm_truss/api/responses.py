@@ -29,7 +29,7 @@ from trtllm_truss.api.conversation import (
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
-from trtllm_truss.api.tools import MAX_TOOLS, check_functions, check_schema
+from trtllm_truss.api.tools import MAX_TOOLS, check_functions
 
 STATELESS = "this deployment keeps no state (responses are not stored)"
 
@@ -152,7 +152,6 @@ def chat_response_format(req: ResponsesRequest) -> ResponseFormat | None:
         return ResponseFormat(type="json_object")
     if fmt.schema_ is None or not fmt.name:
         raise field_error("text.format", "json_schema needs name and schema", 422)
-    check_schema("text.format.schema", fmt.schema_)
     json_schema: dict[str, Any] = {"name": fmt.name, "schema": fmt.schema_}
     if fmt.strict is not None:
         json_schema["strict"] = fmt.strict

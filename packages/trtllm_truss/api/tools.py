@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
+from trtllm_truss.api.structured import Guide, check_schema, unenforced_keywords
 
-if TYPE_CHECKING:
-    from trtllm_truss.serving.request import Guide
 
 # OpenAI's rule for function names.
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -79,17 +78,6 @@ def check_functions(functions: Iterable[tuple[str, Any, str, str]]) -> None:
             check_schema(parameters_field, parameters)
 
 
-def check_schema(field: str, schema: Any) -> None:
-    """400 naming the field when `schema` is not a JSON Schema (checked against its metaschema)."""
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path)
-        raise field_error(field, f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")) from None
-
-
 def check_tool_choice(tools: Sequence[FunctionTool], choice: Any, field: str = "tool_choice") -> str:
     """The choice as a string ("none", "auto", "required" or a function name), 400 naming the
     field when it names no tool or asks for a call without tools."""
@@ -104,6 +92,21 @@ def check_tool_choice(tools: Sequence[FunctionTool], choice: Any, field: str = "
     if choice == "required" and not tools:
         raise field_error(field, "'required' needs at least one tool in `tools`")
     return choice or "auto"
+
+
+def check_strict_tools(tools: Sequence[FunctionTool], choice: str, field: str = "tools") -> None:
+    """`function.strict: true` on a tool whose calls are guided (`required`, or the named one): 400
+    naming the place of a keyword guided decoding would not enforce (as `response_format`'s strict).
+    Under `auto` calls are parsed from the model's text, never guided (docs/api.md)."""
+    for i, tool in enumerate(tools):
+        guided = choice == "required" or choice == tool.function.name
+        if not (guided and tool.function.strict and tool.function.parameters):
+            continue
+        for where, key in unenforced_keywords(tool.function.parameters):
+            raise field_error(
+                f"{field}[{i}].function.parameters{where}",
+                f"keyword {key!r} cannot be enforced by guided decoding; strict: true refuses it",
+            )
 
 
 def tool_dicts(tools: Sequence[FunctionTool]) -> tuple[dict[str, Any], ...]:
@@ -123,8 +126,6 @@ def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def tool_guide(tools: Sequence[Mapping[str, Any]], choice: str, parallel: bool) -> tuple[Guide, str, str | None]:
     """(constraint, output parser, parser argument) for `required` or a named function."""
-    from trtllm_truss.serving.request import Guide
-
     if choice == "required":
         items = [
             {

@@ -19,6 +19,7 @@ from trtllm_truss.engine_standin.types import (
     FinishReason,
     GenerationOutput,
     GenerationRequest,
+    Guide,
     RequestRejected,
     SamplingParams,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "FinishReason",
     "GenerationOutput",
     "GenerationRequest",
+    "Guide",
     "OutputCallback",
     "RequestRejected",
     "SamplingParams",

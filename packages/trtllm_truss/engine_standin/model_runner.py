@@ -19,6 +19,7 @@ class CausalLMRunner:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
+        self.model_dir = Path(model_dir)  # its tokenizer guides decoding (engine_standin/guidance.py)
         # Half precision matmuls are slow (or missing) on CPU: compute in float32 there.
         dtype_name = dtype or ("float32" if self.device.type == "cpu" else "float16")
         if dtype_name not in _DTYPES:

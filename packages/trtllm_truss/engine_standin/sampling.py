@@ -11,6 +11,7 @@ output does not depend on which other requests share the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -106,10 +107,18 @@ def process_logits(logits: torch.Tensor, states: list[SequenceSamplingState]) ->
 
 
 def select_next_tokens(
-    logits: torch.Tensor, states: list[SequenceSamplingState], want_log_probs: bool
+    logits: torch.Tensor,
+    states: list[SequenceSamplingState],
+    want_log_probs: bool,
+    constrain: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[list[int], list[float] | None]:
-    """`logits`: [batch, vocab] for the last position of each sequence in `states` order."""
+    """`logits`: [batch, vocab] for the last position of each sequence in `states` order.
+    `constrain` masks the processed logits in place (guided decoding) before anything is chosen, so
+    log probabilities are those of the masked distribution (renormalised over the allowed tokens),
+    after temperature and penalties and before top-k / top-p, as for unguided rows."""
     logits = process_logits(logits, states)
+    if constrain is not None:
+        constrain(logits)
     rows = range(len(states))
     chosen = torch.argmax(logits, dim=-1).tolist()
     for i in rows:

@@ -2,7 +2,8 @@
 
 A request submitted while others decode is prefilled alone (no padding), then its row joins the
 running batch's KV cache before the next step; finished and cancelled rows leave it at once, freeing
-their slot. At most `max_batch_size` sequences run; the rest wait in FIFO order. A failing request,
+their slot. A guided request first waits for its guide to compile (engine_standin/guidance.py, off
+this thread) and joins the queue only then. At most `max_batch_size` sequences run; the rest wait in FIFO order. A failing request,
 a failing callback or a failing step ends the requests concerned with an error, never the thread.
 """
 
@@ -17,6 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from trtllm_truss.engine_standin.guidance import (
+    GuideCompiler,
+    TokenMasker,
+    matcher_error,
+)
 from trtllm_truss.engine_standin.kv_cache import BatchKVCache
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 from trtllm_truss.engine_standin.sampling import (
@@ -31,6 +37,7 @@ from trtllm_truss.engine_standin.types import (
     RequestRejected,
 )
 from trtllm_truss.engine_standin.words import ends_with_any
+from trtllm_truss.guided import GUIDE_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +54,20 @@ class _Sequence:
     pad: int = 0  # masked columns on the left of this row in the batch cache
     finished: bool = False
     cycle_offset: int = 0  # synthetic engine: where this request starts in the token cycle
+    matcher: object = None  # llguidance.LLMatcher of a guided request, fed every token it emits
 
 
 class EngineBase:
     """Queue, admission, cancellation and output plumbing shared by the model and synthetic engines."""
+
+    guides: GuideCompiler | None = None  # set by engines that enforce guided decoding
 
     def __init__(self, limits: EngineLimits, vocab_size: int, *, name: str = "engine-standin") -> None:
         self.limits = limits
         self.vocab_size = vocab_size
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
+        self._preparing: dict[str, _Sequence] = {}  # guided requests whose guide is compiling
         self._cancelled: set[str] = set()
         self._known: set[str] = set()  # ids waiting or running, to refuse duplicates
         self._wake = threading.Condition()
@@ -85,8 +96,27 @@ class EngineBase:
             if request.request_id in self._known:
                 raise RequestRejected(f"request id {request.request_id!r} is already in flight")
             self._known.add(request.request_id)
-            self._waiting.append(_Sequence(request, on_output))
-            self._wake.notify_all()
+            seq = _Sequence(request, on_output)
+            if request.guide is None:
+                self._waiting.append(seq)
+                self._wake.notify_all()
+                return
+            self._preparing[request.request_id] = seq
+        assert self.guides is not None  # validate() refused the guide otherwise
+        self.guides.prepare(request.guide, lambda matcher, error: self._guide_ready(seq, matcher, error))
+
+    def _guide_ready(self, seq: _Sequence, matcher, error: str | None) -> None:
+        """From submit() (cache hit), a compile thread or the compile timeout: queue or refuse the request."""
+        with self._wake:
+            if self._preparing.pop(seq.request.request_id, None) is None:
+                return  # cancelled or shut down meanwhile: already answered
+            if error is None:
+                seq.matcher = matcher
+                self._waiting.append(seq)
+                self._wake.notify_all()
+                return
+        guide_type = seq.request.guide.guide_type if seq.request.guide else "?"
+        self._finish(seq, FinishReason.ERROR, f"guided_decoding_guide ({guide_type}): {error}")
 
     def cancel(self, request_id: str) -> None:
         """Ends the request at the next step boundary (output with finish_reason CANCELLED) and frees its slot."""
@@ -107,7 +137,7 @@ class EngineBase:
 
     @property
     def waiting_requests(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._preparing)
 
     def validate(self, request: GenerationRequest) -> None:
         limits = self.limits
@@ -142,6 +172,18 @@ class EngineBase:
             raise RequestRejected(f"repetition_penalty: must be > 0, got {sampling.repetition_penalty}")
         if sampling.min_length < 0:
             raise RequestRejected(f"min_length: must be >= 0, got {sampling.min_length}")
+        guide = request.guide
+        if guide is not None:
+            if self.guides is None:
+                raise RequestRejected(
+                    "guided_decoding_guide_type: the synthetic stand-in engine has no model to guide; serve the model"
+                )
+            if guide.guide_type not in GUIDE_TYPES:
+                raise RequestRejected(
+                    f"guided_decoding_guide_type: {guide.guide_type!r} is not one of {', '.join(GUIDE_TYPES)}"
+                )
+            if guide.guide_type != "json" and not guide.guide:
+                raise RequestRejected(f"guided_decoding_guide: required for guide type {guide.guide_type!r}")
 
     # ------------------------------------------------------------ for subclasses
     def _start(self, seq: _Sequence) -> bool:
@@ -194,10 +236,12 @@ class EngineBase:
                 while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
                     admitted.append(self._waiting.popleft())
                     admitted[-1].request.first_scheduled_ns = time.monotonic_ns()
-                # Cancelled requests still waiting never start.
+                # Cancelled requests still waiting (or compiling their guide) never start.
                 for seq in [s for s in self._waiting if s.request.request_id in cancelled]:
                     self._waiting.remove(seq)
                     admitted.append(seq)
+                for request_id in cancelled & self._preparing.keys():
+                    admitted.append(self._preparing.pop(request_id))
             try:
                 self._apply_cancellations(cancelled)
                 for seq in admitted:
@@ -220,9 +264,13 @@ class EngineBase:
                 for seq in running:
                     if not seq.finished:
                         self._finish(seq, FinishReason.ERROR, f"engine stand-in step failed: {exc}")
-        for seq in list(self._running) + list(self._waiting):
+        with self._wake:
+            preparing, self._preparing = list(self._preparing.values()), {}
+        for seq in list(self._running) + list(self._waiting) + preparing:
             if not seq.finished:
                 self._finish(seq, FinishReason.ERROR, "the engine was shut down")
+        if self.guides is not None:
+            self.guides.shutdown()
 
     def _apply_cancellations(self, cancelled: set[str]) -> None:
         if not cancelled:
@@ -244,12 +292,20 @@ class EngineBase:
         if request.end_id is not None and token == request.end_id:
             # The end token ends the request and is not returned.
             return GenerationOutput(request.request_id, [], None, True, FinishReason.END_ID, None, state.generated)
+        if seq.matcher is not None and not seq.matcher.consume_token(token):
+            # The token was allowed, so a step limit (LLParserLimits) failed the matcher while consuming it.
+            error = f"guided decoding: {matcher_error(seq.matcher)}"
+            return GenerationOutput(request.request_id, [], None, True, FinishReason.ERROR, error, state.generated)
         state.append(token)
         reason = None
         if request.stop_words and ends_with_any(state.tokens, request.stop_words):
             reason = FinishReason.STOP_WORDS
         elif state.generated >= request.max_new_tokens:
             reason = FinishReason.LENGTH
+        elif seq.matcher is not None and seq.matcher.is_stopped():
+            # The guide is complete: only the end token could follow, so the request ends as if it came
+            # (one step sooner; max tokens reached at the same time is LENGTH, as NVIDIA's engine says).
+            reason = FinishReason.END_ID
         log_probs = [log_prob] if log_prob is not None else None
         generation_logits = None
         if request.return_generation_logits and logits is not None:
@@ -263,17 +319,41 @@ class EngineBase:
 class StandinEngine(EngineBase):
     """Runs a Hugging Face causal LM with continuous batching (see module docstring)."""
 
-    def __init__(self, runner: CausalLMRunner, limits: EngineLimits, *, name: str = "engine-standin") -> None:
+    def __init__(
+        self,
+        runner: CausalLMRunner,
+        limits: EngineLimits,
+        *,
+        name: str = "engine-standin",
+        guides: GuideCompiler | None = None,
+    ) -> None:
         super().__init__(limits, runner.vocab_size, name=name)
         self.runner = runner
         self._cache = BatchKVCache()
+        self.guides = guides or GuideCompiler(runner.model_dir)
+        self._masker: TokenMasker | None = None
+
+    def _constrain(self, running: list[_Sequence], errors: dict[int, str]):
+        """The masking of this step's guided rows (None without any); rows that cannot go on land in `errors`."""
+        rows = [(i, seq.matcher, seq.request.end_id) for i, seq in enumerate(running) if seq.matcher is not None]
+        if not rows:
+            return None
+        if self._masker is None:  # a matcher exists, so the compiler's tokenizer is loaded
+            self._masker = TokenMasker(self.guides.tokenizer)
+        return lambda logits: errors.update(self._masker.apply(logits, rows))
 
     def _start(self, seq: _Sequence) -> bool:
         request = seq.request
         seq.state = SequenceSamplingState(request, list(request.input_ids), self.vocab_size)
         logits, cache, context = self.runner.prefill(request.input_ids, all_logits=request.return_context_logits)
         raw = logits.clone() if request.return_generation_logits else None
-        tokens, log_probs = select_next_tokens(logits[None, :], [seq.state], request.return_log_probs)
+        errors: dict[int, str] = {}
+        tokens, log_probs = select_next_tokens(
+            logits[None, :], [seq.state], request.return_log_probs, self._constrain([seq], errors)
+        )
+        if errors:
+            self._finish(seq, FinishReason.ERROR, f"guided decoding: {errors[0]}")
+            return False
         output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None, raw)
         if context is not None:
             output.context_logits = context.numpy().astype("float32", copy=False)
@@ -300,9 +380,13 @@ class StandinEngine(EngineBase):
         want_log_probs = any(seq.request.return_log_probs for seq in running)
         # Raw rows kept before sampling transforms them, only for requests that return them.
         raw = {i: logits[i].clone() for i, seq in enumerate(running) if seq.request.return_generation_logits}
-        tokens, log_probs = select_next_tokens(logits, states, want_log_probs)
+        errors: dict[int, str] = {}
+        tokens, log_probs = select_next_tokens(logits, states, want_log_probs, self._constrain(running, errors))
         keep = []
         for i, seq in enumerate(running):
+            if i in errors:
+                self._finish(seq, FinishReason.ERROR, f"guided decoding: {errors[i]}")
+                continue
             output = self._after_token(
                 seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None, raw.get(i)
             )

@@ -52,6 +52,15 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
+@dataclass(frozen=True)
+class Guide:
+    """NVIDIA's guided decoding of one request: `guided_decoding_guide_type` (trtllm_truss.guided.GUIDE_TYPES)
+    and its `guided_decoding_guide` text (None for "json")."""
+
+    guide_type: str
+    guide: str | None = None
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -69,6 +78,7 @@ class GenerationRequest:
     # bias, penalties and sampling) of every prompt position / of each generated token.
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    guide: Guide | None = None  # every token is chosen among those the guide allows
     # When the engine admitted the request (time.monotonic_ns(), the clock of NVIDIA's
     # std::chrono::steady_clock perf metrics); set by the engine.
     first_scheduled_ns: int | None = None

@@ -58,6 +58,10 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _opt("exclude_input_in_output", BOOL),
     _opt("embedding_bias_words", STRING, (-1,)),
     _opt("embedding_bias_weights", FP32, (-1,)),
+    # Guided decoding (v0.19.0 ensemble config.pbtxt: TYPE_STRING [1], optional, allow_ragged_batch),
+    # passed straight to tensorrt_llm (preprocessing does not see them).
+    Tensor("guided_decoding_guide_type", STRING, (1,), optional=True, allow_ragged_batch=True),
+    Tensor("guided_decoding_guide", STRING, (1,), optional=True, allow_ragged_batch=True),
 )
 # The engine's outputs that a response carries only when asked for (NVIDIA's fillTritonResponse):
 # logits with return_*_logits, batch_index when the request has batch size > 1, sequence_index
@@ -155,6 +159,10 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
     ("decoder_input_ids", INT32, (-1,), True, True),
     ("decoder_input_lengths", INT32, (1,), True, False),
     ("embedding_bias", FP32, (-1,), True, True),
+    # Guided decoding (v0.19.0): NVIDIA's guide type (json, json_schema, regex, ebnf_grammar) and its
+    # text, TYPE_STRING [1], ragged, not reshaped; the stand-in enforces them with llguidance.
+    ("guided_decoding_guide_type", STRING, (1,), True, True),
+    ("guided_decoding_guide", STRING, (1,), True, True),
 )
 # NVIDIA's inputs that the stand-in declares but refuses by name (engine_standin/unsupported_inputs.py says
 # why for each): declared on both paths so that NVIDIA's core-model clients reach the engine on the GPU
@@ -193,6 +201,8 @@ _NOT_RESHAPED = frozenset(
         "lookahead_verification_set_size",
         "retention_decode_priority",
         "retention_decode_duration_ms",
+        "guided_decoding_guide_type",
+        "guided_decoding_guide",
     }
 )
 # Inputs only NVIDIA's engine implements; the stand-in does not declare them (Triton then rejects them with
@@ -265,6 +275,8 @@ ENSEMBLE_TO_ENGINE_PASSTHROUGH: tuple[tuple[str, str], ...] = (
     ("beam_width", "beam_width"),
     ("streaming", "stream"),
     ("exclude_input_in_output", "exclude_input_in_output"),
+    ("guided_decoding_guide_type", "guided_decoding_guide_type"),
+    ("guided_decoding_guide", "guided_decoding_guide"),
 )
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import enum
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
+from trtllm_truss.guided_engines import XGRAMMAR
 from trtllm_truss.repository import interface as nv
 from trtllm_truss.repository.model_config import (
     DynamicBatching,
@@ -102,11 +104,18 @@ def postprocessing_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
-def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
-    """NVIDIA's C++ backend; parameter names/values as read by its model_instance_state.cc."""
+def tensorrtllm_engine_config(plan: ServingPlan, xgrammar_tokenizer_info: Path | None = None) -> ModelConfig:
+    """NVIDIA's C++ backend; parameter names/values as read by its model_instance_state.cc.
+    `xgrammar_tokenizer_info`: where the renderer writes NVIDIA's tokenizer info for xgrammar
+    (guided_engines); required when this deployment enforces guides."""
     if plan.engine_dir is None:
         raise RepositoryError("plan.engine_dir: required for backend 'tensorrtllm' (the built engine directory)")
     runtime = plan.runtime
+    guided: tuple[tuple[str, Any], ...] = ()
+    if plan.guided_decoding_off is None:
+        if xgrammar_tokenizer_info is None:
+            raise RepositoryError("xgrammar_tokenizer_info: required where guided decoding is on (the renderer writes it)")
+        guided = (("guided_decoding_backend", XGRAMMAR), ("xgrammar_tokenizer_info_path", str(xgrammar_tokenizer_info)))
     return ModelConfig(
         name=ENGINE,
         backend="tensorrtllm",
@@ -129,6 +138,7 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
             ("kv_cache_host_memory_bytes", runtime.kv_cache_host_memory_bytes),
             ("kv_cache_onboard_blocks", runtime.kv_cache_onboard_blocks),
             *backend_parameters(plan.speculative),
+            *guided,
         ),
         extra={"nvidia_backend_version": TENSORRTLLM_BACKEND_VERSION},
     )
@@ -302,13 +312,16 @@ def ids_ensemble_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
-def repository_configs(plan: ServingPlan, *, window_relay: bool | None = None) -> dict[str, ModelConfig]:
+def repository_configs(
+    plan: ServingPlan, *, window_relay: bool | None = None, xgrammar_tokenizer_info: Path | None = None
+) -> dict[str, ModelConfig]:
     """All model configs by name. `window_relay` routes the ensemble through `tensorrt_llm_window`
-    (default: exactly when the engine cannot send `prefix_ids` itself, i.e. NVIDIA's backend)."""
+    (default: exactly when the engine cannot send `prefix_ids` itself, i.e. NVIDIA's backend).
+    `xgrammar_tokenizer_info`: see `tensorrtllm_engine_config`."""
     if plan.max_batch_size < 1:
         raise RepositoryError(f"plan.max_batch_size: must be >= 1, got {plan.max_batch_size}")
     if plan.backend == "tensorrtllm":
-        engine = tensorrtllm_engine_config(plan)
+        engine = tensorrtllm_engine_config(plan, xgrammar_tokenizer_info)
     elif plan.backend == "pytorch":
         engine = pytorch_engine_config(plan)
     else:

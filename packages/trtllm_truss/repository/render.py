@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trtllm_truss.guided_engines import TOKENIZER_INFO_FILE, write_xgrammar_tokenizer_info
 from trtllm_truss.repository.models import (
     ENGINE,
     POSTPROCESSING,
@@ -85,6 +86,7 @@ def _write(
     engine_model_source: Path | None,
     window_relay: bool | None,
     import_path: Sequence[str],
+    final_repo: Path,
 ) -> None:
     if plan.backend == "llmapi":  # NVIDIA's single llmapi model, configured by model.yaml
         from trtllm_truss.repository.llmapi import write_llmapi_repository
@@ -92,7 +94,13 @@ def _write(
         write_llmapi_repository(repo, plan)
         (repo / MARKER_FILE).write_text(f"backend={plan.backend}\n", encoding="utf-8")
         return
-    configs = repository_configs(plan, window_relay=window_relay)
+    tokenizer_info = None
+    if plan.backend == "tensorrtllm" and plan.guided_decoding_off is None:
+        # NVIDIA's C++ backend reads xgrammar's tokenizer info from a JSON file (guided_engines):
+        # written beside the engine's config.pbtxt, named by its final path.
+        write_xgrammar_tokenizer_info(plan.tokenizer_dir, repo / ENGINE / TOKENIZER_INFO_FILE)
+        tokenizer_info = final_repo / ENGINE / TOKENIZER_INFO_FILE
+    configs = repository_configs(plan, window_relay=window_relay, xgrammar_tokenizer_info=tokenizer_info)
     sources = python_model_sources(plan, engine_model_source)
     if WINDOW_RELAY in configs:
         sources[WINDOW_RELAY] = TRITON_MODELS_DIR / WINDOW_RELAY / "model.py"
@@ -102,7 +110,7 @@ def _write(
     for name, config in configs.items():
         model_dir = repo / name
         version_dir = model_dir / "1"  # Triton needs a version directory, even for the ensemble
-        version_dir.mkdir(parents=True)
+        version_dir.mkdir(parents=True, exist_ok=True)
         (model_dir / "config.pbtxt").write_text(to_pbtxt(config), encoding="utf-8")
         if name in sources:
             source = sources[name].read_text(encoding="utf-8")
@@ -136,7 +144,7 @@ def render_repository(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write(scratch, plan, engine_model_source, window_relay, import_path)
+        _write(scratch, plan, engine_model_source, window_relay, import_path, out_dir)
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old-{scratch.name}")
             out_dir.rename(old)

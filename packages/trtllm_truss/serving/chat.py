@@ -38,13 +38,13 @@ from trtllm_truss.api.openai import (
     sse_event,
 )
 from trtllm_truss.api.sse import ChunkTemplate
-from trtllm_truss.api.tools import check_tool_choice, check_tools, tool_dicts
+from trtllm_truss.api.tools import check_strict_tools, check_tool_choice, check_tools, tool_dicts
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
 from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import (
     openai_error,
     refuse_what_the_engine_cannot_do,
-    response_format_guide,
+    request_guide,
     usage_of,
 )
 from trtllm_truss.serving.request import (
@@ -77,6 +77,7 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
     tools = req.tools or []
     check_tools(tools)
     choice = check_tool_choice(tools, req.tool_choice)
+    check_strict_tools(tools, choice)
     kwargs = req.chat_template_kwargs or {}
     for key in kwargs:
         if key in _RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
@@ -93,7 +94,7 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
         tools=tool_dicts(tools),
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
-        guide=response_format_guide(req.response_format),
+        guide=request_guide(req),
         chat_template_kwargs=kwargs,
         model=req.model,
         n=req.n,
@@ -141,7 +142,7 @@ async def _chat_completions(core: RequestCore, body: Any, http_request: Request 
     req = parse_request(ChatCompletionRequest, body)
     refuse_what_the_engine_cannot_do(req)
     request = generation_request(req)
-    specs = core.choice_specs(request, [core.spec(request)])
+    specs = core.choice_specs(request, [await core.prepare(request)])
     generations = await core.open_all(specs, http_request)
     model = req.model or SERVED_MODEL_NAME
     if req.stream:

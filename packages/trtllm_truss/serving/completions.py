@@ -27,7 +27,7 @@ from trtllm_truss.api.openai import (
 from trtllm_truss.api.sse import ChunkTemplate
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
 from trtllm_truss.serving.generation import Generation, merged_events
-from trtllm_truss.serving.openai_shared import openai_error, refuse_what_the_engine_cannot_do, usage_of
+from trtllm_truss.serving.openai_shared import openai_error, refuse_what_the_engine_cannot_do, request_guide, usage_of
 from trtllm_truss.serving.request import Failure, Finish, GenerationRequest, TextDelta
 
 
@@ -44,6 +44,7 @@ def generation_request(req: CompletionRequest) -> GenerationRequest:
         stop=tuple(req.stop_words()),
         default_top_p=OPENAI_DEFAULT_TOP_P,
         literal_special_tokens=req.literal_special_tokens,
+        guide=request_guide(req),
         model=req.model,
         n=req.n,
         logprobs=req.wants_log_probs(),
@@ -55,7 +56,7 @@ async def _completions(core: RequestCore, body: Any, http_request: Request | Non
     refuse_what_the_engine_cannot_do(req)
     request = generation_request(req)
     prompts = req.prompts()
-    base = core.spec(request)
+    base = await core.prepare(request)
     per_prompt = []
     for i, prompt in enumerate(prompts):
         field = f"prompt[{i}]" if req.batched() else "prompt"

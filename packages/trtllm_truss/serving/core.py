@@ -27,13 +27,14 @@ from typing import Any, TypeVar
 from fastapi import HTTPException, Request
 from pydantic import BaseModel, ValidationError
 
+from trtllm_truss.api import structured
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, check_prompt_bytes, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.tools import tool_guide
 from trtllm_truss.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
-from trtllm_truss.serving.request import Answer, GenerationRequest
+from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool
 from trtllm_truss.streaming.protocol import GenerationSpec
 
@@ -186,6 +187,26 @@ class RequestCore:
         return info.reasoning_parser if info is not None else None
 
     # --- request -> specs -------------------------------------------------------------------------
+
+    async def prepare(self, req: GenerationRequest) -> GenerationSpec:
+        """`spec(req)` with its output constraint compiled off the event loop (api.structured.check):
+        a guide that cannot be enforced is a 400 naming its field before anything is queued."""
+        spec = self.spec(req)
+        params = spec.params
+        if params.guided_decoding_guide_type is not None:
+            # A tool_choice guide: the engine path is named by tool_choice, a schema it cannot take by tools.
+            own = req.guide.field if req.guide is not None else None
+            limits = self.limits
+            if limits.guided_decoding_off is not None:
+                raise field_error(own or req.tool_choice_field, f"cannot be enforced: {limits.guided_decoding_off}")
+            if limits.guide_types is not None and params.guided_decoding_guide_type not in limits.guide_types:
+                raise field_error(
+                    own or req.tool_choice_field,
+                    f"guide type {params.guided_decoding_guide_type!r} is not one this engine takes ({', '.join(limits.guide_types)})",
+                )
+            guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field)
+            await structured.check(guide)
+        return spec
 
     def spec(self, req: GenerationRequest) -> GenerationSpec:
         """The worker's spec of `req` (one choice), or an HTTPException naming the field."""

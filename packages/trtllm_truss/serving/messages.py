@@ -23,7 +23,8 @@ from trtllm_truss.api.messages import (
 from trtllm_truss.api.messages_events import MessageEvents
 from trtllm_truss.serving import semantic_events
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered
-from trtllm_truss.serving.openai_shared import SSE_HEADERS, response_format_guide
+from trtllm_truss.api.structured import response_format_guide
+from trtllm_truss.serving.openai_shared import SSE_HEADERS
 from trtllm_truss.serving.request import GenerationRequest
 
 # Anthropic samples the whole distribution at `temperature` unless top_p/top_k narrow it (with
@@ -47,14 +48,16 @@ def generation_request(req: MessagesRequest) -> GenerationRequest:
         tools=tuple(tools),
         tool_choice=choice,
         parallel_tool_calls=parallel,
-        guide=response_format_guide(chat_response_format(req), "output_config.format"),
+        guide=response_format_guide(
+            chat_response_format(req), "output_config.format", schema_field="output_config.format.schema", strict=True
+        ),
         model=req.model,
     )
 
 
 async def _messages(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_messages_request(body)
-    generation = await core.open(core.spec(generation_request(req)), http_request)
+    generation = await core.open(await core.prepare(generation_request(req)), http_request)
     builder = MessageEvents(req.model or SERVED_MODEL_NAME, emit=req.stream)
     if req.stream:
         return StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS)

@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from trtllm_truss.api.errors import error_response
 from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
+from trtllm_truss.api.structured import native_guide
 from trtllm_truss.serving.core import RequestCore, answered, parse_request
 from trtllm_truss.serving.generation import Generation
 from trtllm_truss.serving.request import Failure, GenerationRequest, TextDelta
@@ -49,13 +50,14 @@ def generation_request(req: PredictRequest) -> GenerationRequest:
         bad_words=tuple(req.bad_words_list),
         beam_width=req.beam_width,
         literal_special_tokens=req.literal_special_tokens,
+        guide=native_guide(req.guided_decoding_guide_type, req.guided_decoding_guide),
         parse_reasoning=False,  # the native API returns the model's text as it is
     )
 
 
 async def _predict(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_request(PredictRequest, body)
-    generation = await core.open(core.spec(generation_request(req)), http_request)
+    generation = await core.open(await core.prepare(generation_request(req)), http_request)
     if req.stream:
         return StreamingResponse(_native_body(generation), media_type="text/plain; charset=utf-8")
     (answer,) = await core.collect([generation], http_request)

@@ -1,5 +1,5 @@
-"""What the OpenAI dialects (chat, completions) share: their error shape, the refusals of what the
-engine cannot answer, and the end of an SSE stream."""
+"""What the OpenAI dialects (chat, completions) share: their error shape, their output constraint,
+the refusals of what the engine cannot answer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 
 from trtllm_truss.api.errors import error_response, field_error
 from trtllm_truss.api.native import Usage
-from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
+from trtllm_truss.api.structured import one_guide, response_format_guide, vllm_guides
 from trtllm_truss.serving.request import Finish, Guide
 
 SSE_HEADERS = {"media_type": "text/event-stream"}
@@ -26,18 +27,10 @@ def usage_of(finishes: list[Finish], n: int = 1) -> Usage:
     return Usage.of(sum(f.prompt_tokens for f in finishes[::n]), sum(f.completion_tokens for f in finishes))
 
 
-def response_format_guide(response_format: ResponseFormat | None, field: str = "response_format") -> Guide | None:
-    """The one place a dialect turns `response_format` into a constraint: the structured-output
-    work replaces this by `api.structured.guide_from_request`. Until then only text is served.
-    `field`: the dialect's name for it (Responses: `text.format`, Messages: `output_config.format`),
-    which converts its own to chat's `response_format` shape."""
-    if response_format is not None and response_format.type != "text":
-        raise field_error(
-            field,
-            f"{response_format.type!r} needs guided decoding, which this deployment's engine path does not offer"
-            " (only {\"type\": \"text\"} is served)",
-        )
-    return None
+def request_guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:
+    """The request's output constraint: `response_format`, or vLLM's `structured_outputs` /
+    `guided_*` (api.structured); 400 naming the fields when several are given."""
+    return one_guide([response_format_guide(req.response_format), *vllm_guides(req)])
 
 
 def refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionRequest) -> None:

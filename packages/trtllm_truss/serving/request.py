@@ -14,20 +14,11 @@ from typing import Any, Literal, Union
 
 from trtllm_truss.api.openai import LogProbEntry
 from trtllm_truss.api.sampling import SamplingFields
+from trtllm_truss.api.structured import Guide  # noqa: F401  (defined with its checks; the dialects take it from here)
 
 # "none": no tool is offered to the model; "auto": the model may call tools (parsed from its text);
 # "required": it must call at least one; a function name: it must call that one (both guided).
 ToolChoice = Union[Literal["none", "auto", "required"], str]
-
-
-@dataclass(frozen=True)
-class Guide:
-    """A guided-decoding constraint, in TensorRT-LLM's terms (`GuidedDecodingParams`): `type` is
-    "json_schema" (guide: the schema's JSON text), "json_object", "regex", "ebnf" ...; sent as the
-    engine inputs `guided_decoding_guide_type` / `guided_decoding_guide`."""
-
-    type: str
-    guide: str | None = None
 
 
 @dataclass(frozen=True)

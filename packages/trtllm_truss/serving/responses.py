@@ -24,11 +24,8 @@ from trtllm_truss.api.responses import (
 from trtllm_truss.api.responses_events import ResponseEvents
 from trtllm_truss.serving import semantic_events
 from trtllm_truss.serving.core import RequestCore, answered
-from trtllm_truss.serving.openai_shared import (
-    SSE_HEADERS,
-    openai_error,
-    response_format_guide,
-)
+from trtllm_truss.api.structured import response_format_guide
+from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
 from trtllm_truss.serving.request import GenerationRequest
 
 
@@ -48,14 +45,14 @@ def generation_request(req: ResponsesRequest) -> GenerationRequest:
         tools=tuple(tools),
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
-        guide=response_format_guide(chat_response_format(req), "text.format"),
+        guide=response_format_guide(chat_response_format(req), "text.format", schema_field="text.format.schema"),
         model=req.model,
     )
 
 
 async def _responses(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_responses_request(body)
-    generation = await core.open(core.spec(generation_request(req)), http_request)
+    generation = await core.open(await core.prepare(generation_request(req)), http_request)
     builder = ResponseEvents(req, emit=req.stream)
     if req.stream:
         return StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS)

@@ -26,12 +26,14 @@ from trtllm_truss.engine_standin import (
     FinishReason,
     GenerationOutput,
     GenerationRequest,
+    Guide,
     RequestRejected,
     SamplingParams,
     StandinSettings,
     build_engine,
     parse_word_list,
 )
+from trtllm_truss.engine_standin.guide_metrics import GuideCacheMetrics
 from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
 from trtllm_truss.engine_standin.responses import (
     ENGINE_OUTPUT_NAMES,
@@ -70,6 +72,9 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   return_context_logits* return_generation_logits* return_perf_metrics* BOOL [1]
   embedding_bias* FP32 [-1]       one value per vocabulary id, added to the logits (empty: none)
   decoder_input_ids* INT32 [-1]  decoder_input_lengths* INT32 [1]   accepted, ignored (decoder-only)
+  guided_decoding_guide_type* guided_decoding_guide* BYTES [1]   NVIDIA's guided decoding, enforced with
+                                  llguidance (engine_standin/guidance.py); an unknown type or a guide
+                                  without a type is refused (NVIDIA's backend ignores both)
   runtime_top_p_min/decay/reset_ids*, early_stopping*, beam_search_diversity_rate*, prompt_embedding_table*,
   prompt_table_extra_ids*, prompt_vocab_size*, draft_input_ids*, draft_logits*, draft_acceptance_threshold*,
   lookahead_window_size*, lookahead_ngram_size*, lookahead_verification_set_size*, retention_*
@@ -149,6 +154,16 @@ def _row(array, row: int):
     if array.ndim == 0:
         return array.reshape(1)
     return array[row] if array.shape[0] > row else array[0]
+
+
+def _row_text(arrays: dict, name: str, row: int) -> str | None:
+    """A BYTES [1] input of row `row` as text (None when absent or empty)."""
+    value = _row(arrays.get(name), row)
+    if value is None or value.size == 0:
+        return None
+    item = value.reshape(-1)[0]
+    text = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+    return text or None
 
 
 def _row_scalar(arrays: dict, name: str, row: int, default):
@@ -290,6 +305,7 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.COUNTER,
         )
         self._cancelled_counter = self._cancelled_family.Metric(labels=labels)
+        self._guide_metrics = GuideCacheMetrics(pb_utils.MetricFamily, labels)
         # NVIDIA's nv_trt_llm_* series (engine_standin/nvidia_metrics.py says how they map).
         self._all_slots = total
         self._nvidia_metrics = NvidiaMetrics(
@@ -457,6 +473,10 @@ class TritonPythonModel:
         except ValueError as exc:
             raise RequestRejected(f"{exc}{where}") from exc
         bias = _row(arrays.get("embedding_bias"), row)
+        guide_type = _row_text(arrays, "guided_decoding_guide_type", row)
+        guide_text = _row_text(arrays, "guided_decoding_guide", row)
+        if guide_text is not None and guide_type is None:
+            raise RequestRejected(f"guided_decoding_guide: sent without guided_decoding_guide_type{where}")
         engine_id = uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=engine_id,
@@ -473,6 +493,7 @@ class TritonPythonModel:
             embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
             return_context_logits=bool(_row_scalar(arrays, "return_context_logits", row, False)),
             return_generation_logits=bool(_row_scalar(arrays, "return_generation_logits", row, False)),
+            guide=Guide(guide_type, guide_text) if guide_type is not None else None,
         )
         try:
             self.engine.validate(generation)  # refusals raise here, before the sender is taken
@@ -604,6 +625,8 @@ class TritonPythonModel:
             try:  # a metrics failure must not stop the updates
                 self._active_gauge.set(self.engine.active_requests)
                 self._update_nvidia_metrics()
+                if self.engine.guides is not None:
+                    self._guide_metrics.update(self.engine.guides.stats())
             except Exception:
                 log.exception("updating the metrics failed")
 

@@ -1,0 +1,395 @@
+"""Structured output: each dialect's fields turned into one guide in NVIDIA's terms, bounded and
+checked before the request is queued.
+
+A `Guide` is TensorRT-LLM's `guided_decoding_guide_type` with its `guided_decoding_guide` text
+(`trtllm_truss.guided.GUIDE_TYPES`), plus the request field it came from (for errors). Sources:
+
+- OpenAI `response_format` (chat, completions): `text`, `json_object` -> "json_schema" of an
+  object (NVIDIA's "json" is any JSON value), `json_schema`
+  (`name`, `description`, `schema`, `strict`) -> "json_schema"; trtllm-serve's additions
+  (`tensorrt_llm/serve/openai_protocol.py` `ResponseFormat`): `json` (`schema`), `regex` (`regex`),
+  `ebnf` (`ebnf`) -> "ebnf_grammar", `structural_tag` (`format`, or `structures` + `triggers`).
+- vLLM's `structured_outputs` {`json`, `regex`, `choice`, `grammar`, `json_object`,
+  `structural_tag`} and its older `guided_json` / `guided_regex` / `guided_choice` /
+  `guided_grammar`; `choice` becomes a regex of the escaped alternatives. vLLM's other knobs
+  (`guided_decoding_backend`, `whitespace_pattern`, `disable_*`) are refused by name (unknown fields).
+- Responses `text.format`, Messages `output_config.format` (converted to `response_format` by
+  their dialects), the native route's `guided_decoding_guide_type` / `guided_decoding_guide`, and
+  the guides `tool_choice` required / named builds (`api.tools.tool_guide`).
+
+Bounds (checked on the event loop, cheap): a guide's text at most `MAX_GUIDE_BYTES`, a schema's JSON
+nesting at most `MAX_GUIDE_DEPTH`. `strict: true` refuses any keyword the compiler would not enforce
+(unknown keys, OpenAPI's `nullable`, draft-7 `additionalItems`, `minProperties` ...): llguidance
+itself refuses the keywords it knows but does not implement (`not`, `if`, `uniqueItems`, ...) and
+ignores keys it does not know. Compiling (`guided.check_guide`) runs in a small thread pool with a
+timeout (`CHECK_TIMEOUT_S`): a slow guide delays only its own request. Results, failures included,
+are kept in an LRU keyed by the guide's hash, so a repeated guide costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from trtllm_truss.api.errors import field_error
+from trtllm_truss.api.sampling import StrictModel, Text
+from trtllm_truss.guided import GuideError, check_guide, schema_text
+
+MAX_GUIDE_BYTES = 128 * 1024  # UTF-8 bytes of a guide's text (a schema as compact JSON, a regex, a grammar)
+MAX_GUIDE_DEPTH = 64  # JSON nesting (objects and arrays) of a schema document
+MAX_CHOICES = 256  # alternatives of vLLM's `choice`
+CHECK_TIMEOUT_S = 5.0  # compiling one guide; longer is a 400 (the compile finishes in its thread and is cached)
+CHECK_THREADS = 2
+CACHE_ENTRIES = 512
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A guided-decoding constraint in TensorRT-LLM's terms: `type` one of `guided.GUIDE_TYPES`
+    ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag"), `guide` its text (None for
+    "json"), sent as the engine inputs `guided_decoding_guide_type` / `guided_decoding_guide`.
+    `field`: the request field it came from, named in errors."""
+
+    type: str
+    guide: str | None = None
+    field: str = "response_format"
+
+
+# --- request schemas ------------------------------------------------------------------------------
+
+
+class JsonSchemaFormat(StrictModel):
+    """OpenAI's `response_format.json_schema`."""
+
+    name: Text | None = Field(None, description="accepted and ignored (OpenAI requires it; vLLM does not)")
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, description="true: a keyword that cannot be enforced is a 400")
+
+
+class ResponseFormat(StrictModel):
+    """`response_format` of chat and completions: OpenAI's three types and trtllm-serve's four."""
+
+    type: Literal["text", "json_object", "json_schema", "json", "regex", "ebnf", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="trtllm-serve's type json")
+    regex: Text | None = None
+    ebnf: Text | None = None
+    format: dict[str, Any] | None = Field(None, description="trtllm-serve's structural_tag (xgrammar's format)")
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[Text] | None = None
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's `structured_outputs` (exactly one constraint)."""
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+    structural_tag: Text | None = None
+
+
+class VllmGuidedFields(StrictModel):
+    """vLLM's older per-request fields, mixed into the chat and completion requests."""
+
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
+
+
+# --- fields -> guide ------------------------------------------------------------------------------
+
+
+def response_format_guide(
+    fmt: ResponseFormat | None, field: str = "response_format", *, schema_field: str | None = None, strict: bool | None = None
+) -> Guide | None:
+    """`response_format` (or a dialect's equivalent, named `field`, its schema named `schema_field`)
+    as a bounded guide; None for text. `strict`: overrides `json_schema.strict` (Messages: always)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return object_guide(field)
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema
+        if spec is None:
+            raise field_error(f"{field}.json_schema", "is required for type json_schema")
+        if spec.schema_ is None:
+            raise field_error(f"{field}.json_schema.schema", "is required: the JSON Schema the answer must match")
+        where = schema_field or f"{field}.json_schema.schema"
+        return schema_guide(spec.schema_, where, strict=bool(spec.strict if strict is None else strict))
+    if fmt.type == "json":
+        if fmt.schema_ is None:
+            raise field_error(f"{field}.schema", "is required for type json")
+        return schema_guide(fmt.schema_, f"{field}.schema")
+    if fmt.type == "regex":
+        return text_guide("regex", fmt.regex, f"{field}.regex")
+    if fmt.type == "ebnf":
+        return text_guide("ebnf_grammar", fmt.ebnf, f"{field}.ebnf")
+    # structural_tag: the whole format object, as trtllm-serve sends it to GuidedDecodingParams.
+    body = fmt.model_dump(by_alias=True, exclude_none=True)
+    return text_guide("structural_tag", json.dumps(body, separators=(",", ":"), ensure_ascii=False), field)
+
+
+def vllm_guides(fields: VllmGuidedFields) -> list[Guide]:
+    """The guides vLLM's fields ask for (the caller refuses more than one)."""
+    guides: list[Guide] = []
+    so = fields.structured_outputs
+    if so is not None:
+        guides += _vllm_guides("structured_outputs.", so.json_, so.regex, so.choice, so.grammar)
+        if so.json_object:
+            guides.append(object_guide("structured_outputs.json_object"))
+        if so.structural_tag is not None:
+            guides.append(text_guide("structural_tag", so.structural_tag, "structured_outputs.structural_tag"))
+        if not guides:
+            raise field_error("structured_outputs", "give one of json, regex, choice, grammar, json_object, structural_tag")
+    guides += _vllm_guides("guided_", fields.guided_json, fields.guided_regex, fields.guided_choice, fields.guided_grammar)
+    return guides
+
+
+def _vllm_guides(prefix: str, json_: Any, regex: str | None, choice: list[str] | None, grammar: str | None) -> list[Guide]:
+    guides = []
+    if json_ is not None:
+        field = f"{prefix}json"
+        if isinstance(json_, str):
+            try:
+                json_ = json.loads(json_)
+            except ValueError as exc:
+                raise field_error(field, f"is not JSON: {exc}") from None
+            if not isinstance(json_, dict):
+                raise field_error(field, "must be a JSON Schema object")
+        guides.append(schema_guide(json_, field))
+    if regex is not None:
+        guides.append(text_guide("regex", regex, f"{prefix}regex"))
+    if choice is not None:
+        guides.append(choice_guide(choice, f"{prefix}choice"))
+    if grammar is not None:
+        guides.append(text_guide("ebnf_grammar", grammar, f"{prefix}grammar"))
+    return guides
+
+
+def one_guide(candidates: list[Guide | None]) -> Guide | None:
+    """The request's one constraint; 400 naming the fields when it sets several."""
+    guides = [g for g in candidates if g is not None]
+    if len(guides) > 1:
+        raise field_error(guides[1].field, f"only one output constraint per request (also given: {guides[0].field})")
+    return guides[0] if guides else None
+
+
+def native_guide(guide_type: str | None, guide: str | None) -> Guide | None:
+    """The native route's NVIDIA-named fields `guided_decoding_guide_type` / `guided_decoding_guide`."""
+    if guide_type is None:
+        if guide is not None:
+            raise field_error("guided_decoding_guide_type", "is required with guided_decoding_guide")
+        return None
+    if guide_type == "json":
+        if guide is not None:
+            raise field_error("guided_decoding_guide", "type json takes no guide (any JSON object); use json_schema")
+        return Guide("json", None, "guided_decoding_guide")
+    if guide_type == "json_schema" and guide is not None:
+        try:
+            schema = json.loads(guide)
+        except ValueError as exc:
+            raise field_error("guided_decoding_guide", f"is not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise field_error("guided_decoding_guide", "must be a JSON Schema object")
+        return schema_guide(schema, "guided_decoding_guide")
+    return text_guide(guide_type, guide, "guided_decoding_guide")
+
+
+# OpenAI's (and vLLM's) json_object is a JSON object; NVIDIA's "json" is any JSON value (xgrammar's
+# builtin JSON grammar: `[2025]` in its docs), so an object is asked for by its schema on every engine.
+OBJECT_SCHEMA = '{"type":"object"}'
+
+
+def object_guide(field: str) -> Guide:
+    return Guide("json_schema", OBJECT_SCHEMA, field)
+
+
+def choice_guide(choices: list[str], field: str) -> Guide:
+    """vLLM's `choice`: exactly one of the strings."""
+    if not choices:
+        raise field_error(field, "give at least one choice")
+    if len(choices) > MAX_CHOICES:
+        raise field_error(field, f"{len(choices)} choices are more than {MAX_CHOICES}")
+    return text_guide("regex", "(" + "|".join(_regex_literal(c) for c in choices) + ")", field)
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex matching exactly it (Rust regex syntax: every ASCII punctuation may be escaped)."""
+    return "".join("\\" + ch if ch.isascii() and not ch.isalnum() and not ch.isspace() and ch != "_" else ch for ch in text)
+
+
+def text_guide(guide_type: str, text: str | None, field: str) -> Guide:
+    if not text:
+        raise field_error(field, f"a {guide_type} guide needs its text")
+    _check_size(field, text)
+    return Guide(guide_type, text, field)
+
+
+def schema_guide(schema: Mapping[str, Any], field: str, *, strict: bool = False) -> Guide:
+    """A JSON Schema object as a "json_schema" guide: bounded (size, depth); with `strict`, every
+    key must be a keyword the compiler enforces or a pure annotation."""
+    depth = json_depth(schema)
+    if depth > MAX_GUIDE_DEPTH:
+        raise field_error(field, f"nests {depth} levels deep; at most {MAX_GUIDE_DEPTH} are accepted")
+    check_schema(field, schema)
+    text = schema_text(schema)
+    _check_size(field, text)
+    if strict:
+        for where, key in unenforced_keywords(schema):
+            raise field_error(
+                f"{field}{where}",
+                f"keyword {key!r} cannot be enforced by guided decoding; strict: true refuses it (remove it, or send strict: false to have it ignored)",
+            )
+    return Guide("json_schema", text, field)
+
+
+def check_schema(field: str, schema: Any) -> None:
+    """400 naming the field when `schema` is not a JSON Schema (checked against its metaschema)."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise field_error(field, f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")) from None
+
+
+def _check_size(field: str, text: str) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_GUIDE_BYTES:
+        raise field_error(field, f"is {size} bytes; at most {MAX_GUIDE_BYTES} are accepted")
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0, `{}` is 1), without recursion."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, Mapping):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth = max(depth, level)
+        stack.extend((child, level + 1) for child in children)
+    return depth
+
+
+# Keywords llguidance 1.9.1 enforces (its docs/json_schema.md, and what compiles), and annotations
+# that constrain nothing. Anything else in a schema is ignored by it (unknown keys) or refused.
+ENFORCED_KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+        "properties", "additionalProperties", "required", "patternProperties",
+        "items", "prefixItems", "minItems", "maxItems",
+        "minLength", "maxLength", "pattern", "format",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    }
+)
+ANNOTATIONS = frozenset(
+    {
+        "$schema", "$id", "$anchor", "$comment", "title", "description", "default", "examples",
+        "readOnly", "writeOnly", "deprecated", "contentEncoding", "contentMediaType",
+    }
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties")
+
+
+def unenforced_keywords(schema: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    """(path, keyword) of each key under `schema` that is neither enforced nor an annotation."""
+    if not isinstance(schema, Mapping):
+        return
+    for key in schema:
+        if key not in ENFORCED_KEYWORDS and key not in ANNOTATIONS:
+            yield where, key
+    for key in _SCHEMA_MAPS:
+        sub = schema.get(key)
+        if isinstance(sub, Mapping):
+            for name, child in sub.items():
+                yield from unenforced_keywords(child, f"{where}.{key}.{name}")
+    for key in _SCHEMA_LISTS:
+        sub = schema.get(key)
+        if isinstance(sub, list):
+            for i, child in enumerate(sub):
+                yield from unenforced_keywords(child, f"{where}.{key}[{i}]")
+    for key in _SCHEMA_ONE:
+        yield from unenforced_keywords(schema.get(key), f"{where}.{key}")
+
+
+# --- compiling, off the event loop ----------------------------------------------------------------
+
+_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+_CACHE: OrderedDict[bytes, concurrent.futures.Future[str | None]] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = concurrent.futures.ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="guide-check")
+    return _EXECUTOR
+
+
+def _compile(guide_type: str, guide: str | None) -> str | None:
+    """None when the guide compiles, else llguidance's reason."""
+    try:
+        check_guide(guide_type, guide)
+    except GuideError as exc:
+        return str(exc)
+    return None
+
+
+def _checking(guide: Guide) -> concurrent.futures.Future[str | None]:
+    """The (cached, or newly started) compile of `guide`; concurrent requests share one."""
+    key = hashlib.sha256(f"{guide.type}\0{guide.guide or ''}".encode("utf-8", "surrogatepass")).digest()
+    with _LOCK:
+        future = _CACHE.get(key)
+        if future is not None:
+            _CACHE.move_to_end(key)
+            return future
+        future = _executor().submit(_compile, guide.type, guide.guide)
+        _CACHE[key] = future
+        while len(_CACHE) > CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+        return future
+
+
+async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """400 naming `guide.field` with the compiler's reason when the guide cannot be enforced, or
+    when compiling it takes longer than `timeout_s` (the event loop never waits on the compiler)."""
+    if guide is None:
+        return
+    if guide.guide is not None:
+        _check_size(guide.field, guide.guide)
+    future = _checking(guide)
+    if future.done():
+        reason = future.result()
+    else:
+        try:
+            reason = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+        except asyncio.TimeoutError:
+            raise field_error(guide.field, f"took longer than {timeout_s:g} s to compile; simplify it") from None
+    if reason is not None:
+        raise field_error(guide.field, f"cannot be enforced: {reason}")
+
+
+def cache_clear() -> None:
+    with _LOCK:
+        _CACHE.clear()

@@ -1,0 +1,232 @@
+"""Guided decoding in the stand-in engine: NVIDIA's `guided_decoding_guide_type` / `guided_decoding_guide`
+enforced where tokens are chosen, as TensorRT-LLM's guided decoder masks the logits before sampling.
+
+It uses llguidance, the compiler the request path checks guides with (`trtllm_truss.guided`), so a guide
+the API accepted is a guide the engine enforces.
+- `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guided.compile_matcher`) on a small thread pool, never on the
+  decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
+  compiled grammar and lexer). A guide that fails to compile, or is still compiling after the timeout,
+  fails the requests waiting for it with the reason and leaves nothing cached.
+- `TokenMasker`: one step's masks of every guided row computed at once (`LLExecutor`) and applied to the
+  processed logits, the request's own end token standing in for the tokenizer's EOS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import llguidance
+import llguidance.numpy
+import numpy as np
+
+from trtllm_truss.engine_standin.types import Guide
+from trtllm_truss.guided import GuideError, compile_matcher, load_guide_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+# (matcher, None) when the guide is ready, (None, reason) when it cannot be enforced.
+GuideReady = Callable[[llguidance.LLMatcher | None, str | None], None]
+
+DEFAULT_CACHE_SIZE = 64
+DEFAULT_COMPILE_THREADS = 2
+DEFAULT_COMPILE_TIMEOUT_S = 30.0
+
+
+@dataclass
+class GuideCacheStats:
+    hits: int = 0  # requests served by a cached (or already compiling) guide
+    misses: int = 0  # compiles started
+    compile_seconds: float = 0.0  # summed over compiles, timed out ones included
+    failures: int = 0  # compiles that failed (the guide was refused)
+    timeouts: int = 0  # compiles still running at the timeout (their requests were refused)
+    cached: int = 0  # guides in the cache now
+
+
+class _Pending:
+    """A compile in flight and the requests waiting for it; `done` once they were answered."""
+
+    __slots__ = ("done", "waiters")
+
+    def __init__(self, ready: GuideReady) -> None:
+        self.waiters = [ready]
+        self.done = False
+
+
+class GuideCompiler:
+    def __init__(
+        self,
+        tokenizer_dir: Path | str | None,
+        *,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        threads: int = DEFAULT_COMPILE_THREADS,
+        timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+        limits: llguidance.LLParserLimits | None = None,
+    ) -> None:
+        self.tokenizer_dir = tokenizer_dir
+        self.cache_size = cache_size
+        self.timeout_s = timeout_s
+        # llguidance's LLParserLimits bound compile and step work; short errors: they go to the client.
+        self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str | None], llguidance.LLMatcher] = OrderedDict()
+        self._pending: dict[tuple[str, str | None], _Pending] = {}
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="guide-compile")
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer_lock = threading.Lock()
+        self._stats = GuideCacheStats()
+        self.compile_times: deque[float] = deque(maxlen=4096)  # seconds of the latest compiles (bench)
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        """Loaded on first use, on a compile thread (about a second for a large vocabulary)."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                if self.tokenizer_dir is None:
+                    raise GuideError("guided decoding needs the model's tokenizer; the engine has none")
+                self._tokenizer = load_guide_tokenizer(self.tokenizer_dir)
+            return self._tokenizer
+
+    def stats(self) -> GuideCacheStats:
+        with self._lock:
+            return GuideCacheStats(**{**self._stats.__dict__, "cached": len(self._cache)})
+
+    def is_cached(self, guide: Guide) -> bool:
+        with self._lock:
+            return (guide.guide_type, guide.guide) in self._cache
+
+    def prepare(self, guide: Guide, ready: GuideReady) -> None:
+        """`ready` gets a fresh matcher at once on a cache hit; otherwise later, from a compile thread
+        (or the timeout's timer thread, with the reason)."""
+        key = (guide.guide_type, guide.guide)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self._stats.hits += 1
+                matcher = cached.deep_copy()
+            else:
+                pending = self._pending.get(key)
+                if pending is not None:  # another request's compile of the same guide serves this one too
+                    self._stats.hits += 1
+                    pending.waiters.append(ready)
+                    return
+                self._stats.misses += 1
+                pending = self._pending[key] = _Pending(ready)
+        if cached is not None:
+            ready(matcher, None)
+            return
+        timer = threading.Timer(self.timeout_s, self._expire, (key, pending))
+        timer.daemon = True
+        timer.start()
+        self._pool.submit(self._compile, key, pending, timer)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _build(self, guide_type: str, guide: str | None) -> llguidance.LLMatcher:
+        return compile_matcher(guide_type, guide, self.tokenizer, self._limits)
+
+    def _compile(self, key: tuple[str, str | None], pending: _Pending, timer: threading.Timer) -> None:
+        start = time.perf_counter()
+        matcher: llguidance.LLMatcher | None = None
+        error: str | None = None
+        try:
+            matcher = self._build(*key)
+        except GuideError as exc:
+            error = str(exc)
+        except Exception as exc:  # llguidance misuse or a tokenizer problem: still only these requests fail
+            log.exception("compiling a %s guide failed", key[0])
+            error = f"compiling the guide failed: {exc}"
+        elapsed = time.perf_counter() - start
+        timer.cancel()
+        with self._lock:
+            self._stats.compile_seconds += elapsed
+            self.compile_times.append(elapsed)
+            if self._pending.get(key) is pending:
+                del self._pending[key]
+            if pending.done:  # timed out: its requests were refused already; nothing is cached
+                return
+            pending.done = True
+            waiters = pending.waiters
+            if matcher is None:
+                self._stats.failures += 1
+                copies: list = [None] * len(waiters)
+            else:
+                self._cache[key] = matcher
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+                copies = [matcher.deep_copy() for _ in waiters]
+        for ready, copy in zip(waiters, copies):
+            ready(copy, error)
+
+    def _expire(self, key: tuple[str, str | None], pending: _Pending) -> None:
+        with self._lock:
+            if pending.done:
+                return
+            pending.done = True
+            self._stats.timeouts += 1
+            if self._pending.get(key) is pending:
+                del self._pending[key]
+            waiters = pending.waiters
+        # The compile itself cannot be interrupted: it keeps its thread until llguidance's limits end it.
+        reason = f"compiling the guide took longer than {self.timeout_s:g} s"
+        for ready in waiters:
+            ready(None, reason)
+
+
+def matcher_error(matcher: llguidance.LLMatcher) -> str:
+    """A matcher's error for the client: its first line (e.g. which LLParserLimits limit was hit)."""
+    lines = matcher.get_error().splitlines()
+    return lines[0] if lines else "the guide failed"
+
+
+class TokenMasker:
+    """Masks one step's logits rows to the tokens their guides allow."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, *, threads: int | None = None) -> None:
+        self.tokenizer_vocab = tokenizer.vocab_size
+        self.eos_ids = list(tokenizer.eos_tokens)
+        self._words = llguidance.numpy.get_bitmask_shape(1, self.tokenizer_vocab)[1]
+        self._executor = llguidance.LLExecutor(num_threads=threads or min(4, os.cpu_count() or 1))
+
+    def apply(self, logits: torch.Tensor, rows: list[tuple[int, llguidance.LLMatcher, int | None]]) -> dict[int, str]:
+        """`logits`: processed [batch, vocab] float32 on CPU, masked in place; `rows`: (row, matcher,
+        end_id) of the guided rows. Returns {row: reason} for rows that cannot go on (the matcher is in
+        error, or nothing is allowed); those rows are left unmasked and must not use their token."""
+        bitmask = np.empty((len(rows), self._words), dtype=np.int32)  # every row is written below
+        llguidance.numpy.fill_next_token_bitmask_par(self._executor, [(m, k) for k, (_, m, _) in enumerate(rows)], bitmask)
+        # llguidance.numpy rather than llguidance.torch: the torch variant's apply is torch.compile'd,
+        # ~10 s on its first CPU call; the logits are on the CPU here and share memory with numpy.
+        values = logits.numpy()
+        index = np.array([row for row, _, _ in rows])
+        original = values[index]  # a copy
+        masked = original.copy()
+        llguidance.numpy.apply_token_bitmask_inplace(masked, bitmask)
+        vocab = masked.shape[1]
+        masked[:, self.tokenizer_vocab :] = -np.inf  # ids past the tokenizer's vocabulary decode to nothing
+        errors: dict[int, str] = {}
+        for k, (row, matcher, end_id) in enumerate(rows):
+            # The tokenizer's EOS bit means "the guide may end here": the request's end_id ends it.
+            masked[k, [t for t in self.eos_ids if t < vocab]] = -np.inf
+            if end_id is not None and 0 <= end_id < vocab:
+                masked[k, end_id] = original[k, end_id] if matcher.is_accepting() else -np.inf
+            if matcher.is_error():
+                errors[row] = matcher_error(matcher)
+            elif np.isneginf(masked[k]).all():
+                errors[row] = "the guide allows no token here (end_id, bad_words or min_length excluded the rest)"
+            if row in errors:
+                masked[k] = original[k]
+        values[index] = masked
+        return errors

@@ -1,0 +1,307 @@
+"""Structured output before anything reaches a worker: each dialect's fields become one guide in
+NVIDIA's terms (api.structured), and every guide that cannot be enforced is a 400 naming its field
+with llguidance's reason, compiled off the event loop and cached. The real compiler (llguidance)
+runs here; nothing is mocked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from fastapi import HTTPException
+from trtllm_truss.api import structured
+from trtllm_truss.api.limits import RequestLimits
+from trtllm_truss.api.messages import MessagesRequest
+from trtllm_truss.api.messages import chat_response_format as messages_format
+from trtllm_truss.api.native import PredictRequest
+from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
+from trtllm_truss.api.responses import ResponsesRequest
+from trtllm_truss.api.responses import chat_response_format as responses_format
+from trtllm_truss.api.structured import MAX_GUIDE_BYTES, MAX_GUIDE_DEPTH, Guide
+from trtllm_truss.guided import check_guide
+from trtllm_truss.serving import chat, messages, native, responses
+from trtllm_truss.serving.core import RequestCore, parse_request
+from trtllm_truss.serving.openai_shared import request_guide
+
+CHAT = [{"role": "user", "content": "x"}]
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def _chat(**body) -> Guide | None:
+    return request_guide(ChatCompletionRequest.model_validate({"messages": CHAT, **body}))
+
+
+def _refused(make, status: int = 400) -> str:
+    with pytest.raises(HTTPException) as caught:
+        make()
+    assert caught.value.status_code == status, caught.value.detail
+    return caught.value.detail
+
+
+def _check(guide: Guide, **kwargs) -> None:
+    asyncio.run(structured.check(guide, **kwargs))
+
+
+# --- fields -> guide ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"response_format": {"type": "text"}}, None),
+        ({"response_format": {"type": "json_object"}}, ("json_schema", '{"type":"object"}', "response_format")),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}},
+            ("json_schema", json.dumps(PERSON, separators=(",", ":")), "response_format.json_schema.schema"),
+        ),
+        ({"response_format": {"type": "json", "schema": {"type": "string"}}}, ("json_schema", '{"type":"string"}', "response_format.schema")),
+        ({"response_format": {"type": "regex", "regex": "[0-9]{3}"}}, ("regex", "[0-9]{3}", "response_format.regex")),
+        ({"response_format": {"type": "ebnf", "ebnf": 'root ::= "yes" | "no"'}}, ("ebnf_grammar", 'root ::= "yes" | "no"', "response_format.ebnf")),
+        ({"structured_outputs": {"regex": "a+"}}, ("regex", "a+", "structured_outputs.regex")),
+        ({"structured_outputs": {"json": PERSON}}, ("json_schema", json.dumps(PERSON, separators=(",", ":")), "structured_outputs.json")),
+        ({"structured_outputs": {"json_object": True}}, ("json_schema", '{"type":"object"}', "structured_outputs.json_object")),
+        ({"structured_outputs": {"grammar": 'root ::= "a"'}}, ("ebnf_grammar", 'root ::= "a"', "structured_outputs.grammar")),
+        ({"guided_json": '{"type": "integer"}'}, ("json_schema", '{"type":"integer"}', "guided_json")),
+        ({"guided_regex": "b+"}, ("regex", "b+", "guided_regex")),
+        ({"guided_grammar": 'root ::= "b"'}, ("ebnf_grammar", 'root ::= "b"', "guided_grammar")),
+        ({"guided_choice": ["yes", "no"]}, ("regex", "(yes|no)", "guided_choice")),
+    ],
+)
+def test_each_dialect_field_becomes_nvidias_guide(body, expected):
+    guide = _chat(**body)
+    assert (guide if guide is None else (guide.type, guide.guide, guide.field)) == expected
+    if guide is not None:
+        _check(guide)  # and it compiles
+
+
+def test_completions_take_the_same_fields():
+    req = CompletionRequest.model_validate({"prompt": "x", "response_format": {"type": "json_object"}})
+    assert request_guide(req) == Guide("json_schema", '{"type":"object"}', "response_format")
+    req = CompletionRequest.model_validate({"prompt": "x", "guided_regex": "[ab]"})
+    assert request_guide(req) == Guide("regex", "[ab]", "guided_regex")
+
+
+def test_choice_alternatives_are_literal_text():
+    """Punctuation in a choice is matched literally (escaped), never read as regex syntax."""
+    import llguidance
+
+    choices = ["a.b", "(x)", "1+1", "c|d", "e f", "ü?"]
+    guide = _chat(guided_choice=choices)
+    matcher_regex = llguidance.LLMatcher.grammar_from_regex(guide.guide)
+    assert not llguidance.LLMatcher.validate_grammar(matcher_regex)
+    import re  # Python's re agrees on these escapes: each choice and nothing else matches
+
+    pattern = re.compile(guide.guide)
+    assert all(pattern.fullmatch(c) for c in choices)
+    assert not any(pattern.fullmatch(c) for c in ["aXb", "x", "11", "c", "e  f"])
+
+
+def test_responses_and_messages_name_their_own_fields():
+    req = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "schema": PERSON}}})
+    guide = responses.generation_request(req).guide
+    assert (guide.type, guide.field) == ("json_schema", "text.format.schema")
+    req = ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_object"}}})
+    assert responses.generation_request(req).guide == Guide("json_schema", '{"type":"object"}', "text.format")
+    body = {"model": "m", "max_tokens": 5, "messages": CHAT, "output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
+    guide = messages.generation_request(MessagesRequest.model_validate(body)).guide
+    assert (guide.type, guide.field) == ("json_schema", "output_config.format.schema")
+    assert responses_format(req) is not None and messages_format(MessagesRequest.model_validate(body)) is not None
+
+
+def test_native_route_takes_nvidias_names():
+    req = PredictRequest.model_validate({"prompt": "x", "guided_decoding_guide_type": "regex", "guided_decoding_guide": "[0-9]+"})
+    assert native.generation_request(req).guide == Guide("regex", "[0-9]+", "guided_decoding_guide")
+    req = PredictRequest.model_validate({"prompt": "x", "guided_decoding_guide_type": "json"})
+    assert native.generation_request(req).guide == Guide("json", None, "guided_decoding_guide")
+    schema = json.dumps(PERSON)
+    req = PredictRequest.model_validate({"prompt": "x", "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": schema})
+    assert json.loads(native.generation_request(req).guide.guide) == PERSON
+
+
+# --- bad input: 400 (or 422 for the schema) naming the field ---------------------------------------
+
+DEEP: dict = {"type": "string"}
+for _ in range(MAX_GUIDE_DEPTH):
+    DEEP = {"type": "array", "items": DEEP}
+
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema: is required"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}, "response_format.json_schema.schema: is required"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "objekt"}}}}, "response_format.json_schema.schema: not a valid JSON Schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": DEEP}}}, "response_format.json_schema.schema: nests"),
+        ({"response_format": {"type": "regex"}}, "response_format.regex: a regex guide needs its text"),
+        ({"response_format": {"type": "json"}}, "response_format.schema: is required"),
+        ({"guided_json": "{nope"}, "guided_json: is not JSON"),
+        ({"guided_choice": []}, "guided_choice: give at least one"),
+        ({"structured_outputs": {}}, "structured_outputs: give one of"),
+        ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex: only one output constraint per request (also given: response_format)"),
+        ({"response_format": {"type": "regex", "regex": "a" * (MAX_GUIDE_BYTES + 1)}}, f"response_format.regex: is {MAX_GUIDE_BYTES + 1} bytes"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}}}},
+            "response_format.json_schema.schema.properties.a: keyword 'nullable' cannot be enforced",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "string"}], "additionalItems": False}}}},
+            "response_format.json_schema.schema: keyword 'additionalItems' cannot be enforced",
+        ),
+    ],
+)
+def test_bad_fields_are_400_naming_the_field(body, where):
+    assert where in _refused(lambda: _chat(**body))
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
+        ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ],
+)
+def test_other_vllm_knobs_are_refused_by_name(body, field):
+    with pytest.raises(HTTPException) as caught:
+        parse_request(ChatCompletionRequest, {"messages": CHAT, **body})
+    assert caught.value.status_code == 422 and field in caught.value.detail
+
+
+def test_strict_false_leaves_unknown_keys_to_the_compiler_which_ignores_them():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}
+    loose = _chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    _check(loose)
+    assert "nullable" in loose.guide
+
+
+@pytest.mark.parametrize(
+    "guide, reason",
+    [
+        (Guide("json_schema", '{"not": {"type": "string"}}', "response_format.json_schema.schema"), 'Unimplemented keys: ["not"]'),
+        (Guide("json_schema", '{"type": "array", "uniqueItems": true}', "guided_json"), "uniqueItems"),
+        (Guide("json_schema", '{"type": "string", "format": "zip-code"}', "guided_json"), "Unknown format: zip-code"),
+        (Guide("regex", "(a", "response_format.regex"), "unclosed group"),
+        (Guide("ebnf_grammar", "root ::= undefined_rule", "guided_grammar"), "undefined_rule"),
+        (Guide("structural_tag", '{"type": "structural_tag"}', "response_format"), "structural_tag"),
+    ],
+)
+def test_what_the_compiler_refuses_is_400_naming_the_field_and_its_reason(guide, reason):
+    started = time.monotonic()
+    detail = _refused(lambda: _check(guide))
+    assert detail.startswith(f"invalid request: {guide.field}: cannot be enforced") and reason in detail
+    assert time.monotonic() - started < 1.0
+
+
+def test_strict_schemas_of_pydantic_models_pass():
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        name: str
+        tags: list[str]
+        price: float | None = None
+
+    class Order(BaseModel):
+        items: list[Item]
+        note: str
+
+    import openai.lib._pydantic as to_strict  # what client.chat.completions.parse sends
+
+    schema = to_strict.to_strict_json_schema(Order)
+    guide = _chat(response_format={"type": "json_schema", "json_schema": {"name": "Order", "schema": schema, "strict": True}})
+    _check(guide)
+
+
+# --- compiling off the loop: timeout, cache ------------------------------------------------------
+
+
+def _big_schema(tag: str) -> Guide:
+    props = {f"{tag}{i}": {"type": "string", "pattern": f"[a-z]{{1,{i + 2}}}[0-9]{{2,9}}"} for i in range(1500)}
+    return Guide("json_schema", json.dumps({"type": "object", "properties": props}), "guided_json")
+
+
+def test_a_compile_slower_than_the_timeout_is_400_and_the_loop_keeps_running():
+    guide = _big_schema(f"t{time.monotonic_ns()}")
+
+    async def run() -> tuple[str, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(ticker())
+        try:
+            with pytest.raises(HTTPException) as caught:
+                await structured.check(guide, timeout_s=1e-4)
+        finally:
+            task.cancel()
+        return caught.value.detail, ticks
+
+    detail, ticks = asyncio.run(run())
+    assert "guided_json: took longer than" in detail and ticks > 0
+
+
+def test_a_repeated_guide_is_compiled_once():
+    guide = _big_schema(f"c{time.monotonic_ns()}")
+    first = structured._checking(guide)
+    _check(guide)
+    assert structured._checking(Guide(guide.type, guide.guide, "another.field")) is first
+    bad = Guide("regex", f"(unclosed{time.monotonic_ns()}", "guided_regex")
+    _refused(lambda: _check(bad))
+    assert structured._checking(bad).result() is not None  # the failure is cached too
+
+
+# --- tool_choice guides go through the same checks -------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": PERSON}},
+    {"type": "function", "function": {"name": "get_time"}},
+]
+
+
+def _core() -> RequestCore:
+    core = RequestCore()
+    pool = SimpleNamespace(info=SimpleNamespace(tool_call_parser="hermes", reasoning_parser=None), max_in_flight=8, open_streams=0)
+    core.attach(pool, RequestLimits(max_input_len=1024, max_output_len=64))
+    return core
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_choice_guides_compile(choice):
+    req = chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, "tools": TOOLS, "tool_choice": choice}))
+    spec = asyncio.run(_core().prepare(req))
+    check_guide(spec.params.guided_decoding_guide_type, spec.params.guided_decoding_guide)
+
+
+def test_tool_parameters_the_compiler_refuses_are_400_naming_tools():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {"required": ["a"]}}}}]
+    req = chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, "tools": tools, "tool_choice": "required"}))
+    detail = _refused(lambda: asyncio.run(_core().prepare(req)))
+    assert detail.startswith("invalid request: tools: cannot be enforced") and "not" in detail
+
+
+def test_prepare_puts_the_guide_into_nvidias_engine_inputs():
+    req = chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, "guided_regex": "[0-9]+"}))
+    params = asyncio.run(_core().prepare(req)).params
+    assert (params.guided_decoding_guide_type, params.guided_decoding_guide) == ("regex", "[0-9]+")
+
+
+def test_strict_tools_whose_calls_are_guided_refuse_unenforced_keywords():
+    nullable = {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": nullable, "strict": True}}]
+    body = {"messages": CHAT, "tools": tools}
+    detail = _refused(lambda: chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "required"})))
+    assert detail.startswith("invalid request: tools[0].function.parameters.properties.a: keyword 'nullable'")
+    chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "auto"}))  # parsed, not guided
+    loose = [{"type": "function", "function": {"name": "f", "parameters": nullable}}]
+    chat.generation_request(ChatCompletionRequest.model_validate({**body, "tools": loose, "tool_choice": "required"}))

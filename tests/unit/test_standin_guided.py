@@ -1,0 +1,307 @@
+"""Guided decoding in the engine stand-in, on the embedded model (data/embedded-llama): every token is
+chosen among those the guide allows (llguidance), guides compile off the decode loop and are cached."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from tokenizers import Tokenizer
+from trtllm_truss.engine_standin import (
+    EngineLimits,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    Guide,
+    RequestRejected,
+    SamplingParams,
+    StandinEngine,
+    SyntheticEngine,
+)
+from trtllm_truss.engine_standin.guidance import GuideCompiler
+from trtllm_truss.engine_standin.model_runner import CausalLMRunner
+from trtllm_truss.guided import schema_text
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
+TIMEOUT_S = 60.0
+END_ID = 2
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"},
+    },
+    "required": ["name", "age", "tags", "email"],
+    "additionalProperties": False,
+}
+PROMPTS = ["The person:", "JSON output follows.\n", "x", "import os\n"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CausalLMRunner(MODEL_DIR)
+
+
+@pytest.fixture
+def engine(runner):
+    engine = StandinEngine(runner, EngineLimits(max_batch_size=8, max_input_len=256, max_output_len=256)).start()
+    yield engine
+    engine.shutdown()
+
+
+@dataclass
+class Collected:
+    tokens: list[int] = field(default_factory=list)
+    outputs: list[GenerationOutput] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, output: GenerationOutput) -> None:
+        self.outputs.append(output)
+        self.tokens.extend(output.token_ids)
+        self.times.append(time.monotonic())
+        if output.finished:
+            self.done.set()
+
+    def finish(self) -> GenerationOutput:
+        assert self.done.wait(TIMEOUT_S), "request did not finish in time"
+        return self.outputs[-1]
+
+
+_ids = iter(range(10**9))
+
+
+def request(tokenizer, prompt: str, guide: Guide | None, max_new: int = 96, **sampling) -> GenerationRequest:
+    return GenerationRequest(
+        f"r{next(_ids)}", tokenizer.encode(prompt).ids, max_new, end_id=END_ID,
+        sampling=SamplingParams(**sampling), guide=guide,
+    )
+
+
+def submit(engine, req: GenerationRequest) -> Collected:
+    collected = Collected()
+    engine.submit(req, collected)
+    return collected
+
+
+def run(engine, req: GenerationRequest) -> tuple[str, GenerationOutput, Collected]:
+    collected = submit(engine, req)
+    last = collected.finish()
+    return engine_text(collected.tokens), last, collected
+
+
+_decoder = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+
+
+def engine_text(tokens: list[int]) -> str:
+    return _decoder.decode(tokens, skip_special_tokens=False)
+
+
+def test_json_schema_output_parses_and_validates_greedy_and_sampled(engine, tokenizer):
+    guide = Guide("json_schema", schema_text(PERSON))
+    finished = 0
+    for i, prompt in enumerate(PROMPTS):
+        for sampling in ({"top_k": 1}, {"top_k": 50, "temperature": 1.0, "random_seed": i}):
+            text, last, _ = run(engine, request(tokenizer, prompt, guide, 200, **sampling))
+            assert last.finish_reason in (FinishReason.END_ID, FinishReason.LENGTH), last.error
+            if last.finish_reason is FinishReason.END_ID:  # the guide completed: the text is a valid instance
+                jsonschema.validate(json.loads(text), PERSON)
+                finished += 1
+    assert finished >= len(PROMPTS), f"only {finished} of {2 * len(PROMPTS)} outputs completed"
+
+
+def test_regex_and_ebnf_guides_are_matched(engine, tokenizer):
+    pattern = r"(yes|no): [0-9]{2,4}-[a-z]{3}"
+    grammar = 'root ::= item ("," item){0,3}\nitem ::= "cat" | "dog" | [0-9]+'
+    for prompt in PROMPTS:
+        text, last, _ = run(engine, request(tokenizer, prompt, Guide("regex", pattern), 40, top_k=1))
+        assert last.finish_reason is FinishReason.END_ID and re.fullmatch(pattern, text), text
+        text, last, _ = run(engine, request(tokenizer, prompt, Guide("ebnf_grammar", grammar), 40, top_k=1))
+        if last.finish_reason is FinishReason.END_ID:
+            assert re.fullmatch(r"(cat|dog|[0-9]+)(,(cat|dog|[0-9]+)){0,3}", text), text
+        else:  # only digits can run to the limit
+            assert re.fullmatch(r"(cat|dog|[0-9]+)(,(cat|dog|[0-9]+)){0,3}", text) or text[-1].isdigit(), text
+
+
+def test_a_complete_guide_ends_the_request_with_its_end_id_never_with_a_forbidden_token(engine, tokenizer):
+    text, last, collected = run(engine, request(tokenizer, "x", Guide("regex", "ok"), 50, top_k=1))
+    assert text == "ok" and last.finish_reason is FinishReason.END_ID
+    assert END_ID not in collected.tokens
+    # max tokens first: LENGTH, and what came is a prefix the guide allows
+    text, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "[a-z]{30}"), 5, top_k=1))
+    assert last.finish_reason is FinishReason.LENGTH and re.fullmatch("[a-z]+", text) and len(text) < 30
+
+
+def test_json_guide_is_a_json_object(engine, tokenizer):
+    text, last, _ = run(engine, request(tokenizer, "data:", Guide("json"), 120, top_k=1))
+    if last.finish_reason is FinishReason.END_ID:
+        assert isinstance(json.loads(text), dict)
+    else:
+        assert text.startswith("{")
+
+
+def test_guided_and_unguided_rows_share_a_batch_unchanged(engine, tokenizer):
+    guide = Guide("json_schema", schema_text(PERSON))
+    alone_plain = [run(engine, request(tokenizer, p, None, 24, top_k=1))[0] for p in PROMPTS]
+    alone_guided = [run(engine, request(tokenizer, p, guide, 48, top_k=1))[0] for p in PROMPTS]
+    seeded = {"top_k": 40, "random_seed": 7}
+    alone_seeded = run(engine, request(tokenizer, PROMPTS[0], guide, 48, **seeded))[0]
+    together = []
+    for p in PROMPTS:  # interleaved: every decode step holds both kinds of row
+        together.append((submit(engine, request(tokenizer, p, None, 24, top_k=1)), submit(engine, request(tokenizer, p, guide, 48, top_k=1))))
+    again_seeded = submit(engine, request(tokenizer, PROMPTS[0], guide, 48, **seeded))
+    for (plain, guided), want_plain, want_guided in zip(together, alone_plain, alone_guided):
+        plain.finish(), guided.finish()
+        assert engine_text(plain.tokens) == want_plain
+        assert engine_text(guided.tokens) == want_guided
+    again_seeded.finish()
+    assert engine_text(again_seeded.tokens) == alone_seeded
+
+
+def test_guided_log_probs_are_those_of_the_masked_distribution(engine, tokenizer):
+    req = request(tokenizer, "x", Guide("regex", "(ab|cd)"), 8, top_k=1)
+    req.return_log_probs = True
+    _, _, collected = run(engine, req)
+    log_probs = [p for o in collected.outputs for p in (o.log_probs or [])]
+    assert log_probs and all(p <= 0.0 for p in log_probs)
+    assert log_probs[-1] == pytest.approx(0.0, abs=1e-5)  # after "a", "b" is the only allowed token
+
+
+def test_a_guide_that_fails_to_compile_fails_only_its_request_naming_the_keyword(engine, tokenizer):
+    other = submit(engine, request(tokenizer, PROMPTS[0], None, 16, top_k=1))
+    bad = Guide("json_schema", json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}))
+    _, last, _ = run(engine, request(tokenizer, "x", bad, 16))
+    assert last.finish_reason is FinishReason.ERROR
+    assert "guided_decoding_guide" in last.error and '"not"' in last.error
+    remote = Guide("json_schema", json.dumps({"$ref": "https://example.com/schema.json"}))
+    _, last, _ = run(engine, request(tokenizer, "x", remote, 16))
+    assert last.finish_reason is FinishReason.ERROR and "https://example.com/schema.json" in last.error
+    _, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "(a|b"), 16))
+    assert last.finish_reason is FinishReason.ERROR and "unclosed group" in last.error
+    assert other.finish().finish_reason is FinishReason.LENGTH and len(other.tokens) == 16
+    stats = engine.guides.stats()
+    assert stats.failures == 3 and stats.cached == 0
+    # the same bad guide again is compiled again (failures are not cached) and refused again
+    _, last, _ = run(engine, request(tokenizer, "x", bad, 16))
+    assert last.finish_reason is FinishReason.ERROR and engine.guides.stats().misses == 4
+
+
+def test_unknown_guide_types_and_missing_guides_are_refused_at_submit(engine, tokenizer):
+    with pytest.raises(RequestRejected, match="guided_decoding_guide_type.*structured"):
+        engine.submit(request(tokenizer, "x", Guide("structured", "{}")), Collected())
+    with pytest.raises(RequestRejected, match="guided_decoding_guide: required"):
+        engine.submit(request(tokenizer, "x", Guide("regex", None)), Collected())
+    synthetic = SyntheticEngine(EngineLimits(2, 16, 16), 4096, [100, 101]).start()
+    try:
+        with pytest.raises(RequestRejected, match="guided_decoding_guide_type"):
+            synthetic.submit(request(tokenizer, "x", Guide("json"), 8), Collected())
+    finally:
+        synthetic.shutdown()
+
+
+def _slow_schema(groups: int = 20) -> str:
+    # Thousands of integer ranges (350 per object, within llguidance's 2000 items per row): about a
+    # second of lexer construction here (2.7 s for 36 groups).
+    return schema_text(
+        {
+            "type": "object",
+            "properties": {
+                f"g{g}": {
+                    "type": "object",
+                    "properties": {f"p{i}": {"type": "integer", "minimum": i, "maximum": 37 * i + 1000 + g} for i in range(350)},
+                }
+                for g in range(groups)
+            },
+        }
+    )
+
+
+def test_a_guide_over_llguidances_step_limits_fails_only_its_request(engine, tokenizer):
+    # 3000 properties in one object: 12k Earley items in a row, over LLParserLimits.max_items_in_row
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}, "required": ["p0"]}
+    other = submit(engine, request(tokenizer, PROMPTS[1], None, 12, top_k=1))
+    _, last, collected = run(engine, request(tokenizer, "x", Guide("json_schema", schema_text(wide)), 32, top_k=1))
+    assert last.finish_reason is FinishReason.ERROR and "max is 2000" in last.error and "\n" not in last.error
+    assert engine_text(collected.tokens).startswith('{"p')  # what came before is what the guide allowed
+    assert other.finish().finish_reason is FinishReason.LENGTH and len(other.tokens) == 12
+
+
+def test_a_slow_guide_delays_only_its_own_request(engine, tokenizer):
+    slow = submit(engine, request(tokenizer, "x", Guide("json_schema", _slow_schema()), 4, top_k=1))
+    plain = [submit(engine, request(tokenizer, p, None, 8, top_k=1)) for p in PROMPTS]
+    for collected in plain:
+        assert collected.finish().finish_reason is FinishReason.LENGTH
+    assert not slow.outputs, "the slow guide compiled before the unguided requests finished"
+    slow.finish()
+    assert slow.outputs[-1].finish_reason in (FinishReason.LENGTH, FinishReason.END_ID), slow.outputs[-1].error
+    assert min(slow.times) > max(max(c.times) for c in plain)
+
+
+def test_a_guide_compiling_past_the_timeout_is_refused_and_not_cached(runner, tokenizer):
+    guides = GuideCompiler(MODEL_DIR, timeout_s=0.05)
+    engine = StandinEngine(runner, EngineLimits(4, 256, 256), guides=guides).start()
+    try:
+        guide = Guide("json_schema", _slow_schema())
+        _, last, _ = run(engine, request(tokenizer, "x", guide, 4))
+        assert last.finish_reason is FinishReason.ERROR and "longer than 0.05 s" in last.error
+        plain = run(engine, request(tokenizer, "x", None, 4, top_k=1))[1]
+        assert plain.finish_reason is FinishReason.LENGTH
+        deadline = time.monotonic() + TIMEOUT_S  # the compile runs on until it ends; poll for it
+        while guides.stats().compile_seconds == 0.0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stats = guides.stats()
+        assert stats.timeouts == 1 and stats.cached == 0 and not guides.is_cached(guide)
+    finally:
+        engine.shutdown()
+
+
+def test_guides_compile_once_and_are_cached_in_a_bounded_lru(runner, tokenizer):
+    guides = GuideCompiler(MODEL_DIR, cache_size=2)
+    engine = StandinEngine(runner, EngineLimits(8, 256, 256), guides=guides).start()
+    try:
+        a, b, c = (Guide("regex", f"{w}[0-9]") for w in ("a", "b", "c"))
+        # four concurrent requests of one new guide: one compile, three served by it
+        first = [submit(engine, request(tokenizer, "x", a, 4, top_k=1)) for _ in range(4)]
+        assert {collected.finish().finish_reason for collected in first} == {FinishReason.END_ID}
+        assert (guides.stats().misses, guides.stats().hits) == (1, 3)
+        for guide in (b, a, c):  # c evicts b, the least recently used
+            run(engine, request(tokenizer, "x", guide, 4, top_k=1))
+        stats = guides.stats()
+        assert (stats.misses, stats.hits, stats.cached) == (3, 4, 2)
+        assert guides.is_cached(a) and guides.is_cached(c) and not guides.is_cached(b)
+        assert stats.compile_seconds > 0 and len(guides.compile_times) == 3
+    finally:
+        engine.shutdown()
+
+
+def test_cancelling_a_request_whose_guide_is_compiling(engine, tokenizer):
+    req = request(tokenizer, "x", Guide("json_schema", _slow_schema(10)), 4)
+    slow = submit(engine, req)
+    assert engine.waiting_requests == 1  # compiling counts as waiting
+    engine.cancel(req.request_id)
+    assert slow.finish().finish_reason is FinishReason.CANCELLED and not slow.tokens
+    assert engine.active_requests == 0
