@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from trtllm_truss import lora
 from trtllm_truss.probe import RuntimeFacts
 from trtllm_truss.speculation import engine_build, speculation_problems
 
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
 # (PyTorch backend, TensorRT-LLM >= 1.0) behind NVIDIA's `llmapi` python model; pytorch: our stand-in.
 Backend = Literal["tensorrtllm", "llmapi", "pytorch"]
 LLMAPI_SINCE = (1, 0)
-ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft"]
-ArtifactKind = Literal["engine", "tokenizer", "checkpoint"]
+ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft", "adapter"]
+ArtifactKind = Literal["engine", "tokenizer", "checkpoint", "adapter"]
 
 # Bump when the key's inputs or the cached directory layout change meaning: old entries stop matching.
 ENGINE_CACHE_KEY_VERSION = 1
@@ -107,6 +108,9 @@ class ServingPlan:
     # node_count x gpus_per_node ranks (trtllm_truss.cluster places them).
     node_count: int = 1
     gpus_per_node: int = 1
+    # build.lora_adapters (name, NVIDIA task id, folder once fetched) and build.lora_configuration.
+    lora_adapters: tuple[lora.PlannedAdapter, ...] = ()
+    lora_configuration: Any = None
 
     @property
     def world_size(self) -> int:
@@ -348,6 +352,7 @@ def make_plan(
     backend, reason = choose_backend(runtime.backend, facts, ranks_per_node, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
+    problems += lora.backend_problems(trt.build, backend)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
@@ -389,7 +394,17 @@ def make_plan(
             if model_override is not None:
                 model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
             model = dataclasses.replace(model, role="model")
-            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), **limits, **common)
+            adapter_fetches = _adapter_requests(resolved, build, root)
+            common["lora_adapters"] = tuple(
+                lora.PlannedAdapter(name, task_id, request.dest)
+                for task_id, (name, request) in enumerate(adapter_fetches, start=1)
+            )
+            common["lora_configuration"] = build.lora_configuration
+            problems = lora.check_adapters(common["lora_adapters"], build.lora_configuration)
+            if problems:
+                raise PlanError("; ".join(problems), problems)
+            fetches = (model, *(request for _, request in adapter_fetches))
+            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, **limits, **common)
         if backend == "llmapi":
             if check_backend_files:
                 from trtllm_truss.repository.llmapi import find_model_source
@@ -461,6 +476,14 @@ def make_plan(
     return ServingPlan(
         tokenizer_dir=tokenizer.dest, engine_dir=engine.dest, fetches=(engine, tokenizer), **provisional, **common
     )
+
+
+def _adapter_requests(resolved: ResolvedConfig, build: Any, root: Path) -> list[tuple[str, ArtifactRequest]]:
+    """build.lora_adapters in configuration order (task ids follow it), each fetched like a checkpoint."""
+    return [
+        (name, _request(resolved, "adapter", source.repo, source.revision, "adapter", root, f"build.lora_adapters.{name}.repo"))
+        for name, source in (build.lora_adapters or {}).items()
+    ]
 
 
 def _tokenizer_dest(checkpoint: ArtifactRequest, root: Path) -> Path:

@@ -63,8 +63,19 @@ def build_engine(settings: StandinSettings) -> EngineBase:
         from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 
         assert settings.model_dir is not None
-        runner = CausalLMRunner(settings.model_dir, device=resolve_device(settings.device), dtype=settings.dtype)
-        engine = StandinEngine(runner, settings.limits)
+        adapters = settings.lora_adapters
+        runner = CausalLMRunner(
+            settings.model_dir,
+            device=resolve_device(settings.device),
+            dtype=settings.dtype,
+            adapters={name: directory for name, directory in adapters.values()},
+        )
+        engine = StandinEngine(
+            runner,
+            settings.limits,
+            adapters={task: name for task, (name, _) in adapters.items()},
+            max_loras=settings.max_loras,
+        )
     return engine.start()
 
 

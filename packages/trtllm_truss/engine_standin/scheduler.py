@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -52,9 +52,20 @@ class _Sequence:
 class EngineBase:
     """Queue, admission, cancellation and output plumbing shared by the model and synthetic engines."""
 
-    def __init__(self, limits: EngineLimits, vocab_size: int, *, name: str = "engine-standin") -> None:
+    def __init__(
+        self,
+        limits: EngineLimits,
+        vocab_size: int,
+        *,
+        name: str = "engine-standin",
+        adapters: Mapping[int, str] | None = None,
+        max_loras: int | None = None,
+    ) -> None:
         self.limits = limits
         self.vocab_size = vocab_size
+        # NVIDIA's lora_task_id -> LoRA adapter name; at most max_loras different adapters run in one step.
+        self.adapters = dict(adapters or {})
+        self.max_loras = max_loras
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._cancelled: set[str] = set()
@@ -131,6 +142,11 @@ class EngineBase:
             raise RequestRejected(
                 f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {self.vocab_size}"
             )
+        if request.lora_task_id is not None and request.lora_task_id not in self.adapters:
+            # NVIDIA's message (PeftCacheManager::addRequestPeft) for a task id it holds no weights for.
+            raise RequestRejected(
+                f"LoRA task {request.lora_task_id} not found in cache. Please send LoRA weights with request"
+            )
         sampling = request.sampling
         if sampling.top_k < 0:
             raise RequestRejected(f"runtime_top_k: must be >= 0, got {sampling.top_k}")
@@ -142,6 +158,18 @@ class EngineBase:
             raise RequestRejected(f"repetition_penalty: must be > 0, got {sampling.repetition_penalty}")
         if sampling.min_length < 0:
             raise RequestRejected(f"min_length: must be >= 0, got {sampling.min_length}")
+
+    def adapter_of(self, request: GenerationRequest) -> str | None:
+        return None if request.lora_task_id is None else self.adapters[request.lora_task_id]
+
+    def _adapter_slot_free(self, seq: _Sequence, admitted: list[_Sequence]) -> bool:
+        """Whether `seq`'s adapter may join this step: within max_loras different adapters (the base
+        model takes no slot). A request that must wait keeps its place at the head of the queue."""
+        wanted = self.adapter_of(seq.request)
+        if self.max_loras is None or wanted is None:
+            return True
+        in_use = {self.adapter_of(s.request) for s in self._running + admitted} - {None}
+        return wanted in in_use or len(in_use) < self.max_loras
 
     # ------------------------------------------------------------ for subclasses
     def _start(self, seq: _Sequence) -> bool:
@@ -191,7 +219,11 @@ class EngineBase:
                 cancelled = self._cancelled
                 self._cancelled = set()
                 admitted: list[_Sequence] = []
-                while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
+                while (
+                    self._waiting
+                    and len(self._running) + len(admitted) < self.limits.max_batch_size
+                    and self._adapter_slot_free(self._waiting[0], admitted)
+                ):
                     admitted.append(self._waiting.popleft())
                     admitted[-1].request.first_scheduled_ns = time.monotonic_ns()
                 # Cancelled requests still waiting never start.
@@ -263,15 +295,25 @@ class EngineBase:
 class StandinEngine(EngineBase):
     """Runs a Hugging Face causal LM with continuous batching (see module docstring)."""
 
-    def __init__(self, runner: CausalLMRunner, limits: EngineLimits, *, name: str = "engine-standin") -> None:
-        super().__init__(limits, runner.vocab_size, name=name)
+    def __init__(
+        self,
+        runner: CausalLMRunner,
+        limits: EngineLimits,
+        *,
+        name: str = "engine-standin",
+        adapters: Mapping[int, str] | None = None,
+        max_loras: int | None = None,
+    ) -> None:
+        super().__init__(limits, runner.vocab_size, name=name, adapters=adapters, max_loras=max_loras)
         self.runner = runner
         self._cache = BatchKVCache()
 
     def _start(self, seq: _Sequence) -> bool:
         request = seq.request
         seq.state = SequenceSamplingState(request, list(request.input_ids), self.vocab_size)
-        logits, cache, context = self.runner.prefill(request.input_ids, all_logits=request.return_context_logits)
+        logits, cache, context = self.runner.prefill(
+            request.input_ids, all_logits=request.return_context_logits, adapter=self.adapter_of(request)
+        )
         raw = logits.clone() if request.return_generation_logits else None
         tokens, log_probs = select_next_tokens(logits[None, :], [seq.state], request.return_log_probs)
         output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None, raw)
@@ -296,7 +338,8 @@ class StandinEngine(EngineBase):
         states = [seq.state for seq in running]
         last = [s.tokens[-1] for s in states]
         positions = [len(s.tokens) - 1 for s in states]
-        logits = self.runner.decode(self._cache, last, positions, [seq.pad for seq in running])
+        adapters = [self.adapter_of(seq.request) for seq in running] if self.adapters else None
+        logits = self.runner.decode(self._cache, last, positions, [seq.pad for seq in running], adapters)
         want_log_probs = any(seq.request.return_log_probs for seq in running)
         # Raw rows kept before sampling transforms them, only for requests that return them.
         raw = {i: logits[i].clone() for i, seq in enumerate(running) if seq.request.return_generation_logits}

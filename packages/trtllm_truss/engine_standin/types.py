@@ -69,6 +69,7 @@ class GenerationRequest:
     # bias, penalties and sampling) of every prompt position / of each generated token.
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    lora_task_id: int | None = None  # NVIDIA's lora_task_id: a configured LoRA adapter (None: the base model)
     # When the engine admitted the request (time.monotonic_ns(), the clock of NVIDIA's
     # std::chrono::steady_clock perf metrics); set by the engine.
     first_scheduled_ns: int | None = None

@@ -13,6 +13,7 @@ import enum
 import os
 from typing import TYPE_CHECKING, Any
 
+from trtllm_truss import lora
 from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
 from trtllm_truss.repository import interface as nv
 from trtllm_truss.repository.model_config import (
@@ -185,6 +186,9 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
             ("sender_threads", pytorch.sender_threads),
             ("merge_responses", pytorch.merge_responses),
+            # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
+            ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
+            ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),
         ),
     )
 

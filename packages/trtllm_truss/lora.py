@@ -1,0 +1,136 @@
+"""LoRA adapters: what the plan serves, and whether the engine's limits can take each adapter.
+
+`build.lora_adapters` names adapters (peft folders: `adapter_config.json` + `adapter_model.safetensors`);
+each gets NVIDIA's `lora_task_id`, its 1-based position in the configuration, which is what the stream
+workers send to pick it and what the engine maps back to the adapter. `build.lora_configuration` holds
+the engine's limits (Baseten's `max_lora_rank`, `lora_target_modules` in NVIDIA's module names, and
+`max_loras`). An adapter's own `adapter_config.json` is read here, never in the schema validators: at plan
+time for a local folder, after the fetch for a hub or S3 one (`artifacts.prepare`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtllm_truss.config.schema import LORA_MODULES, LoraConfiguration
+
+SECTION = "model_metadata.trt_llm.build"
+HF_TO_NVIDIA = {hf: nvidia for nvidia, hf in LORA_MODULES.items()}
+# Backends whose LoRA path this truss does not wire yet: the setting would do nothing there.
+_NOT_WIRED = {
+    "tensorrtllm": "NVIDIA's C++ backend needs an engine built with --lora_plugin and the adapters sent as"
+    " lora_weights/lora_config, which this truss does not do yet",
+    "llmapi": "the LLM-API backend's enable_lora/lora_config and per-request LoRARequest are not wired in this"
+    " truss yet",
+}
+
+
+@dataclass(frozen=True)
+class PlannedAdapter:
+    """One served adapter: its name (the OpenAI `model`), NVIDIA's task id, and where its files are."""
+
+    name: str
+    task_id: int
+    dir: Path
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What the engine's limits are checked against, from peft's adapter_config.json."""
+
+    rank: int
+    hf_modules: tuple[str, ...]  # Hugging Face module names (last component), sorted
+
+    @property
+    def nvidia_modules(self) -> tuple[str, ...]:
+        return tuple(sorted(HF_TO_NVIDIA[m] for m in self.hf_modules if m in HF_TO_NVIDIA))
+
+
+class AdapterError(ValueError):
+    """An adapter folder whose config cannot be read as a LoRA adapter (one line, naming the adapter)."""
+
+
+def read_adapter(name: str, directory: Path) -> AdapterInfo:
+    path = Path(directory) / "adapter_config.json"
+    where = f"{SECTION}.lora_adapters.{name}"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AdapterError(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise AdapterError(f"{where}: {path} is not valid JSON ({str(exc)[:80]})") from None
+    if not isinstance(config, Mapping) or config.get("peft_type", "LORA") != "LORA":
+        kind = config.get("peft_type") if isinstance(config, Mapping) else type(config).__name__
+        raise AdapterError(f"{where}: {path} is a {kind} adapter, not LoRA")
+    modules = config.get("target_modules")
+    if isinstance(modules, str):
+        raise AdapterError(
+            f"{where}: target_modules is the pattern {modules!r}; the engine needs the module names listed"
+            " (q_proj, v_proj, ...)"
+        )
+    if not isinstance(modules, list) or not modules or not all(isinstance(m, str) for m in modules):
+        raise AdapterError(f"{where}: {path} lists no target_modules")
+    ranks = [config.get("r")] + list((config.get("rank_pattern") or {}).values())
+    if not all(isinstance(r, int) and r >= 1 for r in ranks):
+        raise AdapterError(f"{where}: {path} has no valid rank r (got {config.get('r')!r})")
+    return AdapterInfo(rank=max(ranks), hf_modules=tuple(sorted({m.rsplit(".", 1)[-1] for m in modules})))
+
+
+def adapter_problems(name: str, info: AdapterInfo, limits: LoraConfiguration | None) -> list[str]:
+    """Why the engine's LoRA limits cannot take this adapter, one line each naming it (empty: they can)."""
+    limits = limits or LoraConfiguration()
+    where = f"{SECTION}.lora_adapters.{name}"
+    problems = []
+    unknown = [m for m in info.hf_modules if m not in HF_TO_NVIDIA]
+    if unknown:
+        problems.append(
+            f"{where}: targets {', '.join(unknown)}, which NVIDIA's LoRA does not apply to (it takes"
+            f" {', '.join(sorted(HF_TO_NVIDIA))})"
+        )
+    if info.rank > limits.max_lora_rank:
+        problems.append(
+            f"{where}: rank {info.rank} is above {SECTION}.lora_configuration.max_lora_rank {limits.max_lora_rank};"
+            " raise max_lora_rank or use a smaller adapter"
+        )
+    allowed = set(limits.lora_target_modules)
+    if allowed:
+        outside = [m for m in info.nvidia_modules if m not in allowed]
+        if outside:
+            problems.append(
+                f"{where}: targets {', '.join(outside)} (NVIDIA's names), not in {SECTION}.lora_configuration."
+                f"lora_target_modules [{', '.join(limits.lora_target_modules)}]; add them there"
+            )
+    return problems
+
+
+def check_adapters(adapters: tuple[PlannedAdapter, ...], limits: LoraConfiguration | None) -> list[str]:
+    """Problems of every adapter whose folder is there (a remote one not yet fetched is checked after)."""
+    problems: list[str] = []
+    for adapter in adapters:
+        if not (adapter.dir / "adapter_config.json").is_file():
+            continue
+        try:
+            problems += adapter_problems(adapter.name, read_adapter(adapter.name, adapter.dir), limits)
+        except AdapterError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def backend_problems(build: Any, backend: str) -> list[str]:
+    """LoRA settings given to a backend that would not apply them, one line each."""
+    if build is None or not build.lora_adapters or backend not in _NOT_WIRED:
+        return []
+    return [f"{SECTION}.lora_adapters: not served by backend {backend}: {_NOT_WIRED[backend]}; use backend pytorch"]
+
+
+def stand_in_parameter(adapters: tuple[PlannedAdapter, ...]) -> str:
+    """The stand-in's `lora_adapters` parameter: JSON {task id: {"name", "dir"}}."""
+    return json.dumps({str(a.task_id): {"name": a.name, "dir": str(a.dir)} for a in adapters}, sort_keys=True)
+
+
+def task_ids(adapters: tuple[PlannedAdapter, ...]) -> dict[str, int]:
+    return {a.name: a.task_id for a in adapters}
