@@ -111,6 +111,7 @@ class GenerationParams:
     # JSON text, ... (sent by the structured-output work; the request core sets them for tool_choice).
     guided_decoding_guide_type: str | None = None
     guided_decoding_guide: str | None = None
+    lora_task_id: int | None = None  # NVIDIA's lora_task_id: a LoRA adapter the engine serves (None: the base model)
 
 
 # Triton datatype and protobuf `contents` field of every scalar input.
@@ -131,6 +132,7 @@ _SCALAR_INPUTS: dict[str, tuple[str, str]] = {
     "stream": ("BOOL", "bool_contents"),
     "exclude_input_in_output": ("BOOL", "bool_contents"),
     "return_log_probs": ("BOOL", "bool_contents"),
+    "lora_task_id": ("UINT64", "uint64_contents"),
 }
 # Ensembles after tensorrtllm_backend v0.19 call the seed `seed`.
 _INPUT_ALIASES = {"random_seed": ("seed",)}
@@ -525,6 +527,7 @@ _ENGINE_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
     "beam_width": ("beam_width", "INT32", "int_contents"),
     "return_log_probs": ("return_log_probs", "BOOL", "bool_contents"),
     "exclude_input_in_output": ("exclude_input_in_output", "BOOL", "bool_contents"),
+    "lora_task_id": ("lora_task_id", "UINT64", "uint64_contents"),
 }
 
 

@@ -29,6 +29,16 @@ _NOT_WIRED = {
 }
 
 
+# runtime keys that are NVIDIA's C++ backend parameters of the same names (tensorrtllm_backend v0.19.0
+# model_instance_state.cc; README "LoRa").
+LORA_CACHE_KEYS = (
+    "lora_cache_optimal_adapter_size",
+    "lora_cache_max_adapter_size",
+    "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes",
+)
+
+
 @dataclass(frozen=True)
 class PlannedAdapter:
     """One served adapter: its name (the OpenAI `model`), NVIDIA's task id, and where its files are."""
@@ -120,11 +130,29 @@ def check_adapters(adapters: tuple[PlannedAdapter, ...], limits: LoraConfigurati
     return problems
 
 
-def backend_problems(build: Any, backend: str) -> list[str]:
-    """LoRA settings given to a backend that would not apply them, one line each."""
-    if build is None or not build.lora_adapters or backend not in _NOT_WIRED:
-        return []
-    return [f"{SECTION}.lora_adapters: not served by backend {backend}: {_NOT_WIRED[backend]}; use backend pytorch"]
+def backend_problems(build: Any, runtime: Any, backend: str) -> list[str]:
+    """LoRA settings given to a backend (or a path) that would not apply them, one line each."""
+    problems = []
+    if backend == "llmapi":
+        problems += [
+            f"model_metadata.trt_llm.runtime.{name}: a parameter of NVIDIA's C++ backend; the LLM-API backend sizes"
+            " its LoRA cache by adapters (LoraConfig.max_loras / max_cpu_loras); remove it"
+            for name in LORA_CACHE_KEYS
+            if getattr(runtime, name) is not None
+        ]
+    if build is None or not build.lora_adapters:
+        return problems
+    if backend in _NOT_WIRED:
+        problems.append(
+            f"{SECTION}.lora_adapters: not served by backend {backend}: {_NOT_WIRED[backend]}; use backend pytorch"
+        )
+    elif getattr(runtime.detokenize_in, "value", runtime.detokenize_in) == "postprocessing":
+        # NVIDIA's ensemble (v0.19.0 config.pbtxt) has no lora_task_id input to pass on.
+        problems.append(
+            "model_metadata.trt_llm.runtime.detokenize_in: postprocessing streams through NVIDIA's ensemble, which"
+            " has no lora_task_id input, so build.lora_adapters could not be picked; use detokenize_in: proxy"
+        )
+    return problems
 
 
 def stand_in_parameter(adapters: tuple[PlannedAdapter, ...]) -> str:

@@ -352,7 +352,7 @@ def make_plan(
     backend, reason = choose_backend(runtime.backend, facts, ranks_per_node, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
-    problems += lora.backend_problems(trt.build, backend)
+    problems += lora.backend_problems(trt.build, runtime, backend)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {

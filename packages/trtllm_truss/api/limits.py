@@ -22,6 +22,8 @@ class RequestLimits:
     max_beam_width: int = 1
     vocab_size: int | None = None  # bounds `end_id` when known
     max_token_bytes: int = MAX_TOKEN_BYTES  # the tokenizer's longest token in bytes, when known
+    # build.lora_adapters: (name, NVIDIA lora_task_id) pairs; a request's `model` picks one.
+    lora_task_ids: tuple[tuple[str, int], ...] = ()
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -43,4 +45,5 @@ class RequestLimits:
             max_beam_width=plan.max_beam_width,
             vocab_size=vocab_size,
             max_token_bytes=max_token_bytes or MAX_TOKEN_BYTES,
+            lora_task_ids=tuple((adapter.name, adapter.task_id) for adapter in plan.lora_adapters),
         )

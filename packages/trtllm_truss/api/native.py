@@ -46,6 +46,9 @@ class PredictRequest(SamplingFields):
     literal_special_tokens: bool = Field(
         True, description="special-token text in `prompt` (\"</s>\") is plain text; false: it is the control token"
     )
+    model: Text | None = Field(
+        None, description="a LoRA adapter of build.lora_adapters by name; absent, \"\" or \"model\": the base model"
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> PredictRequest:

@@ -155,8 +155,6 @@ _ENGINE_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ..
     ("decoder_input_ids", INT32, (-1,), True, True),
     ("decoder_input_lengths", INT32, (1,), True, False),
     ("embedding_bias", FP32, (-1,), True, True),
-    # NVIDIA's LoRA task id: the stand-in maps it to a configured adapter (build.lora_adapters).
-    ("lora_task_id", UINT64, (1,), True, False),
 )
 # NVIDIA's inputs that the stand-in declares but refuses by name (engine_standin/unsupported_inputs.py says
 # why for each): declared on both paths so that NVIDIA's core-model clients reach the engine on the GPU
@@ -197,9 +195,13 @@ _NOT_RESHAPED = frozenset(
         "retention_decode_duration_ms",
     }
 )
+# NVIDIA's LoRA task id on the stand-in, which maps it to a configured adapter (build.lora_adapters); the
+# C++ backend declares it below with the LoRA weights and config, which the stand-in does not take.
+STANDIN_LORA_INPUTS: tuple[Tensor, ...] = (Tensor("lora_task_id", UINT64, (1,), optional=True),)
 # Inputs only NVIDIA's engine implements; the stand-in does not declare them (Triton then rejects them with
 # "unexpected inference input" instead of silently ignoring them).
 _ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (
+    ("lora_task_id", UINT64, (1,), True, False),
     ("lora_weights", FP16, (-1, -1), True, True),
     ("lora_config", INT32, (-1, 3), True, True),
 )

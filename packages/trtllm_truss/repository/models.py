@@ -129,6 +129,7 @@ def tensorrtllm_engine_config(plan: ServingPlan) -> ModelConfig:
             ("exclude_input_in_output", runtime.exclude_input_in_output),
             ("kv_cache_host_memory_bytes", runtime.kv_cache_host_memory_bytes),
             ("kv_cache_onboard_blocks", runtime.kv_cache_onboard_blocks),
+            *((name, getattr(runtime, name)) for name in lora.LORA_CACHE_KEYS),
             *backend_parameters(plan.speculative),
         ),
         extra={"nvidia_backend_version": TENSORRTLLM_BACKEND_VERSION},
@@ -166,7 +167,7 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         max_batch_size=plan.max_batch_size,
         decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
-        inputs=nv.engine_inputs(cpp_backend=False),
+        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS,
         outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
         # Each instance batches continuously across its requests, with its share of max_batch_size.
         instance_groups=(InstanceGroup(standin_instance_count(plan)),),

@@ -25,7 +25,8 @@ class StreamFailed(RuntimeError):
     """Raised inside a native text stream to abort its chunked body (never shown as text)."""
 
 
-def native_error(status: int, message: str, headers: Any = None) -> Any:
+def native_error(status: int, message: str, headers: Any = None, **_: Any) -> Any:
+    """`{"error": message}`; a `param`/`code` of OpenAI's shape (model_not_found) is in the message already."""
     return error_response(status, message, openai=False, headers=headers)
 
 
@@ -50,6 +51,7 @@ def generation_request(req: PredictRequest) -> GenerationRequest:
         beam_width=req.beam_width,
         literal_special_tokens=req.literal_special_tokens,
         parse_reasoning=False,  # the native API returns the model's text as it is
+        model=req.model,
     )
 
 
