@@ -24,6 +24,7 @@ class RequestLimits:
     max_token_bytes: int = MAX_TOKEN_BYTES  # the tokenizer's longest token in bytes, when known
     # build.lora_adapters: (name, NVIDIA lora_task_id) pairs; a request's `model` picks one.
     lora_task_ids: tuple[tuple[str, int], ...] = ()
+    served_model_name: str | None = None  # runtime.served_model_name: the base model's name besides "model"
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -46,4 +47,5 @@ class RequestLimits:
             vocab_size=vocab_size,
             max_token_bytes=max_token_bytes or MAX_TOKEN_BYTES,
             lora_task_ids=tuple((adapter.name, adapter.task_id) for adapter in plan.lora_adapters),
+            served_model_name=plan.runtime.served_model_name,
         )

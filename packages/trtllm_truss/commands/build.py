@@ -206,6 +206,11 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
         return lines
     if plan.backend == "pytorch":
         lines.append(f"# no engine build: the pytorch stand-in runs the checkpoint {plan.model_dir}")
+        lines += [
+            f"# LoRA adapter {adapter.name!r} (lora_task_id {adapter.task_id}, request model={adapter.name!r}):"
+            f" {adapter.dir}"
+            for adapter in plan.lora_adapters
+        ]
         return lines
     if plan.backend == "llmapi":
         from trtllm_truss.repository.llmapi import MODEL_NAME, render_model_yaml

@@ -544,6 +544,11 @@ class RuntimeConfig(StrictModel):
     lora_cache_host_memory_bytes: int | None = Field(
         None, ge=1, le=1 << 44, description="NVIDIA's lora_cache_host_memory_bytes: host memory for cached adapters."
     )
+    served_model_name: NonEmptyStr | None = Field(
+        None,
+        description="The base model's name in a request's `model` (Baseten's name), besides \"model\" and an absent or"
+        " empty one. Set, or with build.lora_adapters, any other `model` that names no adapter is a 404.",
+    )
     max_num_sequences: int | None = Field(None, ge=1, description="Sequences the batch manager keeps state for.")
     batch_scheduler_policy: SchedulerPolicyName = Field(
         BatchSchedulerPolicy.GUARANTEED_NO_EVICT,

@@ -378,17 +378,20 @@ def choice_specs(n: int, seed: int | None, prompts: list[GenerationSpec]) -> lis
 
 def lora_task_id(model: str | None, limits: RequestLimits) -> int | None:
     """NVIDIA's lora_task_id of the adapter a request's `model` names; None for the base model (no
-    model, "" or SERVED_MODEL_NAME). Without adapters any `model` is the one model served; with them
-    another name is a 404 in OpenAI's model_not_found shape (each dialect renders it)."""
+    model, "", SERVED_MODEL_NAME or runtime.served_model_name). With neither adapters nor a served
+    model name any `model` is the one model served; else another name is a 404 in OpenAI's
+    model_not_found shape (each dialect renders it)."""
     adapters = dict(limits.lora_task_ids)
-    if not adapters or model in (None, "", SERVED_MODEL_NAME):
+    base = (None, "", SERVED_MODEL_NAME, limits.served_model_name or SERVED_MODEL_NAME)
+    if model in base or not (adapters or limits.served_model_name):
         return None
     if model in adapters:
         return adapters[model]
+    served = ", ".join(repr(name) for name in dict.fromkeys(base[2:]))
+    lora = f" and the LoRA adapters {', '.join(repr(name) for name in adapters)}" if adapters else ""
     raise Refused(
         404,
-        f"The model {model!r} does not exist: this deployment serves {SERVED_MODEL_NAME!r} (the base model) and the"
-        f" LoRA adapters {', '.join(repr(name) for name in adapters)}",
+        f"The model {model!r} does not exist: this deployment serves the base model as {served}{lora}",
         error={"param": "model", "code": "model_not_found"},
     )
 
