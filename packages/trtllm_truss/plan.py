@@ -50,7 +50,12 @@ DEFAULT_ARTIFACTS_DIR = Path("~/.cache/trtllm-truss")
 # Build fields that do not change the engine bytes: where it is published, and where the checkpoint
 # lives (its identity enters the key as the resolved revision instead, so a moved local folder or a
 # branch name never decides reuse).
-_KEY_EXCLUDED_BUILD_FIELDS = ("publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision")
+# LoRA adapters reach NVIDIA's engine at runtime (lora_weights / lora_config), not in its bytes; the LoRA
+# limits (lora_configuration: trtllm-build's --max_lora_rank, --lora_target_modules) do, and enter the key
+# when set (unset, the key stays what it was before LoRA existed).
+_KEY_EXCLUDED_BUILD_FIELDS = (
+    "publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision", "lora_adapters"
+)
 # Limits the pytorch stand-in uses in serve mode when the checkpoint config has no context length.
 _FALLBACK_CONTEXT_LEN = 2048
 
@@ -519,6 +524,8 @@ def _build_section_dict(build: Any) -> dict[str, Any]:
         raise TypeError(f"build must be a BuildConfig or a mapping, got {type(build).__name__}")
     for name in _KEY_EXCLUDED_BUILD_FIELDS:
         data.pop(name, None)
+    if data.get("lora_configuration", 0) is None:
+        del data["lora_configuration"]
     return data
 
 

@@ -190,3 +190,15 @@ def test_model_becomes_the_task_id_or_a_404():
     assert lora_task_id("gpt-4o", RequestLimits(64, 64)) is None
     with pytest.raises(Refused):
         lora_task_id("gpt-4o", RequestLimits(64, 64, served_model_name="embedded"))
+
+
+def test_adapters_and_target_modules_from_the_environment_take_json(tmp_path):
+    environ = {
+        "TRTLLM_BUILD__LORA_ADAPTERS": '{"a": {"repo": "org/a", "revision": "v1"}}',
+        "TRTLLM_BUILD__LORA_CONFIGURATION__LORA_TARGET_MODULES": '["attn_q", "attn_v"]',
+    }
+    resolved = load_config(truss(tmp_path, {}), environ=environ)
+    build = resolved.trt_llm.build
+    assert (build.lora_adapters["a"].repo, build.lora_adapters["a"].revision) == ("org/a", "v1")
+    assert build.lora_configuration.lora_target_modules == ["attn_q", "attn_v"]
+    assert str(resolved.sources[f"{SECTION}.build.lora_adapters.a.repo"]) == "env (TRTLLM_BUILD__LORA_ADAPTERS)"
