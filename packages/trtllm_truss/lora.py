@@ -155,6 +155,21 @@ def backend_problems(build: Any, runtime: Any, backend: str) -> list[str]:
     return problems
 
 
+def lora_build_flags(build: Any) -> list[str]:
+    """trtllm-build's LoRA flags for an engine that serves build.lora_adapters (NVIDIA's
+    tensorrt_llm/commands/build.py, 0.16.0 to 0.21.0): the LoRA plugin in the model's dtype, the rank the
+    plugin's workspace is sized for, and the modules (given on the command line, which NVIDIA prefers over
+    reading them from --lora_dir, so the adapters are not needed to build)."""
+    if not getattr(build, "lora_adapters", None):
+        return []
+    limits = build.lora_configuration or LoraConfiguration()
+    return [
+        "--lora_plugin", build.dtype.value,
+        "--max_lora_rank", str(limits.max_lora_rank),
+        "--lora_target_modules", *limits.lora_target_modules,
+    ]
+
+
 def stand_in_parameter(adapters: tuple[PlannedAdapter, ...]) -> str:
     """The stand-in's `lora_adapters` parameter: JSON {task id: {"name", "dir"}}."""
     return json.dumps({str(a.task_id): {"name": a.name, "dir": str(a.dir)} for a in adapters}, sort_keys=True)
