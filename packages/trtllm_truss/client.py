@@ -36,6 +36,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.lora_weights import add_request_inputs
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 from trtllm_truss.repository.models import ENSEMBLE
 
@@ -540,6 +541,7 @@ def build_engine_request(
     model_name: str = ENGINE_MODEL,
     bad_words: np.ndarray | None = None,
     draft_stats: bool = False,
+    lora: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> service_pb2.ModelInferRequest:
     """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
     inputs). Stop strings are not sent: the stream worker matches them on the decoded text.
@@ -574,6 +576,8 @@ def build_engine_request(
     if bad_words is not None and bad_words.size:
         _require_input(interface, "bad_words_list", "bad_words")
         add("bad_words_list", "INT32", list(bad_words.shape[-2:])).int_contents.extend(bad_words.reshape(-1).tolist())
+    if lora is not None:  # NVIDIA's LoRA protocol (streaming/lora_tasks.py): the adapter with the task id
+        add_request_inputs(request, *lora, batched=interface.batched)
     return request
 
 
@@ -610,6 +614,7 @@ class EngineClient:
         *,
         bad_words: np.ndarray | None = None,
         on_draft_stats: Callable[[int, int], None] | None = None,
+        lora: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
         """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
         their log probabilities; leaving early cancels the request. `on_draft_stats(draft, accepted)`
@@ -618,7 +623,7 @@ class EngineClient:
         interface = await self.interface()
         request = build_engine_request(
             input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words,
-            draft_stats=on_draft_stats is not None,
+            draft_stats=on_draft_stats is not None, lora=lora,
         )
         stop = partial(build_stop_request, request.id, batched=interface.batched)
         async with aclosing(self._ensemble.stream_call(request, stop)) as responses:

@@ -11,6 +11,7 @@ time for a local folder, after the fetch for a hub or S3 one (`artifacts.prepare
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,12 @@ SECTION = "model_metadata.trt_llm.build"
 HF_TO_NVIDIA = {hf: nvidia for nvidia, hf in LORA_MODULES.items()}
 # Backends whose LoRA path this truss does not wire yet: the setting would do nothing there.
 _NOT_WIRED = {
-    "tensorrtllm": "NVIDIA's C++ backend needs an engine built with --lora_plugin and the adapters sent as"
-    " lora_weights/lora_config, which this truss does not do yet",
     "llmapi": "the LLM-API backend's enable_lora/lora_config and per-request LoRARequest are not wired in this"
     " truss yet",
 }
+# Engines of TensorRT-LLM >= 1.0 are built through the LLM API (artifacts/build.py, llm_api flow), whose
+# LoRA build options this truss does not set yet.
+_CPP_LORA_BEFORE = (1, 0)
 
 
 # runtime keys that are NVIDIA's C++ backend parameters of the same names (tensorrtllm_backend v0.19.0
@@ -46,6 +48,7 @@ class PlannedAdapter:
     name: str
     task_id: int
     dir: Path
+    nvidia_dir: Path | None = None  # tensorrtllm: NVIDIA's model.lora_weights.npy / model.lora_config.npy
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def check_adapters(adapters: tuple[PlannedAdapter, ...], limits: LoraConfigurati
     return problems
 
 
-def backend_problems(build: Any, runtime: Any, backend: str) -> list[str]:
+def backend_problems(build: Any, runtime: Any, backend: str, trtllm_version: str | None = None) -> list[str]:
     """LoRA settings given to a backend (or a path) that would not apply them, one line each."""
     problems = []
     if backend == "llmapi":
@@ -146,6 +149,24 @@ def backend_problems(build: Any, runtime: Any, backend: str) -> list[str]:
         problems.append(
             f"{SECTION}.lora_adapters: not served by backend {backend}: {_NOT_WIRED[backend]}; use backend pytorch"
         )
+    elif backend == "tensorrtllm":
+        match = re.match(r"^\s*v?(\d+)\.(\d+)", trtllm_version or "")
+        if match and (int(match[1]), int(match[2])) >= _CPP_LORA_BEFORE:
+            problems.append(
+                f"{SECTION}.lora_adapters: TensorRT-LLM {trtllm_version} engines are built through the LLM API, whose"
+                " LoRA build options this truss does not set yet; use a 0.x release (tritonserver 25.08 or older)"
+            )
+        limits = build.lora_configuration
+        if limits is None or not limits.lora_target_modules:
+            problems.append(
+                f"{SECTION}.lora_configuration.lora_target_modules: required with backend tensorrtllm: the engine is"
+                " built for these modules (trtllm-build --lora_target_modules), e.g. [attn_q, attn_k, attn_v, attn_dense]"
+            )
+        if getattr(build.dtype, "value", build.dtype) != "float16":
+            problems.append(
+                f"{SECTION}.dtype: LoRA on backend tensorrtllm needs float16 (NVIDIA's lora_weights input is"
+                f" TYPE_FP16), not {getattr(build.dtype, 'value', build.dtype)}"
+            )
     elif getattr(runtime.detokenize_in, "value", runtime.detokenize_in) == "postprocessing":
         # NVIDIA's ensemble (v0.19.0 config.pbtxt) has no lora_task_id input to pass on.
         problems.append(
@@ -170,9 +191,40 @@ def lora_build_flags(build: Any) -> list[str]:
     ]
 
 
+def with_nvidia_layouts(
+    adapters: tuple[PlannedAdapter, ...], root: Path, revisions: Mapping[Path, str]
+) -> tuple[PlannedAdapter, ...]:
+    """The adapters with NVIDIA's request layout made once per adapter revision (backend tensorrtllm) under
+    `<root>/lora/<name>/<revision>-float16/` (`trtllm_truss.lora_weights`); `revisions`: adapter folder ->
+    its resolved revision (commit sha or content fingerprint)."""
+    import dataclasses
+    import os
+    import shutil
+
+    from trtllm_truss.lora_weights import convert_adapter
+
+    out = []
+    for adapter in adapters:
+        revision = re.sub(r"[^A-Za-z0-9]+", "", revisions.get(adapter.dir, "unknown"))[:16] or "unknown"
+        dest = root / "lora" / re.sub(r"[^A-Za-z0-9._-]+", "-", adapter.name) / f"{revision}-float16"
+        if not (dest / "model.lora_config.npy").is_file():
+            scratch = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+            shutil.rmtree(scratch, ignore_errors=True)
+            convert_adapter(adapter.dir, "float16").save(scratch)
+            shutil.rmtree(dest, ignore_errors=True)
+            os.replace(scratch, dest)
+        out.append(dataclasses.replace(adapter, nvidia_dir=dest))
+    return tuple(out)
+
+
 def stand_in_parameter(adapters: tuple[PlannedAdapter, ...]) -> str:
     """The stand-in's `lora_adapters` parameter: JSON {task id: {"name", "dir"}}."""
     return json.dumps({str(a.task_id): {"name": a.name, "dir": str(a.dir)} for a in adapters}, sort_keys=True)
+
+
+def worker_lora_weights(adapters: tuple[PlannedAdapter, ...]) -> dict[str, str]:
+    """What the stream workers send the C++ backend per task id (WorkerSettings.lora_weights)."""
+    return {str(a.task_id): str(a.nvidia_dir) for a in adapters if a.nvidia_dir is not None}
 
 
 def task_ids(adapters: tuple[PlannedAdapter, ...]) -> dict[str, int]:

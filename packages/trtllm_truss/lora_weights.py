@@ -109,3 +109,28 @@ def convert_adapter(adapter_dir: Path, dtype: str = "float16") -> NvidiaLora:
     for i, row in enumerate(rows):
         weights[0, i, : row.size] = row
     return NvidiaLora(weights, np.asarray([configs], dtype=np.int32))
+
+
+# Triton datatype -> (protobuf contents field, little-endian numpy dtype) of the inputs the workers send.
+_RAW = {
+    "INT32": ("int_contents", "<i4"),
+    "UINT64": ("uint64_contents", "<u8"),
+    "FP32": ("fp32_contents", "<f4"),
+    "BOOL": ("bool_contents", "?"),
+}
+
+
+def add_request_inputs(request, weights: np.ndarray, config: np.ndarray, *, batched: bool) -> None:
+    """Add `lora_weights` (FP16) and `lora_config` (INT32) to a ModelInferRequest. `lora_weights` is FP16
+    in NVIDIA's config.pbtxt, which the protobuf `contents` fields cannot hold, and Triton takes either
+    every input raw or none: the request's other inputs move to `raw_input_contents` too. `weights` /
+    `config` carry NVIDIA's leading batch dimension of 1 (dropped where the model is not batched)."""
+    for tensor in request.inputs:
+        field, dtype = _RAW[tensor.datatype]
+        values = getattr(tensor.contents, field)
+        request.raw_input_contents.append(np.asarray(list(values), dtype=dtype).tobytes())
+        tensor.ClearField("contents")
+    for name, datatype, array in (("lora_weights", "FP16", weights.astype("<f2")), ("lora_config", "INT32", config.astype("<i4"))):
+        shape = list(array.shape) if batched else list(array.shape[1:])
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())

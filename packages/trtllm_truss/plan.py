@@ -357,7 +357,7 @@ def make_plan(
     backend, reason = choose_backend(runtime.backend, facts, ranks_per_node, build=trt.build, mode=trt.mode)
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
-    problems += lora.backend_problems(trt.build, runtime, backend)
+    problems += lora.backend_problems(trt.build, runtime, backend, facts.trtllm_version)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
@@ -399,17 +399,8 @@ def make_plan(
             if model_override is not None:
                 model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
             model = dataclasses.replace(model, role="model")
-            adapter_fetches = _adapter_requests(resolved, build, root)
-            common["lora_adapters"] = tuple(
-                lora.PlannedAdapter(name, task_id, request.dest)
-                for task_id, (name, request) in enumerate(adapter_fetches, start=1)
-            )
-            common["lora_configuration"] = build.lora_configuration
-            problems = lora.check_adapters(common["lora_adapters"], build.lora_configuration)
-            if problems:
-                raise PlanError("; ".join(problems), problems)
-            fetches = (model, *(request for _, request in adapter_fetches))
-            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, **limits, **common)
+            adapters = _plan_adapters(resolved, build, root, common)
+            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters), **limits, **common)
         if backend == "llmapi":
             if check_backend_files:
                 from trtllm_truss.repository.llmapi import find_model_source
@@ -437,9 +428,10 @@ def make_plan(
         tokenizer = dataclasses.replace(
             checkpoint, role="tokenizer", kind="tokenizer", dest=_tokenizer_dest(checkpoint, root)
         )
+        adapters = _plan_adapters(resolved, build, root, common)
         return ServingPlan(
             tokenizer_dir=tokenizer.dest,
-            fetches=(tokenizer,),
+            fetches=(tokenizer, *adapters),
             checkpoint=checkpoint,
             build=engine_build(build, trt.speculative),
             **limits,
@@ -483,12 +475,21 @@ def make_plan(
     )
 
 
-def _adapter_requests(resolved: ResolvedConfig, build: Any, root: Path) -> list[tuple[str, ArtifactRequest]]:
-    """build.lora_adapters in configuration order (task ids follow it), each fetched like a checkpoint."""
-    return [
+def _plan_adapters(resolved: ResolvedConfig, build: Any, root: Path, common: dict[str, Any]) -> tuple[ArtifactRequest, ...]:
+    """build.lora_adapters in configuration order (task ids follow it), each fetched like a checkpoint; sets
+    the plan's `lora_adapters` / `lora_configuration` in `common` and checks the local ones' configs."""
+    requests = [
         (name, _request(resolved, "adapter", source.repo, source.revision, "adapter", root, f"build.lora_adapters.{name}.repo"))
         for name, source in (build.lora_adapters or {}).items()
     ]
+    common["lora_adapters"] = tuple(
+        lora.PlannedAdapter(name, task_id, request.dest) for task_id, (name, request) in enumerate(requests, start=1)
+    )
+    common["lora_configuration"] = build.lora_configuration
+    problems = lora.check_adapters(common["lora_adapters"], build.lora_configuration)
+    if problems:
+        raise PlanError("; ".join(problems), problems)
+    return tuple(request for _, request in requests)
 
 
 def _tokenizer_dest(checkpoint: ArtifactRequest, root: Path) -> Path:

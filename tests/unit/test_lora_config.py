@@ -142,8 +142,16 @@ def test_adapter_config_problems(tmp_path):
 def test_backends_that_would_not_apply_adapters_refuse_them(tmp_path):
     gpu = RuntimeFacts(gpus=(GpuInfo("NVIDIA H100 80GB HBM3", "9.0", 81559),), trtllm_version="0.21.0",
                        trtllm_unavailable_reason=None)
-    with pytest.raises(PlanError, match=r"build.lora_adapters: not served by backend tensorrtllm"):
+    with pytest.raises(PlanError, match=r"lora_configuration.lora_target_modules: required with backend tensorrtllm"):
         plan_of(tmp_path, {"lora_adapters": {"pirate": str(PIRATE)}}, facts=gpu)
+    resolved = load_config(truss(tmp_path, {"lora_adapters": {"pirate": str(PIRATE)}}, {"lora_cache_max_adapter_size": 8}), environ={})
+    problems = lora.backend_problems(resolved.trt_llm.build, resolved.trt_llm.runtime, "llmapi", "1.0.0")
+    assert problems == [
+        f"{SECTION}.runtime.lora_cache_max_adapter_size: a parameter of NVIDIA's C++ backend; the LLM-API backend"
+        " sizes its LoRA cache by adapters (LoraConfig.max_loras / max_cpu_loras); remove it",
+        f"{SECTION}.build.lora_adapters: not served by backend llmapi: the LLM-API backend's enable_lora/lora_config"
+        " and per-request LoRARequest are not wired in this truss yet; use backend pytorch",
+    ]
     with pytest.raises(PlanError, match=r"runtime.detokenize_in: postprocessing .* no lora_task_id input"):
         plan_of(tmp_path, {"lora_adapters": {"pirate": str(PIRATE)}}, {"detokenize_in": "postprocessing"})
 
