@@ -157,6 +157,11 @@ def backend_problems(build: Any, runtime: Any, backend: str, trtllm_version: str
                 " LoRA build options this truss does not set yet; use a 0.x release (tritonserver 25.08 or older)"
             )
         limits = build.lora_configuration
+        if limits is not None and limits.max_loras is not None:
+            problems.append(
+                f"{SECTION}.lora_configuration.max_loras: not a setting of NVIDIA's C++ backend, whose LoRA cache is"
+                " sized by runtime.lora_cache_gpu_memory_fraction / lora_cache_host_memory_bytes; remove it"
+            )
         if limits is None or not limits.lora_target_modules:
             problems.append(
                 f"{SECTION}.lora_configuration.lora_target_modules: required with backend tensorrtllm: the engine is"

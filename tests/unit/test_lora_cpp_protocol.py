@@ -68,6 +68,7 @@ def test_the_engine_plan_fetches_converts_and_builds_for_the_adapters(tmp_path):
         (gpu("1.0.0"), {}, "build.lora_adapters: TensorRT-LLM 1.0.0 engines are built through the LLM API"),
         (gpu(), {"dtype": "bfloat16"}, "trt_llm.build.dtype: LoRA on backend tensorrtllm needs float16"),
         (gpu(), {"lora_configuration": {"max_lora_rank": 8}}, "lora_configuration.lora_target_modules: required with backend tensorrtllm"),
+        (gpu(), {"lora_configuration": {"lora_target_modules": MODULES, "max_loras": 2}}, "lora_configuration.max_loras: not a setting"),
     ],
 )
 def test_what_the_engine_path_refuses(tmp_path, facts, build, expected):
