@@ -153,3 +153,32 @@ def test_a_miss_after_sending_the_weights_or_another_error_is_not_retried(tmp_pa
         run(engine, LoraTasks({1: tmp_path / "pirate"}), 1)
     assert engine.calls == [(1, True)]
     assert CACHE_MISS.search("LoRA task 10 not found in cache. Please send LoRA weights with request")
+
+
+@pytest.mark.parametrize("version", ["0.16.0", "0.19.0", "0.21.0"])
+def test_validate_prints_an_engine_build_nvidias_flags_accept(tmp_path, monkeypatch, capsys, version):
+    import trtllm_truss.probe
+    from trtllm_flags_check import command_problems, printed_commands
+    from trtllm_truss.cli import main
+
+    monkeypatch.setattr(trtllm_truss.probe, "probe_facts", lambda **kwargs: RuntimeFacts())
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("TRTLLM_TRUSS_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
+    section = {
+        "build": {
+            "base_model_architecture": "llama",
+            "huggingface_ckpt_repository": "meta-llama/Llama-3.1-8B-Instruct",
+            "lora_adapters": {"pirate": str(PIRATE), "sql": {"repo": "org/sql-lora", "revision": "v2"}},
+            "lora_configuration": {"max_lora_rank": 16, "lora_target_modules": MODULES},
+        },
+        "runtime": {"lora_cache_gpu_memory_fraction": 0.05},
+    }
+    config = {"model_name": "t", "resources": {"accelerator": "H100:1"}, "model_metadata": {"trt_llm": section}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["validate", str(tmp_path), "--trtllm-version", version]) == 0
+    out = capsys.readouterr().out
+    commands = printed_commands(out)
+    assert commands and all(command_problems(argv, version)[1] == [] for argv in commands)
+    (build,) = [argv for argv in commands if argv[0] == "trtllm-build"]
+    assert build[build.index("--lora_target_modules") + 1 :][:4] == MODULES
+    assert "# LoRA adapter 'sql' (lora_task_id 2, request model='sql')" in out

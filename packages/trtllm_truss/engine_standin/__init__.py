@@ -57,7 +57,8 @@ def build_engine(settings: StandinSettings) -> EngineBase:
         vocab_size = _vocab_size(settings)
         cycle = ordinary_token_ids(settings.tokenizer_dir, vocab_size)
         engine: EngineBase = SyntheticEngine(
-            settings.limits, vocab_size, cycle, step_time_ms=settings.synthetic_step_time_ms or 0.0
+            settings.limits, vocab_size, cycle, step_time_ms=settings.synthetic_step_time_ms or 0.0,
+            adapters={task: name for task, (name, _) in settings.lora_adapters.items()},
         )
     else:
         from trtllm_truss.engine_standin.model_runner import CausalLMRunner
