@@ -389,9 +389,10 @@ def lora_task_id(model: str | None, limits: RequestLimits) -> int | None:
         return adapters[model]
     served = ", ".join(repr(name) for name in dict.fromkeys(base[2:]))
     lora = f" and the LoRA adapters {', '.join(repr(name) for name in adapters)}" if adapters else ""
+    shown = repr(model) if len(model) <= 80 else repr(model[:77]) + "..."
     raise Refused(
         404,
-        f"The model {model!r} does not exist: this deployment serves the base model as {served}{lora}",
+        f"The model {shown} does not exist: this deployment serves the base model as {served}{lora}",
         error={"param": "model", "code": "model_not_found"},
     )
 
