@@ -40,10 +40,14 @@ def flag_problems(argv: list[str] | tuple[str, ...], accepted: dict, required: l
             if index + 1 >= len(argv):
                 problems.append(f"{token} needs a value")
                 break
-            value = argv[index + 1]
-            if spec["choices"] is not None and value not in spec["choices"]:
-                problems.append(f"{token} {value!r} not in {spec['choices']}")
+            values = [argv[index + 1]]
             index += 2
+            while spec.get("nargs") == "+" and index < len(argv) and not argv[index].startswith("-"):
+                values.append(argv[index])  # argparse nargs='+': one or more values
+                index += 1
+            for value in values:
+                if spec["choices"] is not None and value not in spec["choices"]:
+                    problems.append(f"{token} {value!r} not in {spec['choices']}")
         else:
             index += 1
     problems += [f"required {flag} missing" for flag in required if flag not in seen]

@@ -36,6 +36,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.lora_weights import add_request_inputs
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 from trtllm_truss.repository.models import ENSEMBLE
 
@@ -111,6 +112,7 @@ class GenerationParams:
     # JSON text, ... (sent by the structured-output work; the request core sets them for tool_choice).
     guided_decoding_guide_type: str | None = None
     guided_decoding_guide: str | None = None
+    lora_task_id: int | None = None  # NVIDIA's lora_task_id: a LoRA adapter the engine serves (None: the base model)
 
 
 # Triton datatype and protobuf `contents` field of every scalar input.
@@ -131,6 +133,7 @@ _SCALAR_INPUTS: dict[str, tuple[str, str]] = {
     "stream": ("BOOL", "bool_contents"),
     "exclude_input_in_output": ("BOOL", "bool_contents"),
     "return_log_probs": ("BOOL", "bool_contents"),
+    "lora_task_id": ("UINT64", "uint64_contents"),
 }
 # Ensembles after tensorrtllm_backend v0.19 call the seed `seed`.
 _INPUT_ALIASES = {"random_seed": ("seed",)}
@@ -525,6 +528,7 @@ _ENGINE_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
     "beam_width": ("beam_width", "INT32", "int_contents"),
     "return_log_probs": ("return_log_probs", "BOOL", "bool_contents"),
     "exclude_input_in_output": ("exclude_input_in_output", "BOOL", "bool_contents"),
+    "lora_task_id": ("lora_task_id", "UINT64", "uint64_contents"),
 }
 
 
@@ -537,6 +541,7 @@ def build_engine_request(
     model_name: str = ENGINE_MODEL,
     bad_words: np.ndarray | None = None,
     draft_stats: bool = False,
+    lora: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> service_pb2.ModelInferRequest:
     """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
     inputs). Stop strings are not sent: the stream worker matches them on the decoded text.
@@ -579,6 +584,8 @@ def build_engine_request(
                 continue
             _require_input(interface, name, name)
             add(name, "BYTES", [1]).bytes_contents.append(value.encode("utf-8"))
+    if lora is not None:  # NVIDIA's LoRA protocol (streaming/lora_tasks.py): the adapter with the task id
+        add_request_inputs(request, *lora, batched=interface.batched)
     return request
 
 
@@ -615,6 +622,7 @@ class EngineClient:
         *,
         bad_words: np.ndarray | None = None,
         on_draft_stats: Callable[[int, int], None] | None = None,
+        lora: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
         """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
         their log probabilities; leaving early cancels the request. `on_draft_stats(draft, accepted)`
@@ -623,7 +631,7 @@ class EngineClient:
         interface = await self.interface()
         request = build_engine_request(
             input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words,
-            draft_stats=on_draft_stats is not None,
+            draft_stats=on_draft_stats is not None, lora=lora,
         )
         stop = partial(build_stop_request, request.id, batched=interface.batched)
         async with aclosing(self._ensemble.stream_call(request, stop)) as responses:

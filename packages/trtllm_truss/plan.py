@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trtllm_truss.guided_engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
+from trtllm_truss import lora
 from trtllm_truss.probe import RuntimeFacts
 from trtllm_truss.speculation import engine_build, speculation_problems
 
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
 # (PyTorch backend, TensorRT-LLM >= 1.0) behind NVIDIA's `llmapi` python model; pytorch: our stand-in.
 Backend = Literal["tensorrtllm", "llmapi", "pytorch"]
 LLMAPI_SINCE = (1, 0)
-ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft"]
-ArtifactKind = Literal["engine", "tokenizer", "checkpoint"]
+ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft", "adapter"]
+ArtifactKind = Literal["engine", "tokenizer", "checkpoint", "adapter"]
 
 # Bump when the key's inputs or the cached directory layout change meaning: old entries stop matching.
 ENGINE_CACHE_KEY_VERSION = 1
@@ -50,7 +51,12 @@ DEFAULT_ARTIFACTS_DIR = Path("~/.cache/trtllm-truss")
 # Build fields that do not change the engine bytes: where it is published, and where the checkpoint
 # lives (its identity enters the key as the resolved revision instead, so a moved local folder or a
 # branch name never decides reuse).
-_KEY_EXCLUDED_BUILD_FIELDS = ("publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision")
+# LoRA adapters reach NVIDIA's engine at runtime (lora_weights / lora_config), not in its bytes; the LoRA
+# limits (lora_configuration: trtllm-build's --max_lora_rank, --lora_target_modules) do, and enter the key
+# when set (unset, the key stays what it was before LoRA existed).
+_KEY_EXCLUDED_BUILD_FIELDS = (
+    "publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision", "lora_adapters"
+)
 # Limits the pytorch stand-in uses in serve mode when the checkpoint config has no context length.
 _FALLBACK_CONTEXT_LEN = 2048
 
@@ -108,6 +114,9 @@ class ServingPlan:
     # node_count x gpus_per_node ranks (trtllm_truss.cluster places them).
     node_count: int = 1
     gpus_per_node: int = 1
+    # build.lora_adapters (name, NVIDIA task id, folder once fetched) and build.lora_configuration.
+    lora_adapters: tuple[lora.PlannedAdapter, ...] = ()
+    lora_configuration: Any = None
 
     @property
     def guided_decoding_off(self) -> str | None:
@@ -364,6 +373,7 @@ def make_plan(
     problems += guided_decoding_problems(
         runtime.guided_decoding_backend, backend, _version_tuple(facts.trtllm_version), facts.trtllm_version
     )
+    problems += lora.backend_problems(trt.build, runtime, backend, facts.trtllm_version)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
@@ -405,7 +415,8 @@ def make_plan(
             if model_override is not None:
                 model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
             model = dataclasses.replace(model, role="model")
-            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model,), **limits, **common)
+            adapters = _plan_adapters(resolved, build, root, common)
+            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters), **limits, **common)
         if backend == "llmapi":
             if check_backend_files:
                 from trtllm_truss.repository.llmapi import find_model_source
@@ -433,9 +444,10 @@ def make_plan(
         tokenizer = dataclasses.replace(
             checkpoint, role="tokenizer", kind="tokenizer", dest=_tokenizer_dest(checkpoint, root)
         )
+        adapters = _plan_adapters(resolved, build, root, common)
         return ServingPlan(
             tokenizer_dir=tokenizer.dest,
-            fetches=(tokenizer,),
+            fetches=(tokenizer, *adapters),
             checkpoint=checkpoint,
             build=engine_build(build, trt.speculative),
             **limits,
@@ -479,6 +491,23 @@ def make_plan(
     )
 
 
+def _plan_adapters(resolved: ResolvedConfig, build: Any, root: Path, common: dict[str, Any]) -> tuple[ArtifactRequest, ...]:
+    """build.lora_adapters in configuration order (task ids follow it), each fetched like a checkpoint; sets
+    the plan's `lora_adapters` / `lora_configuration` in `common` and checks the local ones' configs."""
+    requests = [
+        (name, _request(resolved, "adapter", source.repo, source.revision, "adapter", root, f"build.lora_adapters.{name}.repo"))
+        for name, source in (build.lora_adapters or {}).items()
+    ]
+    common["lora_adapters"] = tuple(
+        lora.PlannedAdapter(name, task_id, request.dest) for task_id, (name, request) in enumerate(requests, start=1)
+    )
+    common["lora_configuration"] = build.lora_configuration
+    problems = lora.check_adapters(common["lora_adapters"], build.lora_configuration)
+    if problems:
+        raise PlanError("; ".join(problems), problems)
+    return tuple(request for _, request in requests)
+
+
 def _tokenizer_dest(checkpoint: ArtifactRequest, root: Path) -> Path:
     if checkpoint.location == "local":
         return checkpoint.dest  # a local checkpoint holds its tokenizer: use it in place
@@ -512,6 +541,8 @@ def _build_section_dict(build: Any) -> dict[str, Any]:
         raise TypeError(f"build must be a BuildConfig or a mapping, got {type(build).__name__}")
     for name in _KEY_EXCLUDED_BUILD_FIELDS:
         data.pop(name, None)
+    if data.get("lora_configuration", 0) is None:
+        del data["lora_configuration"]
     return data
 
 

@@ -163,7 +163,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
     from trtllm_truss.config.schema import DetokenizeIn
     from trtllm_truss.repository.models import ENGINE, ENSEMBLE
     from trtllm_truss.streaming.environment import worker_environment
-    from trtllm_truss.streaming.generation import WorkerSettings
+    from trtllm_truss.streaming.generation import WorkerSettings, worker_lora_weights
 
     runtime = plan.runtime
     settings = WorkerSettings(
@@ -177,7 +177,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         llmapi=plan.backend == "llmapi",
         draft_stats=plan.backend == "tensorrtllm" and plan.speculative is not None,
         tool_call_parser=runtime.tool_call_parser,
-        reasoning_parser=runtime.reasoning_parser,
+        reasoning_parser=runtime.reasoning_parser, lora_weights=worker_lora_weights(plan.lora_adapters),
     )
     queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return StreamPool(

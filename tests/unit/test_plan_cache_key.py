@@ -49,10 +49,15 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"base_model_architecture": "baichuan", "baichuan_model_version": "v1_7b"},
         {"base_model_architecture": "baichuan", "baichuan_model_version": "v2_7b"},
     ),
+    "lora_configuration": (
+        {"lora_adapters": {"a": "org/a"}},
+        {"lora_adapters": {"a": "org/a"}, "lora_configuration": {"max_lora_rank": 16}},
+    ),
 }
 # Not engine inputs: where the engine is published, and where the checkpoint lives (its identity
 # enters as the resolved revision, a separate argument).
-EXCLUDED = {"publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision"}
+# LoRA adapters are sent to the engine at runtime, not built into it.
+EXCLUDED = {"publish_repository", "huggingface_ckpt_repository", "huggingface_ckpt_revision", "lora_adapters"}
 
 
 def key(build: dict, *, revision: str = SHA, facts: RuntimeFacts = FACTS) -> str:

@@ -270,6 +270,10 @@ def test_contract_version_is_named() -> None:
             "enable_kv_cache_reuse": True,
             "enable_chunked_context": True,
             "exclude_input_in_output": False,
+            "lora_cache_optimal_adapter_size": 8,
+            "lora_cache_max_adapter_size": 64,
+            "lora_cache_gpu_memory_fraction": 0.05,
+            "lora_cache_host_memory_bytes": 1 << 30,
         },
     ],
 )
@@ -290,6 +294,10 @@ def test_gpu_parameters_use_nvidia_names_and_accepted_values(runtime: dict) -> N
     assert params["enable_kv_cache_reuse"] == str(expected.enable_kv_cache_reuse).lower()
     assert params["enable_chunked_context"] == str(expected.enable_chunked_context).lower()
     assert params["exclude_input_in_output"] == str(expected.exclude_input_in_output).lower()
+    for name in ("lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_host_memory_bytes"):
+        assert params.get(name) == (None if getattr(expected, name) is None else str(getattr(expected, name)))
+    if expected.lora_cache_gpu_memory_fraction is not None:
+        assert float(params["lora_cache_gpu_memory_fraction"]) == expected.lora_cache_gpu_memory_fraction
     if expected.max_tokens_in_paged_kv_cache is None:
         assert "max_tokens_in_paged_kv_cache" not in params  # unset: omitted, never an empty or ${...} value
     else:

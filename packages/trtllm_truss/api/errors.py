@@ -67,13 +67,19 @@ def from_validation_error(exc: ValidationError, prefix: str = "") -> HTTPExcepti
 
 
 def error_response(
-    status: int, message: str, *, openai: bool, headers: Mapping[str, str] | None = None
+    status: int,
+    message: str,
+    *,
+    openai: bool,
+    headers: Mapping[str, str] | None = None,
+    param: str | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
     """The body truss itself gives an HTTPException, `{"error": message}`, or on the OpenAI routes
-    OpenAI's `{"error": {"message": ...}}` (which the `openai` client shows). Returned rather than
-    raised: truss logs a traceback for every raised one."""
+    OpenAI's `{"error": {"message", "type", "param", "code"}}` (which the `openai` client shows; `code`
+    defaults to the status). Returned rather than raised: truss logs a traceback for every raised one."""
     detail: object = encodable(message)
     if openai:
         error_type = "invalid_request_error" if status < 500 else "server_error"
-        detail = {"message": detail, "type": error_type, "param": None, "code": status}
+        detail = {"message": detail, "type": error_type, "param": param, "code": code or status}
     return JSONResponse(status_code=status, content={"error": detail}, headers=dict(headers or {}))

@@ -49,7 +49,8 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": encodable(message)}}
 
 
-def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None, **_: Any) -> JSONResponse:
+    """Anthropic's error shape; OpenAI's `param`/`code` have no place in it (a 404 is its not_found_error)."""
     return JSONResponse(status_code=status, content=error_body(status, message), headers=dict(headers or {}))
 
 

@@ -52,6 +52,9 @@ class PredictRequest(SamplingFields):
         None, description="json, json_schema, regex, ebnf_grammar or structural_tag"
     )
     guided_decoding_guide: Text | None = Field(None, description="the schema / regex / grammar text (none for json)")
+    model: Text | None = Field(
+        None, description="a LoRA adapter of build.lora_adapters by name; absent, \"\" or \"model\": the base model"
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> PredictRequest:

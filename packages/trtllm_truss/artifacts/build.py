@@ -37,6 +37,7 @@ from trtllm_truss.config.schema import (
     BuildConfig,
     Quantization,
 )
+from trtllm_truss.lora import lora_build_flags
 from trtllm_truss.speculation import lookahead_config, trtllm_build_flags
 
 logger = logging.getLogger(__name__)
@@ -406,6 +407,7 @@ def _plan_checkpoint_then_engine(
     if config.quantization_type is Quantization.SMOOTH_QUANT and config.smoothquant.multi_query_mode:
         notes.append("smoothquant.multi_query_mode needs no flag: the converter reads the KV-head count from the checkpoint")
     build += trtllm_build_flags(getattr(config, "speculative", None))
+    build += lora_build_flags(config)
     build += ["--workers", str(config.tensor_parallel_count * config.pipeline_parallel_count)]
     second = BuildStep("trtllm-build", tuple(build))
     return BuildPlan(str(version), "checkpoint_then_engine", checkpoint_dir, output_dir, (first, second), None, tuple(notes))

@@ -128,6 +128,14 @@ def check_complete(directory: Path, kind: ArtifactKind, *, what: str, ranks: Col
                 "tokenizer_repository at the repo that holds the tokenizer"
             )
         return
+    if kind == "adapter":
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            if not files.get(name):
+                raise IncompleteArtifactError(
+                    f"{what}: a LoRA adapter needs {name} (peft's format: adapter_config.json and"
+                    " adapter_model.safetensors); check the repository and revision"
+                )
+        return
     # checkpoint
     if "config.json" not in files:
         raise IncompleteArtifactError(f"{what}: checkpoint has no config.json; check the repository and revision")

@@ -12,6 +12,7 @@ from trtllm_truss.artifacts.engine_config import EngineVerificationError, verify
 from trtllm_truss.artifacts.fetch import DEFAULT_MAX_WORKERS, FetchResult, fetch_repository
 from trtllm_truss.artifacts.hub import resolve_hf_token
 from trtllm_truss.artifacts.sources import FetchError
+from trtllm_truss.lora import check_adapters, with_nvidia_layouts
 from trtllm_truss.plan import PlanError, ServingPlan, stand_in_limits
 from trtllm_truss.speculation import engine_speculation_problem
 
@@ -62,6 +63,15 @@ def prepare_artifacts(
             result.resolved_revision[:16],
         )
         results.append(result)
+
+    # Adapters fetched from the hub or S3 are checked against the engine's LoRA limits once here.
+    problems = check_adapters(plan.lora_adapters, plan.lora_configuration)
+    if problems:
+        raise PlanError("; ".join(problems), problems)
+    if plan.backend == "tensorrtllm" and plan.lora_adapters:  # what the workers send with a task's first request
+        revisions = {Path(result.path): result.resolved_revision for result in results}
+        layouts = with_nvidia_layouts(plan.lora_adapters, plan.artifacts_dir or Path("."), revisions)
+        plan = dataclasses.replace(plan, lora_adapters=layouts)
 
     engine_dir = plan.engine_dir
     if plan.backend == "tensorrtllm" and engine_dir is None and build_engine is not None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-ArtifactKind = Literal["engine", "tokenizer", "checkpoint"]
-ARTIFACT_KINDS: tuple[ArtifactKind, ...] = ("engine", "tokenizer", "checkpoint")
+ArtifactKind = Literal["engine", "tokenizer", "checkpoint", "adapter"]
+ARTIFACT_KINDS: tuple[ArtifactKind, ...] = ("engine", "tokenizer", "checkpoint", "adapter")
 
 TOKENIZER_PATTERNS: tuple[str, ...] = (
     "tokenizer.json",
@@ -40,6 +40,8 @@ ALLOW_PATTERNS: dict[ArtifactKind, tuple[str, ...]] = {
     "engine": ("config.json", "*.engine", "trtllm_truss_build.json"),
     "tokenizer": TOKENIZER_PATTERNS,
     "checkpoint": ("config.json", "*.safetensors", "*.safetensors.index.json", *TOKENIZER_PATTERNS),
+    # A peft LoRA adapter (what NVIDIA's hf_lora_convert.py and the LLM API read too).
+    "adapter": ("adapter_config.json", "adapter_model.safetensors"),
 }
 
 

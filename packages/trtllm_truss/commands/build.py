@@ -206,7 +206,7 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
         return lines
     if plan.backend == "pytorch":
         lines.append(f"# no engine build: the pytorch stand-in runs the checkpoint {plan.model_dir}")
-        return lines
+        return lines + _adapter_lines(plan)
     if plan.backend == "llmapi":
         from trtllm_truss.repository.llmapi import MODEL_NAME, render_model_yaml
 
@@ -233,7 +233,15 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
         python=target.python,
     )
     lines += build_plan.describe().splitlines()
-    return lines
+    return lines + _adapter_lines(plan)
+
+
+def _adapter_lines(plan) -> list[str]:
+    """One line per LoRA adapter: its task id, the request `model` that picks it, where it is fetched to."""
+    return [
+        f"# LoRA adapter {adapter.name!r} (lora_task_id {adapter.task_id}, request model={adapter.name!r}): {adapter.dir}"
+        for adapter in plan.lora_adapters
+    ]
 
 
 def _print_target_plan(target: TargetPlan, builder: EngineBuilder, resolved: ResolvedConfig) -> int:

@@ -73,6 +73,18 @@ def hardware_problems(
                 f"{SECTION_PATH}.speculative: not applied by the pytorch stand-in engine (runtime.backend pytorch);"
                 " it generates one token per step"
             )
+        if config.runtime.pytorch.synthetic is not None and build is not None and build.lora_adapters:
+            warnings.append(
+                f"{SECTION_PATH}.build.lora_adapters: not applied by the synthetic engine (runtime.pytorch.synthetic):"
+                " requests naming an adapter are served with the same synthetic tokens"
+            )
+        for name in ("lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size",
+                     "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes"):
+            if getattr(config.runtime, name) is not None:
+                warnings.append(
+                    f"{SECTION_PATH}.runtime.{name}: not applied by the pytorch stand-in engine (runtime.backend"
+                    " pytorch), which keeps every adapter of build.lora_adapters loaded"
+                )
         if config.runtime.kv_cache_host_memory_bytes is not None:
             warnings.append(
                 f"{SECTION_PATH}.runtime.kv_cache_host_memory_bytes: not applied by the pytorch stand-in engine"

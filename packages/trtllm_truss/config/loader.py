@@ -86,6 +86,9 @@ def _leaves(model: BaseModel | None, prefix: KeyPath):
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             yield from _leaves(value, prefix + (name,))
+        elif isinstance(value, dict) and value and all(isinstance(v, BaseModel) for v in value.values()):
+            for key, entry in value.items():  # a mapping of sections (build.lora_adapters.<name>)
+                yield from _leaves(entry, prefix + (name, str(key)))
         elif value is None and section_model(type(model).model_fields[name].annotation) is not None:
             if name not in ("build", "serve"):  # the unused mode is not a setting worth listing
                 yield prefix + (name,), None

@@ -237,6 +237,63 @@ class PluginConfiguration(StrictModel):
         return self
 
 
+# --- LoRA adapters (Baseten's build.lora_adapters / build.lora_configuration) -----------------------
+
+# NVIDIA's LoRA module names -> the Hugging Face module names they stand for (TensorRT-LLM
+# tensorrt_llm/lora_manager.py, get_default_trtllm_modules_to_hf_modules; examples/hf_lora_convert.py).
+LORA_MODULES: dict[str, str] = {
+    "attn_q": "q_proj",
+    "attn_k": "k_proj",
+    "attn_v": "v_proj",
+    "attn_dense": "o_proj",
+    "mlp_h_to_4h": "gate_proj",
+    "mlp_4h_to_h": "down_proj",
+    "mlp_gate": "up_proj",
+}
+# Baseten's pattern for an adapter name (the OpenAI `model` that picks it).
+_ADAPTER_NAME = re.compile(r"^[a-zA-Z0-9_\-\.:]+$")
+
+
+def _adapter_shorthand(value: object) -> object:
+    """`name: org/repo` is `name: {repo: org/repo}`."""
+    return {"repo": value} if isinstance(value, str) else value
+
+
+def _lora_module(value: object) -> object:
+    if isinstance(value, str) and value in LORA_MODULES:
+        return value
+    hf = {v: k for k, v in LORA_MODULES.items()}
+    hint = f" ({value!r} is the Hugging Face name of {hf[value]!r})" if isinstance(value, str) and value in hf else ""
+    raise ValueError(f"{value!r} is not one of NVIDIA's LoRA modules{hint}; allowed values: {', '.join(LORA_MODULES)}")
+
+
+class LoraAdapterSource(StrictModel):
+    repo: NonEmptyStr = Field(
+        description="The adapter's folder (adapter_config.json + adapter_model.safetensors): hub repo id, s3:// URL or"
+        " local path, fetched like the checkpoint (private hub repos with the same hf_access_token secret)."
+    )
+    revision: NonEmptyStr | None = Field(None, description="Hub branch, tag or commit of repo.")
+
+
+LoraModuleName = Annotated[str, BeforeValidator(_lora_module)]
+
+
+class LoraConfiguration(StrictModel):
+    max_lora_rank: int = Field(64, ge=1, le=1024, description="Largest adapter rank the engine takes (Baseten's default 64).")
+    lora_target_modules: list[LoraModuleName] = Field(
+        default_factory=list,
+        description="NVIDIA's module names the engine applies adapters to (attn_q, attn_k, attn_v, attn_dense,"
+        " mlp_h_to_4h, mlp_4h_to_h, mlp_gate); empty: those the adapters name.",
+    )
+    max_loras: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Different adapters one engine step may run at once (NVIDIA's LoraConfig.max_loras); a request for"
+        " another adapter waits for a slot. None: all configured adapters.",
+    )
+
+
 _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -285,6 +342,14 @@ class BuildConfig(StrictModel):
         description="Where the fleet shares built engines: a hub repo id (owner/name) or s3://BUCKET/PREFIX."
         " One replica builds each engine and publishes it; the others download it.",
     )
+    lora_adapters: dict[str, Annotated[LoraAdapterSource, BeforeValidator(_adapter_shorthand)]] | None = Field(
+        None,
+        description="LoRA adapters served beside the base model: name (the OpenAI `model` that picks it) -> repo"
+        " (or {repo, revision}).",
+    )
+    lora_configuration: LoraConfiguration | None = Field(
+        None, description="The engine's LoRA limits (max_lora_rank, lora_target_modules, max_loras); needs lora_adapters."
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> BuildConfig:
@@ -329,6 +394,15 @@ class BuildConfig(StrictModel):
                     f"{self.expert_parallel_count} does not divide the world size {world}"
                     " (tensor_parallel_count x pipeline_parallel_count)",
                 )
+        for name in self.lora_adapters or {}:
+            if not _ADAPTER_NAME.match(name) or name == "model":
+                raise field_problem(
+                    f"lora_adapters.{name}",
+                    "an adapter name is letters, digits, '_', '-', '.' and ':' (the OpenAI `model` that picks it),"
+                    " and not 'model' (the base model's name)",
+                )
+        if self.lora_configuration is not None and not self.lora_adapters:
+            raise field_problem("lora_configuration", "only applies with lora_adapters; add adapters or remove it")
         if "awq" in self.model_fields_set and self.quantization_type is not Quantization.AWQ:
             raise field_problem(
                 "awq",
@@ -458,6 +532,23 @@ class RuntimeConfig(StrictModel):
         description="Bring offloaded blocks back to the GPU before reuse (NVIDIA's default true)."
         " tensorrtllm: kv_cache_onboard_blocks; llmapi: kv_cache_config.onboard_blocks.",
     )
+    lora_cache_optimal_adapter_size: int | None = Field(
+        None, ge=1, le=1024, description="NVIDIA's lora_cache_optimal_adapter_size: the adapter size (rank) cache pages are sized for."
+    )
+    lora_cache_max_adapter_size: int | None = Field(
+        None, ge=1, le=1024, description="NVIDIA's lora_cache_max_adapter_size: the largest adapter size the cache takes."
+    )
+    lora_cache_gpu_memory_fraction: float | None = Field(
+        None, gt=0.0, le=1.0, description="NVIDIA's lora_cache_gpu_memory_fraction: share of the GPU memory left after the engine loads."
+    )
+    lora_cache_host_memory_bytes: int | None = Field(
+        None, ge=1, le=1 << 44, description="NVIDIA's lora_cache_host_memory_bytes: host memory for cached adapters."
+    )
+    served_model_name: NonEmptyStr | None = Field(
+        None,
+        description="The base model's name in a request's `model` (Baseten's name), besides \"model\" and an absent or"
+        " empty one. Set, or with build.lora_adapters, any other `model` that names no adapter is a 404.",
+    )
     max_num_sequences: int | None = Field(None, ge=1, description="Sequences the batch manager keeps state for.")
     batch_scheduler_policy: SchedulerPolicyName = Field(
         BatchSchedulerPolicy.GUARANTEED_NO_EVICT,
@@ -542,6 +633,15 @@ class RuntimeConfig(StrictModel):
     pytorch: PytorchEngineConfig = Field(default_factory=PytorchEngineConfig)
     llmapi: LlmApiRuntimeConfig = Field(default_factory=lambda: LlmApiRuntimeConfig())
     health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
+
+    @model_validator(mode="after")
+    def _lora_cache_sizes(self) -> RuntimeConfig:
+        optimal, largest = self.lora_cache_optimal_adapter_size, self.lora_cache_max_adapter_size
+        if optimal is not None and largest is not None and optimal > largest:
+            raise field_problem(
+                "lora_cache_optimal_adapter_size", f"{optimal} is above lora_cache_max_adapter_size {largest}"
+            )
+        return self
 
 
 # --- the section --------------------------------------------------------------------------------

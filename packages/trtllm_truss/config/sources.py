@@ -187,7 +187,9 @@ def _env_value(text: str, annotation: Any) -> Any:
     Numbers and booleans stay strings; pydantic's lax mode converts them by the field's type."""
     if allows_none(annotation) and text.strip().lower() in NULL_WORDS:
         return None
-    if section_model(annotation) is not None:
+    # A section, a mapping (build.lora_adapters) or a list (lora_target_modules) is given as JSON.
+    containers = any(typing.get_origin(t) in (dict, list) for t in _unwrap(annotation))
+    if section_model(annotation) is not None or containers:
         try:
             return json.loads(text)
         except json.JSONDecodeError:

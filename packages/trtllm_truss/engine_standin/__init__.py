@@ -78,15 +78,27 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
         vocab_size = _vocab_size(settings)
         cycle = ordinary_token_ids(settings.tokenizer_dir, vocab_size)
         engine: EngineBase = SyntheticEngine(
-            settings.limits, vocab_size, cycle, step_time_ms=settings.synthetic_step_time_ms or 0.0
+            settings.limits, vocab_size, cycle, step_time_ms=settings.synthetic_step_time_ms or 0.0,
+            adapters={task: name for task, (name, _) in settings.lora_adapters.items()},
         )
     else:
         from trtllm_truss.engine_standin.model_runner import CausalLMRunner
         from trtllm_truss.engine_standin.scheduler import StandinEngine
 
         assert settings.model_dir is not None
-        runner = CausalLMRunner(settings.model_dir, device=resolve_device(settings.device), dtype=settings.dtype)
-        engine = StandinEngine(runner, settings.limits)
+        adapters = settings.lora_adapters
+        runner = CausalLMRunner(
+            settings.model_dir,
+            device=resolve_device(settings.device),
+            dtype=settings.dtype,
+            adapters={name: directory for name, directory in adapters.values()},
+        )
+        engine = StandinEngine(
+            runner,
+            settings.limits,
+            adapters={task: name for task, (name, _) in adapters.items()},
+            max_loras=settings.max_loras,
+        )
     return engine.start()
 
 

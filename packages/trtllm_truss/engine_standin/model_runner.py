@@ -5,17 +5,29 @@ Only this module touches `transformers` models; the scheduler works on token ids
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from trtllm_truss.engine_standin.kv_cache import BatchKVCache
 
+# peft's name for "no adapter" in a mixed batch (peft.tuners.lora, `adapter_names` rows).
+BASE_ADAPTER = "__base__"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class CausalLMRunner:
-    def __init__(self, model_dir: Path | str, *, device: str = "cpu", dtype: str | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        device: str = "cpu",
+        dtype: str | None = None,
+        adapters: Mapping[str, Path] | None = None,
+    ) -> None:
+        """`adapters`: LoRA adapter name -> peft folder, loaded into the model with peft; a batch then
+        mixes them, row by row (peft's mixed-batch inference, `adapter_names` in forward)."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
@@ -25,23 +37,53 @@ class CausalLMRunner:
         if dtype_name not in _DTYPES:
             raise ValueError(f"dtype: {dtype_name!r} is not one of {sorted(_DTYPES)}")
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=_DTYPES[dtype_name])
-        self.model.to(self.device).eval()
         self.vocab_size = int(self.model.config.vocab_size)
+        self.adapters = frozenset(adapters or {})
+        if adapters:
+            from peft import PeftModel
+
+            (first, first_dir), *others = adapters.items()
+            self.model = PeftModel.from_pretrained(self.model, str(first_dir), adapter_name=first, is_trainable=False)
+            for name, directory in others:
+                self.model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
+        self.model.to(self.device).eval()
+
+    def _adapter_args(self, adapters: list[str | None]) -> dict:
+        """peft's per-row adapter names (`__base__`: no adapter) when adapters are loaded."""
+        if not self.adapters:
+            if any(adapters):
+                raise ValueError("no LoRA adapters are loaded")
+            return {}
+        return {"adapter_names": [name or BASE_ADAPTER for name in adapters]}
 
     @torch.inference_mode()
-    def prefill(self, input_ids: list[int], *, all_logits: bool = False) -> tuple[torch.Tensor, BatchKVCache, torch.Tensor | None]:
-        """Run one prompt alone (no padding); returns the last position's logits [vocab], its cache
-        and, with `all_logits`, every position's logits [prompt_len, vocab] (NVIDIA's context logits)."""
+    def prefill(
+        self, input_ids: list[int], *, all_logits: bool = False, adapter: str | None = None
+    ) -> tuple[torch.Tensor, BatchKVCache, torch.Tensor | None]:
+        """Run one prompt alone (no padding), through LoRA `adapter` (None: the base model); returns the
+        last position's logits [vocab], its cache and, with `all_logits`, every position's logits
+        [prompt_len, vocab] (NVIDIA's context logits)."""
         cache = BatchKVCache()
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         # logits_to_keep=0 keeps every position.
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if all_logits else 1)
+        out = self.model(
+            input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if all_logits else 1,
+            **self._adapter_args([adapter]),
+        )
         context = out.logits[0].float().cpu() if all_logits else None
         return out.logits[0, -1].float().cpu(), cache, context
 
     @torch.inference_mode()
-    def decode(self, cache: BatchKVCache, last_tokens: list[int], positions: list[int], pads: list[int]) -> torch.Tensor:
-        """One step for every row of `cache`: row i has `pads[i]` masked columns on the left.
+    def decode(
+        self,
+        cache: BatchKVCache,
+        last_tokens: list[int],
+        positions: list[int],
+        pads: list[int],
+        adapters: list[str | None] | None = None,
+    ) -> torch.Tensor:
+        """One step for every row of `cache`: row i has `pads[i]` masked columns on the left and runs
+        through LoRA adapter `adapters[i]` (None: the base model).
 
         Returns logits [batch, vocab] (float32, on CPU).
         """
@@ -54,5 +96,6 @@ class CausalLMRunner:
             attention_mask=mask,
             past_key_values=cache,
             use_cache=True,
+            **self._adapter_args(adapters or [None] * len(last_tokens)),
         )
         return out.logits[:, -1].float().cpu()

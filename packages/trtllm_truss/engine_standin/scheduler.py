@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +62,20 @@ class EngineBase:
 
     guides: GuideCompiler | None = None  # set by engines that enforce guided decoding
 
-    def __init__(self, limits: EngineLimits, vocab_size: int, *, name: str = "engine-standin") -> None:
+    def __init__(
+        self,
+        limits: EngineLimits,
+        vocab_size: int,
+        *,
+        name: str = "engine-standin",
+        adapters: Mapping[int, str] | None = None,
+        max_loras: int | None = None,
+    ) -> None:
         self.limits = limits
         self.vocab_size = vocab_size
+        # NVIDIA's lora_task_id -> LoRA adapter name; at most max_loras different adapters run in one step.
+        self.adapters = dict(adapters or {})
+        self.max_loras = max_loras
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._preparing: dict[str, _Sequence] = {}  # guided requests whose guide is compiling
@@ -161,6 +172,11 @@ class EngineBase:
             raise RequestRejected(
                 f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {self.vocab_size}"
             )
+        if request.lora_task_id is not None and request.lora_task_id not in self.adapters:
+            # NVIDIA's message (PeftCacheManager::addRequestPeft) for a task id it holds no weights for.
+            raise RequestRejected(
+                f"LoRA task {request.lora_task_id} not found in cache. Please send LoRA weights with request"
+            )
         sampling = request.sampling
         if sampling.top_k < 0:
             raise RequestRejected(f"runtime_top_k: must be >= 0, got {sampling.top_k}")
@@ -184,6 +200,18 @@ class EngineBase:
                 )
             if guide.guide_type != "json" and not guide.guide:
                 raise RequestRejected(f"guided_decoding_guide: required for guide type {guide.guide_type!r}")
+
+    def adapter_of(self, request: GenerationRequest) -> str | None:
+        return None if request.lora_task_id is None else self.adapters[request.lora_task_id]
+
+    def _adapter_slot_free(self, seq: _Sequence, admitted: list[_Sequence]) -> bool:
+        """Whether `seq`'s adapter may join this step: within max_loras different adapters (the base
+        model takes no slot). A request that must wait keeps its place at the head of the queue."""
+        wanted = self.adapter_of(seq.request)
+        if self.max_loras is None or wanted is None:
+            return True
+        in_use = {self.adapter_of(s.request) for s in self._running + admitted} - {None}
+        return wanted in in_use or len(in_use) < self.max_loras
 
     # ------------------------------------------------------------ for subclasses
     def _start(self, seq: _Sequence) -> bool:
@@ -233,7 +261,11 @@ class EngineBase:
                 cancelled = self._cancelled
                 self._cancelled = set()
                 admitted: list[_Sequence] = []
-                while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
+                while (
+                    self._waiting
+                    and len(self._running) + len(admitted) < self.limits.max_batch_size
+                    and self._adapter_slot_free(self._waiting[0], admitted)
+                ):
                     admitted.append(self._waiting.popleft())
                     admitted[-1].request.first_scheduled_ns = time.monotonic_ns()
                 # Cancelled requests still waiting (or compiling their guide) never start.
@@ -326,8 +358,10 @@ class StandinEngine(EngineBase):
         *,
         name: str = "engine-standin",
         guides: GuideCompiler | None = None,
+        adapters: Mapping[int, str] | None = None,
+        max_loras: int | None = None,
     ) -> None:
-        super().__init__(limits, runner.vocab_size, name=name)
+        super().__init__(limits, runner.vocab_size, name=name, adapters=adapters, max_loras=max_loras)
         self.runner = runner
         self._cache = BatchKVCache()
         self.guides = guides or GuideCompiler(runner.model_dir)
@@ -345,7 +379,9 @@ class StandinEngine(EngineBase):
     def _start(self, seq: _Sequence) -> bool:
         request = seq.request
         seq.state = SequenceSamplingState(request, list(request.input_ids), self.vocab_size)
-        logits, cache, context = self.runner.prefill(request.input_ids, all_logits=request.return_context_logits)
+        logits, cache, context = self.runner.prefill(
+            request.input_ids, all_logits=request.return_context_logits, adapter=self.adapter_of(request)
+        )
         raw = logits.clone() if request.return_generation_logits else None
         errors: dict[int, str] = {}
         tokens, log_probs = select_next_tokens(
@@ -376,7 +412,8 @@ class StandinEngine(EngineBase):
         states = [seq.state for seq in running]
         last = [s.tokens[-1] for s in states]
         positions = [len(s.tokens) - 1 for s in states]
-        logits = self.runner.decode(self._cache, last, positions, [seq.pad for seq in running])
+        adapters = [self.adapter_of(seq.request) for seq in running] if self.adapters else None
+        logits = self.runner.decode(self._cache, last, positions, [seq.pad for seq in running], adapters)
         want_log_probs = any(seq.request.return_log_probs for seq in running)
         # Raw rows kept before sampling transforms them, only for requests that return them.
         raw = {i: logits[i].clone() for i, seq in enumerate(running) if seq.request.return_generation_logits}

@@ -7,7 +7,8 @@ The names are documented (with the tensor list) in `triton_models/tensorrt_llm_p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtllm_truss.engine_standin.types import EngineLimits
@@ -36,6 +37,10 @@ class StandinSettings:
     # request into one response (not what a real engine does; kept for comparisons).
     merge_responses: bool = False
     sender_threads: int = 1  # per instance; >1 crashed tritonserver 2.51 now and then (docs/design.md)
+    # NVIDIA's lora_task_id -> (adapter name, peft folder), from build.lora_adapters; and how many different
+    # adapters one engine step may run (lora_configuration.max_loras; None: any number).
+    lora_adapters: Mapping[int, tuple[str, Path]] = field(default_factory=dict)
+    max_loras: int | None = None
 
     @property
     def synthetic(self) -> bool:
@@ -103,6 +108,7 @@ class StandinSettings:
         if model_dir is None and step is None:
             problems.append("parameters.model_dir: required (the Hugging Face checkpoint to run)")
         threads_raw = text("num_threads")
+        adapters = _lora_adapters(text("lora_adapters"), problems)
         settings = cls(
             limits=limits,
             model_dir=Path(model_dir) if model_dir else None,
@@ -114,10 +120,24 @@ class StandinSettings:
             exclude_input_in_output=boolean("exclude_input_in_output", False),
             merge_responses=boolean("merge_responses", False),
             sender_threads=integer("sender_threads", 1),
+            lora_adapters=adapters,
+            max_loras=integer("lora_max_loras", 1) if text("lora_max_loras") else None,
         )
         if problems:
             raise SettingsError("; ".join(problems))
         return settings
+
+
+def _lora_adapters(raw: str | None, problems: list[str]) -> dict[int, tuple[str, Path]]:
+    """`{"<task id>": {"name": ..., "dir": ...}}` (trtllm_truss.lora.stand_in_parameter)."""
+    if raw is None:
+        return {}
+    try:
+        entries = json.loads(raw)
+        return {int(task): (str(entry["name"]), Path(entry["dir"])) for task, entry in entries.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        problems.append(f"parameters.lora_adapters: not a JSON map of task id -> {{name, dir}} ({exc})")
+        return {}
 
 
 def resolve_device(device: str) -> str:

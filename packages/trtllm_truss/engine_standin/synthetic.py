@@ -53,8 +53,11 @@ class SyntheticEngine(EngineBase):
         *,
         step_time_ms: float = 0.0,
         name: str = "engine-synthetic",
+        adapters=None,
     ) -> None:
-        super().__init__(limits, vocab_size, name=name)
+        # `adapters` (lora_task_id -> name): accepted, and scheduled within max_loras like the model's, but
+        # the tokens are synthetic whatever the adapter (config check: a warning).
+        super().__init__(limits, vocab_size, name=name, adapters=adapters)
         if not token_cycle:
             raise ValueError("token_cycle: at least one token id is needed")
         self.token_cycle = token_cycle

@@ -79,6 +79,7 @@ class GenerationRequest:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     guide: Guide | None = None  # every token is chosen among those the guide allows
+    lora_task_id: int | None = None  # NVIDIA's lora_task_id: a configured LoRA adapter (None: the base model)
     # When the engine admitted the request (time.monotonic_ns(), the clock of NVIDIA's
     # std::chrono::steady_clock perf metrics); set by the engine.
     first_scheduled_ns: int | None = None

@@ -205,6 +205,9 @@ _NOT_RESHAPED = frozenset(
         "guided_decoding_guide",
     }
 )
+# NVIDIA's LoRA task id on the stand-in, which maps it to a configured adapter (build.lora_adapters); the
+# C++ backend declares it below with the LoRA weights and config, which the stand-in does not take.
+STANDIN_LORA_INPUTS: tuple[Tensor, ...] = (Tensor("lora_task_id", UINT64, (1,), optional=True),)
 # Inputs only NVIDIA's engine implements; the stand-in does not declare them (Triton then rejects them with
 # "unexpected inference input" instead of silently ignoring them).
 _ENGINE_ONLY_GPU_INPUT_SPECS: tuple[tuple[str, DataType, tuple[int, ...], bool, bool], ...] = (

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtllm_truss import lora
 from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
 from trtllm_truss.guided_engines import XGRAMMAR
 from trtllm_truss.repository import interface as nv
@@ -137,6 +138,7 @@ def tensorrtllm_engine_config(plan: ServingPlan, xgrammar_tokenizer_info: Path |
             ("exclude_input_in_output", runtime.exclude_input_in_output),
             ("kv_cache_host_memory_bytes", runtime.kv_cache_host_memory_bytes),
             ("kv_cache_onboard_blocks", runtime.kv_cache_onboard_blocks),
+            *((name, getattr(runtime, name)) for name in lora.LORA_CACHE_KEYS),
             *backend_parameters(plan.speculative),
             *guided,
         ),
@@ -175,7 +177,7 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         max_batch_size=plan.max_batch_size,
         decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
-        inputs=nv.engine_inputs(cpp_backend=False),
+        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS,
         outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
         # Each instance batches continuously across its requests, with its share of max_batch_size.
         instance_groups=(InstanceGroup(standin_instance_count(plan)),),
@@ -195,6 +197,9 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
             ("sender_threads", pytorch.sender_threads),
             ("merge_responses", pytorch.merge_responses),
+            # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
+            ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
+            ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),
         ),
     )
 

@@ -52,13 +52,20 @@ class Refused(Exception):
     `counted`: its stream already reported the outcome to the metrics."""
 
     def __init__(
-        self, status: int, message: str, headers: Mapping[str, str] | None = None, *, counted: bool = False
+        self,
+        status: int,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        counted: bool = False,
+        error: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
         self.counted = counted
+        self.error = error  # the error's `param` / `code` where the dialect's shape has them (model_not_found)
 
 
 def parse_request(model: type[RequestModel], body: Any) -> RequestModel:
@@ -125,6 +132,8 @@ async def answered(handling: Awaitable[Any], render_error: ErrorRenderer) -> Any
     except Refused as exc:
         if not exc.counted:
             serving_metrics().request_finished(str(exc.status), was="none")
+        if exc.error:
+            return render_error(exc.status, exc.message, exc.headers, **exc.error)
         return render_error(exc.status, exc.message, exc.headers)
     except HTTPException as exc:
         serving_metrics().request_finished(str(exc.status_code), was="none")
@@ -248,6 +257,9 @@ class RequestCore:
             )
         if req.logprobs:
             params = dataclasses.replace(params, return_log_probs=True)
+        task_id = lora_task_id(req.model, limits)
+        if task_id is not None:
+            params = dataclasses.replace(params, lora_task_id=task_id)
         messages = None if req.messages is None else tuple(_template_turn(m) for m in req.messages)
         reasoning = self.reasoning_parser if (messages is not None and req.parse_reasoning) else None
         return GenerationSpec(
@@ -383,6 +395,27 @@ def choice_specs(n: int, seed: int | None, prompts: list[GenerationSpec]) -> lis
                 choice_seed = secrets.randbits(64) if seed is None else (seed + j) % (UINT64_MAX + 1)
             specs.append(dataclasses.replace(base, params=dataclasses.replace(params, random_seed=choice_seed)))
     return specs
+
+
+def lora_task_id(model: str | None, limits: RequestLimits) -> int | None:
+    """NVIDIA's lora_task_id of the adapter a request's `model` names; None for the base model (no
+    model, "", SERVED_MODEL_NAME or runtime.served_model_name). With neither adapters nor a served
+    model name any `model` is the one model served; else another name is a 404 in OpenAI's
+    model_not_found shape (each dialect renders it)."""
+    adapters = dict(limits.lora_task_ids)
+    base = (None, "", SERVED_MODEL_NAME, limits.served_model_name or SERVED_MODEL_NAME)
+    if model in base or not (adapters or limits.served_model_name):
+        return None
+    if model in adapters:
+        return adapters[model]
+    served = ", ".join(repr(name) for name in dict.fromkeys(base[2:]))
+    lora = f" and the LoRA adapters {', '.join(repr(name) for name in adapters)}" if adapters else ""
+    shown = repr(model) if len(model) <= 80 else repr(model[:77]) + "..."
+    raise Refused(
+        404,
+        f"The model {shown} does not exist: this deployment serves the base model as {served}{lora}",
+        error={"param": "model", "code": "model_not_found"},
+    )
 
 
 def _content_text(message: Mapping[str, Any]) -> str:

@@ -26,7 +26,8 @@ class StreamFailed(RuntimeError):
     """Raised inside a native text stream to abort its chunked body (never shown as text)."""
 
 
-def native_error(status: int, message: str, headers: Any = None) -> Any:
+def native_error(status: int, message: str, headers: Any = None, **_: Any) -> Any:
+    """`{"error": message}`; a `param`/`code` of OpenAI's shape (model_not_found) is in the message already."""
     return error_response(status, message, openai=False, headers=headers)
 
 
@@ -52,6 +53,7 @@ def generation_request(req: PredictRequest) -> GenerationRequest:
         literal_special_tokens=req.literal_special_tokens,
         guide=native_guide(req.guided_decoding_guide_type, req.guided_decoding_guide),
         parse_reasoning=False,  # the native API returns the model's text as it is
+        model=req.model,
     )
 
 

@@ -17,8 +17,10 @@ from trtllm_truss.serving.request import Finish, Guide
 SSE_HEADERS = {"media_type": "text/event-stream"}
 
 
-def openai_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return error_response(status, message, openai=True, headers=headers)
+def openai_error(
+    status: int, message: str, headers: Mapping[str, str] | None = None, *, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    return error_response(status, message, openai=True, headers=headers, param=param, code=code)
 
 
 def usage_of(finishes: list[Finish], n: int = 1) -> Usage:

@@ -24,6 +24,8 @@ from trtllm_truss.client import LLMAPI_UNSUPPORTED, EngineClient, EnsembleClient
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
 from trtllm_truss.metrics import ItlAccumulator
 from trtllm_truss.preprocess import word_list_tensor
+from trtllm_truss.lora import worker_lora_weights  # noqa: F401 - what service.stream_pool passes here
+from trtllm_truss.streaming.lora_tasks import LoraTasks, generate_with_lora
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,9 @@ class WorkerSettings:
     # runtime.tool_call_parser / reasoning_parser: "auto" is resolved here, from the chat template.
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
+    # Backend tensorrtllm with build.lora_adapters: task id -> folder of NVIDIA's model.lora_*.npy, sent with
+    # a task's first request (streaming/lora_tasks.py).
+    lora_weights: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _turn_text(turn: Any) -> str:
@@ -140,6 +145,7 @@ class WorkerModel:
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
         self.llmapi = LlmApiClient(settings.grpc_url, model_name=settings.engine_model) if settings.llmapi else None
+        self.lora = LoraTasks(settings.lora_weights) if settings.lora_weights else None
 
     @property
     def chat(self) -> Any:
@@ -336,7 +342,9 @@ class WorkerModel:
             draft_totals[:] = (draft, accepted)  # running totals: the last response's are the request's
 
         extra = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
-        generate = self.engine.generate_ids(ids, engine_params, bad_words=bad_words, **extra)
+        generate = generate_with_lora(
+            self.engine.generate_ids, self.lora, params.lora_task_id, ids, engine_params, bad_words=bad_words, **extra
+        )
         async with aclosing(generate) as responses:
             async for new_ids, log_probs in responses:
                 if log_probs is None:

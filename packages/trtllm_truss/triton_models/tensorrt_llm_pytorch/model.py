@@ -80,6 +80,8 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   lookahead_window_size*, lookahead_ngram_size*, lookahead_verification_set_size*, retention_*
                                   declared with NVIDIA's dtypes; a request sending one (non-empty) is refused
                                   naming it and why (engine_standin/unsupported_inputs.py)
+  lora_task_id* UINT64 [1]        a LoRA adapter of parameters.lora_adapters (none: the base model); an
+                                  unknown id fails the request with NVIDIA's "LoRA task <id> not found in cache"
   stop* BOOL [1]                  true: cancel the in-flight request with the same Triton request id
                                   (on whichever instance serves it); answered by one empty final
                                   response; without a request id: NVIDIA's error
@@ -109,7 +111,8 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   (cpu|cuda|auto), dtype (float32|float16|bfloat16), num_threads, exclude_input_in_output
   (default for requests that do not send it; true|false), synthetic (true|false),
   synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 1),
-  merge_responses (default false).
+  merge_responses (default false), lora_adapters (JSON {"<task id>": {"name", "dir"}}: peft adapters loaded at
+  startup and mixed row by row in every batch), lora_max_loras (different adapters per engine step).
 
 Responses: one per generation (row x sequence) per engine step, as NVIDIA's engine sends them; the
 final flag comes with the last generation's last response; a sender that falls
@@ -494,6 +497,7 @@ class TritonPythonModel:
             return_context_logits=bool(_row_scalar(arrays, "return_context_logits", row, False)),
             return_generation_logits=bool(_row_scalar(arrays, "return_generation_logits", row, False)),
             guide=Guide(guide_type, guide_text) if guide_type is not None else None,
+            lora_task_id=_optional_int(_row_scalar(arrays, "lora_task_id", row, None)),
         )
         try:
             self.engine.validate(generation)  # refusals raise here, before the sender is taken
@@ -745,6 +749,10 @@ class TritonPythonModel:
             self._nvidia_metrics.withdraw()
         except Exception:
             log.exception("withdrawing the nv_trt_llm metrics failed")
+
+
+def _optional_int(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def _eos_token_id(settings: StandinSettings) -> int | None:
