@@ -305,3 +305,18 @@ def test_cancelling_a_request_whose_guide_is_compiling(engine, tokenizer):
     engine.cancel(req.request_id)
     assert slow.finish().finish_reason is FinishReason.CANCELLED and not slow.tokens
     assert engine.active_requests == 0
+
+
+def test_structural_tag_output_is_text_the_tag_allows(engine, tokenizer):
+    from trtllm_truss.guided import compile_matcher
+
+    tag = json.dumps(
+        {
+            "structures": [{"begin": "<f=get>", "schema": PERSON, "end": "</f>"}],
+            "triggers": ["<f="],
+        }
+    )
+    _, last, collected = run(engine, request(tokenizer, "Call: <f=", Guide("structural_tag", tag), 64, top_k=1))
+    assert last.finish_reason in (FinishReason.END_ID, FinishReason.LENGTH), last.error
+    checker = compile_matcher("structural_tag", tag, engine.guides.tokenizer)
+    assert checker.try_consume_tokens(collected.tokens) == len(collected.tokens)
