@@ -7,8 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-from trtllm_truss.guided import GuideError, check_guide, compile_matcher, load_guide_tokenizer
+from trtllm_truss.guided import (
+    GuideError,
+    check_guide,
+    compile_matcher,
+    load_guide_tokenizer,
+)
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
