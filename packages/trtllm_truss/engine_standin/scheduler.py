@@ -103,7 +103,13 @@ class EngineBase:
                 return
             self._preparing[request.request_id] = seq
         assert self.guides is not None  # validate() refused the guide otherwise
-        self.guides.prepare(request.guide, lambda matcher, error: self._guide_ready(seq, matcher, error))
+        try:
+            self.guides.prepare(request.guide, lambda matcher, error: self._guide_ready(seq, matcher, error))
+        except RuntimeError as exc:  # the compile pool was shut down: the engine is stopping
+            with self._wake:
+                self._preparing.pop(request.request_id, None)
+                self._known.discard(request.request_id)
+            raise RequestRejected(f"the engine is shutting down ({exc})") from None
 
     def _guide_ready(self, seq: _Sequence, matcher, error: str | None) -> None:
         """From submit() (cache hit), a compile thread or the compile timeout: queue or refuse the request."""
