@@ -3,8 +3,9 @@
 A request submitted while others decode is prefilled alone (no padding), then its row joins the
 running batch's KV cache before the next step; finished and cancelled rows leave it at once, freeing
 their slot. A guided request first waits for its guide to compile (engine_standin/guidance.py, off
-this thread) and joins the queue only then. At most `max_batch_size` sequences run; the rest wait in FIFO order. A failing request,
-a failing callback or a failing step ends the requests concerned with an error, never the thread.
+this thread) and joins the queue only then. At most `max_batch_size` sequences run; the rest wait in
+FIFO order. A failing request, a failing callback or a failing step ends the requests concerned with
+an error, never the thread.
 """
 
 from __future__ import annotations
