@@ -19,7 +19,7 @@ import llguidance
 
 # NVIDIA's guide types: "json" is a JSON object (OpenAI's json_object; no guide text), "json_schema" a JSON Schema's
 # text, "regex" a regular expression, "ebnf_grammar" an EBNF (GBNF) grammar, "structural_tag"
-# xgrammar's structural tag JSON.
+# xgrammar's structural tag JSON (TensorRT-LLM's executor has it; tensorrtllm_backend v0.19.0 does not).
 GUIDE_TYPES: tuple[str, ...] = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 
@@ -55,7 +55,38 @@ def grammar_of(guide_type: str, guide: str | None) -> str:
             return llguidance.grammar_from("grammar", guide)
     except ValueError as exc:
         raise GuideError(str(exc)) from None
-    raise GuideError(f"guide type {guide_type!r} is not enforced yet")
+    return _structural_tag_grammar(guide)
+
+
+def _structural_tag_grammar(guide: str) -> str:
+    """xgrammar's structural tag as TensorRT-LLM, vLLM and SGLang take it: `{"structures": [{"begin",
+    "schema", "end"}], "triggers": [...]}`: free text, in which each `begin` (starting with one of the
+    triggers) opens a segment whose content is `schema` JSON, closed by `end`. llguidance's StructTag
+    builds it; triggers are matched as text (they need not be special tokens)."""
+    try:
+        tag = json.loads(guide)
+    except ValueError as exc:
+        raise GuideError(f"structural_tag: not JSON ({exc})") from None
+    structures = tag.get("structures") if isinstance(tag, dict) else None
+    triggers = tag.get("triggers") if isinstance(tag, dict) else None
+    if not isinstance(structures, list) or not structures:
+        raise GuideError("structural_tag.structures: a non-empty list of {begin, schema, end} is required")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise GuideError("structural_tag.triggers: a non-empty list of non-empty strings is required")
+    tags = []
+    for index, structure in enumerate(structures):
+        where = f"structural_tag.structures[{index}]"
+        if not isinstance(structure, dict) or not all(isinstance(structure.get(k), str) for k in ("begin", "end")):
+            raise GuideError(f"{where}: begin and end must be strings")
+        schema = structure.get("schema")
+        if not isinstance(schema, dict):
+            raise GuideError(f"{where}.schema: must be a JSON Schema object")
+        trigger = next((t for t in triggers if structure["begin"].startswith(t)), None)
+        if trigger is None:
+            raise GuideError(f"{where}.begin: {structure['begin']!r} starts with none of the triggers")
+        schema = schema if "x-guidance" in schema else {**schema, "x-guidance": _JSON_OPTIONS}
+        tags.append(llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=schema, end=structure["end"]))
+    return llguidance.LLMatcher.grammar_from_lark(llguidance.StructTag.to_grammar(tags, assume_special=False))
 
 
 def check_guide(guide_type: str, guide: str | None) -> str:

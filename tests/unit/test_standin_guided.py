@@ -305,3 +305,43 @@ def test_cancelling_a_request_whose_guide_is_compiling(engine, tokenizer):
     engine.cancel(req.request_id)
     assert slow.finish().finish_reason is FinishReason.CANCELLED and not slow.tokens
     assert engine.active_requests == 0
+
+
+def test_structural_tag_output_is_text_the_tag_allows(engine, tokenizer):
+    from trtllm_truss.guided import compile_matcher
+
+    tag = json.dumps(
+        {
+            "structures": [{"begin": "<f=get>", "schema": PERSON, "end": "</f>"}],
+            "triggers": ["<f="],
+        }
+    )
+    _, last, collected = run(engine, request(tokenizer, "Call: <f=", Guide("structural_tag", tag), 64, top_k=1))
+    assert last.finish_reason in (FinishReason.END_ID, FinishReason.LENGTH), last.error
+    checker = compile_matcher("structural_tag", tag, engine.guides.tokenizer)
+    assert checker.try_consume_tokens(collected.tokens) == len(collected.tokens)
+
+
+def test_min_length_holds_the_end_back_only_while_the_guide_could_go_on(engine, tokenizer):
+    text, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "ok"), 20, top_k=1, min_length=10))
+    assert text == "ok" and last.finish_reason is FinishReason.END_ID
+    text, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "[0-9]{1,12}"), 20, top_k=1, min_length=6))
+    assert re.fullmatch("[0-9]{6,12}", text), text
+
+
+def test_ids_past_the_tokenizers_vocabulary_and_its_eos_are_masked_the_end_id_follows_the_guide(engine):
+    from trtllm_truss.engine_standin.guidance import TokenMasker
+    from trtllm_truss.guided import compile_matcher
+
+    tokenizer = engine.guides.tokenizer
+    masker = TokenMasker(tokenizer, threads=1)
+    padded = tokenizer.vocab_size + 64  # a model vocabulary padded past the tokenizer's
+    end_id = 7  # a request's own end token, not the tokenizer's EOS
+    logits = torch.zeros(2, padded)
+    complete, partial = compile_matcher("regex", "a", tokenizer), compile_matcher("regex", "ab", tokenizer)
+    assert complete.consume_tokens(tokenizer.tokenize_str("a")) and partial.consume_tokens(tokenizer.tokenize_str("a"))
+    assert masker.apply(logits, [(0, complete, end_id), (1, partial, end_id)]) == {}
+    assert torch.isinf(logits[:, tokenizer.vocab_size :]).all()
+    assert torch.isinf(logits[:, tokenizer.eos_token]).all()
+    assert logits[0, end_id] == 0 and torch.isinf(logits[0]).sum() == padded - 1  # complete: only end_id
+    assert torch.isinf(logits[1, end_id]) and not torch.isinf(logits[1]).all()  # "b" still to come

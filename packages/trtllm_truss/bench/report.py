@@ -7,7 +7,9 @@ JSON layout (schema_version 1):
    "comparisons": [{"level", "direct", "full", "ratio", "added_ttft_p50_ms"}],
    "ratio": float | null,               # full/direct output tokens/s at the highest load compared
    "added_ttft_p50_ms": float | null,   # full minus direct TTFT p50 at that same load
-   "warnings": [str]}
+   "warnings": [str],
+   "structured_output": {"distinct_schemas", "compiled", "refused", "compile_ms_p50", "compile_ms_p99",
+                         "compile_ms_max", "cache_hits", "cache_misses", "cache_hit_rate"} | null}
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class BenchReport(BaseModel):
     ratio: float | None = None
     added_ttft_p50_ms: float | None = None
     warnings: list[str] = Field(default_factory=list)
+    structured_output: dict[str, Any] | None = Field(
+        default=None, description="--guide-schema: compile times per distinct schema, the engine's guide cache hit rate"
+    )
 
     def run_for(self, target: TargetName, level: LoadLevel) -> RunResult | None:
         return next((r for r in self.runs if r.target == target and r.level == level), None)

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--url", help="URL of the measured target (with --compare: of the full path); "
                                     "host:port for gRPC targets, http://host:port for http")
     what.add_argument("--grpc-url", help="Triton gRPC address (host:port) for the engine/ensemble targets")
+    what.add_argument("--guide-schema", type=Path,
+                      help="structured output: a JSON Schema file (or JSONL, one per line); measures the engine model"
+                           " without and with the schema as guided_decoding_guide (engine vs engine_guided, same"
+                           " requests) and reports schema compile times and the engine's guide cache hit rate")
     what.add_argument("--tokenizer", type=Path,
                       help="tokenizer directory for prompts and token counting (default: the truss's own)")
 
@@ -112,6 +116,9 @@ def _levels(args: argparse.Namespace) -> list:
         raise ValueError(f"--client-processes: expected a positive integer, got {args.client_processes}")
     if args.client_processes > 1 and args.request_rate is not None:
         raise ValueError("--client-processes > 1 works with closed-loop levels (--concurrency) only")
+    if args.guide_schema is not None and (args.compare or args.client_processes > 1):
+        raise ValueError("--guide-schema compares the engine without and with the schema: leave out --compare"
+                         " and --client-processes")
     if args.request_rate is not None:
         return [OpenLoop(request_rate=r, max_concurrency=args.max_concurrency)
                 for r in parse_float_list(args.request_rate, "--request-rate")]
@@ -119,9 +126,17 @@ def _levels(args: argparse.Namespace) -> list:
 
 
 def _targets_needed(args: argparse.Namespace) -> list[str]:
+    if args.guide_schema is not None:
+        return ["engine", "engine_guided"]
     if args.compare:
         return ["engine", args.full_target]
     return [args.target]
+
+
+def _comparison(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.guide_schema is not None:
+        return ("engine", "engine_guided")
+    return ("engine", args.full_target) if args.compare else None
 
 
 def _load_tokenizer(path: Path):
@@ -191,6 +206,7 @@ class _Endpoints:
     grpc_url: str | None
     http_url: str | None
     tokenizer_dir: Path | None
+    metrics_url: str | None = None  # Triton's /metrics, when this command started the stack
 
 
 class _SetupError(Exception):
@@ -222,6 +238,7 @@ def _bring_up(args: argparse.Namespace, names: list[str], cleanup: contextlib.Ex
     elif grpc_needed and found.grpc_url is None:
         stack = _start_stack(args, cleanup, err)
         found.grpc_url = stack.server.grpc_url
+        found.metrics_url = stack.server.metrics_url
         found.tokenizer_dir = found.tokenizer_dir or stack.plan.tokenizer_dir
     if found.tokenizer_dir is None:
         found.tokenizer_dir = _plan_tokenizer_dir(args.truss_dir)
@@ -260,6 +277,7 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
             endpoints = _bring_up(args, names, cleanup, err)
             tokenizer = _load_tokenizer(Path(endpoints.tokenizer_dir))
             spec, requests = _workload(args, levels, tokenizer)
+            guides = _guides(args)
         except _SetupError as exc:
             err.print(str(exc), style="red", markup=False)
             return exc.exit_code
@@ -269,13 +287,15 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
 
         plan = BenchPlan(
             targets=[
-                make_target(n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout)
+                make_target(
+                    n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout, guides
+                )
                 for n in names
             ],
             levels=levels,
             requests=requests,
             workload=spec.model_dump(mode="json") | {"tokenizer": str(endpoints.tokenizer_dir)},
-            compare=("engine", args.full_target) if args.compare else None,
+            compare=_comparison(args),
             warmup_requests=args.warmup,
             rounds=args.rounds,
             timeout_s=args.timeout,
@@ -297,14 +317,48 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err, disable=args.no_progress, transient=False,
         )
+        counters_before = _guide_counters(endpoints) if guides else None
         try:
             with progress:
                 report = asyncio.run(run_bench(plan, tokenizer, _RichProgress(progress)))
         except TargetError as exc:
             err.print(str(exc), style="red", markup=False)
             return 1
+        if guides:
+            report.structured_output = _structured_output(guides, endpoints, counters_before)
     _write_outputs(report, args, err)
     return 1 if any(r.metrics.failed for r in report.runs) else 0
+
+
+def _guides(args: argparse.Namespace) -> list[str] | None:
+    from trtllm_truss.bench.guides import read_schemas
+
+    if args.guide_schema is None:
+        return None
+    try:
+        return read_schemas(args.guide_schema)
+    except (OSError, ValueError) as exc:
+        raise _SetupError(str(exc), 2) from None
+
+
+def _guide_counters(endpoints: _Endpoints):
+    from trtllm_truss.bench.guides import cache_counters
+
+    return cache_counters(endpoints.metrics_url)
+
+
+def _structured_output(guides: list[str], endpoints: _Endpoints, before) -> dict:
+    """Compile times (this process, the engine's compiler) and the engine's cache hits over the run
+    (warm-up included; the stand-in's counters, when this command started the stack)."""
+    from trtllm_truss.bench.guides import compile_times
+
+    summary = compile_times(guides, Path(endpoints.tokenizer_dir))
+    after = _guide_counters(endpoints)
+    if before is not None and after is not None:
+        hits, misses = after[0] - before[0], after[1] - before[1]
+        summary |= {"cache_hits": hits, "cache_misses": misses,
+                    "cache_hit_rate": hits / (hits + misses) if hits + misses else None}
+    return summary
 
 
 def _write_outputs(report: Any, args: argparse.Namespace, err: Any) -> None:
@@ -319,6 +373,13 @@ def _write_outputs(report: Any, args: argparse.Namespace, err: Any) -> None:
         added = "-" if report.added_ttft_p50_ms is None else f"{report.added_ttft_p50_ms:+.2f} ms"
         out.print(f"ratio (full / direct output tokens/s at the highest load): {report.ratio:.3f};"
                   f" added TTFT p50: {added}")
+    if report.structured_output is not None:
+        s = report.structured_output
+        ms = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731 - one-line formatter
+        rate = s.get("cache_hit_rate")
+        out.print(f"schemas: {s['distinct_schemas']} distinct, compile p50 {ms(s['compile_ms_p50'])} ms,"
+                  f" p99 {ms(s['compile_ms_p99'])} ms; engine guide cache hit rate: "
+                  + ("-" if rate is None else f"{rate:.1%} ({s['cache_hits']:.0f} hits, {s['cache_misses']:.0f} misses)"))
     if args.json_path is not None:
         report.write_json(args.json_path)
         out.print(f"JSON: {args.json_path}")

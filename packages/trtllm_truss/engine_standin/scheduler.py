@@ -3,8 +3,9 @@
 A request submitted while others decode is prefilled alone (no padding), then its row joins the
 running batch's KV cache before the next step; finished and cancelled rows leave it at once, freeing
 their slot. A guided request first waits for its guide to compile (engine_standin/guidance.py, off
-this thread) and joins the queue only then. At most `max_batch_size` sequences run; the rest wait in FIFO order. A failing request,
-a failing callback or a failing step ends the requests concerned with an error, never the thread.
+this thread) and joins the queue only then. At most `max_batch_size` sequences run; the rest wait in
+FIFO order. A failing request, a failing callback or a failing step ends the requests concerned with
+an error, never the thread.
 """
 
 from __future__ import annotations
@@ -114,7 +115,13 @@ class EngineBase:
                 return
             self._preparing[request.request_id] = seq
         assert self.guides is not None  # validate() refused the guide otherwise
-        self.guides.prepare(request.guide, lambda matcher, error: self._guide_ready(seq, matcher, error))
+        try:
+            self.guides.prepare(request.guide, lambda matcher, error: self._guide_ready(seq, matcher, error))
+        except RuntimeError as exc:  # the compile pool was shut down: the engine is stopping
+            with self._wake:
+                self._preparing.pop(request.request_id, None)
+                self._known.discard(request.request_id)
+            raise RequestRejected(f"the engine is shutting down ({exc})") from None
 
     def _guide_ready(self, seq: _Sequence, matcher, error: str | None) -> None:
         """From submit() (cache hit), a compile thread or the compile timeout: queue or refuse the request."""

@@ -5,11 +5,16 @@ from trtllm_truss.bench.targets.base import BenchTarget, IgnoreEos, StreamChunk,
 __all__ = ["BenchTarget", "IgnoreEos", "StreamChunk", "TargetError", "TargetName", "make_target"]
 
 
-def make_target(name: TargetName, url: str, ignore_eos: IgnoreEos = "min_length", timeout_s: float = 600.0):
-    if name == "engine":
+def make_target(
+    name: TargetName, url: str, ignore_eos: IgnoreEos = "min_length", timeout_s: float = 600.0,
+    guides: list[str] | None = None,
+):
+    if name in ("engine", "engine_guided"):
         from trtllm_truss.bench.targets.engine import EngineTarget
 
-        return EngineTarget(url, ignore_eos)
+        if name == "engine_guided" and not guides:
+            raise ValueError("target engine_guided: needs the schemas (--guide-schema)")
+        return EngineTarget(url, ignore_eos, guides=guides if name == "engine_guided" else None)
     if name == "ensemble":
         from trtllm_truss.bench.targets.ensemble import EnsembleTarget
 
@@ -18,4 +23,4 @@ def make_target(name: TargetName, url: str, ignore_eos: IgnoreEos = "min_length"
         from trtllm_truss.bench.targets.http import HttpTarget
 
         return HttpTarget(url, ignore_eos, timeout_s)
-    raise ValueError(f"target: expected one of engine, ensemble, http; got {name!r}")
+    raise ValueError(f"target: expected one of engine, engine_guided, ensemble, http; got {name!r}")

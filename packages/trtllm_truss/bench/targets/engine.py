@@ -18,16 +18,25 @@ ENGINE_MODEL = "tensorrt_llm"
 class EngineTarget:
     name: TargetName = "engine"
 
-    def __init__(self, grpc_url: str, ignore_eos: IgnoreEos = "min_length", model_name: str = ENGINE_MODEL):
+    def __init__(
+        self, grpc_url: str, ignore_eos: IgnoreEos = "min_length", model_name: str = ENGINE_MODEL,
+        guides: list[str] | None = None,
+    ):
         self.url = grpc_url
         self.ignore_eos = ignore_eos
         self._triton = TritonModelStream(grpc_url, model_name)
+        # JSON Schemas (NVIDIA's guided_decoding_guide_type json_schema): request i uses guides[i % n].
+        self.guides = guides
+        if guides:
+            self.name = "engine_guided"
 
     async def open(self) -> None:
         await self._triton.open()
         needed = ["input_ids", "input_lengths", "request_output_len", "streaming"]
         if self.ignore_eos != "none":
             needed.append(self.ignore_eos)
+        if self.guides:
+            needed += ["guided_decoding_guide_type", "guided_decoding_guide"]
         self._triton.require_inputs(needed)
 
     async def close(self) -> None:
@@ -42,6 +51,10 @@ class EngineTarget:
             t.tensor("request_output_len", one(request.output_len)),
             t.tensor("streaming", np.array([True])),
         ]
+        if self.guides:
+            guide = self.guides[request.index % len(self.guides)]
+            inputs.append(t.tensor("guided_decoding_guide_type", np.array([b"json_schema"], dtype=object)))
+            inputs.append(t.tensor("guided_decoding_guide", np.array([guide.encode("utf-8")], dtype=object)))
         return inputs + t.ignore_eos_inputs(self.ignore_eos, request.output_len)
 
     async def stream(self, request: BenchRequest) -> AsyncIterator[StreamChunk]:

@@ -72,7 +72,8 @@ Inputs (NVIDIA's names and dtypes; * = optional):
   return_context_logits* return_generation_logits* return_perf_metrics* BOOL [1]
   embedding_bias* FP32 [-1]       one value per vocabulary id, added to the logits (empty: none)
   decoder_input_ids* INT32 [-1]  decoder_input_lengths* INT32 [1]   accepted, ignored (decoder-only)
-  guided_decoding_guide_type* guided_decoding_guide* BYTES [1]   NVIDIA's guided decoding, enforced with
+  guided_decoding_guide_type* guided_decoding_guide* BYTES [1]   NVIDIA's guided decoding (json,
+                                  json_schema, regex, ebnf_grammar; and structural_tag), enforced with
                                   llguidance (engine_standin/guidance.py); an unknown type or a guide
                                   without a type is refused (NVIDIA's backend ignores both)
   runtime_top_p_min/decay/reset_ids*, early_stopping*, beam_search_diversity_rate*, prompt_embedding_table*,
