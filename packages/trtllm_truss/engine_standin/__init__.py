@@ -82,6 +82,7 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
             adapters={task: name for task, (name, _) in settings.lora_adapters.items()},
         )
     else:
+        from trtllm_truss.engine_standin.guidance import GuideCompiler
         from trtllm_truss.engine_standin.model_runner import CausalLMRunner
         from trtllm_truss.engine_standin.scheduler import StandinEngine
 
@@ -96,6 +97,7 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
         engine = StandinEngine(
             runner,
             settings.limits,
+            guides=GuideCompiler(settings.tokenizer_dir or settings.model_dir),
             adapters={task: name for task, (name, _) in adapters.items()},
             max_loras=settings.max_loras,
         )
