@@ -8,14 +8,23 @@ llguidance and masks the logits at every step; the TensorRT-LLM paths pass it on
 
 No torch here: the request path (every supported Python) checks guides with the same compiler the
 stand-in decodes with, so a guide the stand-in cannot enforce is refused before it is queued.
+llguidance is imported on first use and only its 1.x releases (the pin) are used: NVIDIA's images
+from TensorRT-LLM 0.19 carry TensorRT-LLM's own, older llguidance (1.0 pins 0.7.29), which our
+examples for those images do not replace. There `check_guide` checks only the guide's size and type
+and the engine (xgrammar) is the judge of the rest (its refusal reaches the client as a 400).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import llguidance
+if TYPE_CHECKING:
+    import llguidance
 
 # NVIDIA's guide types: "json" is a JSON object (OpenAI's json_object; no guide text), "json_schema" a JSON Schema's
 # text, "regex" a regular expression, "ebnf_grammar" an EBNF (GBNF) grammar, "structural_tag"
@@ -35,11 +44,32 @@ class GuideError(ValueError):
     """The guide cannot be enforced: the message says why (the keyword, the position, the limit)."""
 
 
+@functools.lru_cache(maxsize=1)
+def compiler() -> ModuleType | None:
+    """llguidance where this environment has a 1.x release, else None (see the module docstring)."""
+    try:
+        module = importlib.import_module("llguidance")
+        from importlib.metadata import version
+
+        major = int(version("llguidance").split(".")[0])
+    except (ImportError, ValueError):
+        return None
+    return module if major >= 1 else None
+
+
+def _llguidance() -> ModuleType:
+    module = compiler()
+    if module is None:
+        raise GuideError("guided decoding on this engine path needs llguidance 1.x, which this environment lacks")
+    return module
+
+
 def grammar_of(guide_type: str, guide: str | None) -> str:
     """The llguidance grammar of a guide; raises GuideError for an unknown type or malformed text
     (a grammar that parses here may still fail to compile: `check_guide` compiles it)."""
     if guide_type not in GUIDE_TYPES:
         raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
+    llguidance = _llguidance()
     if guide_type == "json":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if not guide:
@@ -73,6 +103,7 @@ def _structural_tag_grammar(guide: str) -> str:
         raise GuideError("structural_tag.structures: a non-empty list of {begin, schema, end} is required")
     if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
         raise GuideError("structural_tag.triggers: a non-empty list of non-empty strings is required")
+    llguidance = _llguidance()
     tags = []
     for index, structure in enumerate(structures):
         where = f"structural_tag.structures[{index}]"
@@ -89,11 +120,18 @@ def _structural_tag_grammar(guide: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(llguidance.StructTag.to_grammar(tags, assume_special=False))
 
 
-def check_guide(guide_type: str, guide: str | None) -> str:
+def check_guide(guide_type: str, guide: str | None) -> str | None:
     """Compile the guide without a tokenizer; returns its grammar or raises GuideError with
-    llguidance's message (which names an unsupported keyword)."""
+    llguidance's message (which names an unsupported keyword). Without llguidance 1.x only the type
+    and size are checked (None: the engine checks the rest)."""
+    if compiler() is None:
+        if guide_type not in GUIDE_TYPES:
+            raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
+        if guide is not None and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
+            raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
+        return None
     grammar = grammar_of(guide_type, guide)
-    error = llguidance.LLMatcher.validate_grammar(grammar)
+    error = _llguidance().LLMatcher.validate_grammar(grammar)
     if error:
         raise GuideError(error)
     return grammar
@@ -108,6 +146,7 @@ def load_guide_tokenizer(tokenizer_dir: Path | str) -> llguidance.LLTokenizer:
     """The model's tokenizer as llguidance needs it: transformers' fast tokenizer (it adds the tokens of
     tokenizer_config.json that tokenizer.json may lack), else tokenizer.json itself."""
     directory = Path(tokenizer_dir)
+    llguidance = _llguidance()
     try:
         import llguidance.hf
         from transformers import AutoTokenizer
@@ -124,7 +163,7 @@ def compile_matcher(
 ) -> llguidance.LLMatcher:
     """A matcher for the guide over the model's tokenizer, its first mask computed (a guide over the
     per-step limits there is refused now, not mid-generation); raises GuideError with the reason."""
-    matcher = llguidance.LLMatcher(tokenizer, grammar_of(guide_type, guide), log_level=0, limits=limits)
+    matcher = _llguidance().LLMatcher(tokenizer, grammar_of(guide_type, guide), log_level=0, limits=limits)
     if not matcher.is_error():
         matcher.compute_bitmask()
     if matcher.is_error():
