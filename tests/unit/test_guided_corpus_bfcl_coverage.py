@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from bfcl_corpus import available, categories, load_corpus
-from trtllm_truss.guided import GuideError, check_guide, schema_text
+from corpus_check import check_each
 
 pytestmark = pytest.mark.skipif(not available(), reason="bfcl-eval==2026.3.23 (requirements/corpus.txt) is not installed")
 
@@ -33,14 +33,7 @@ EXPECTED_COVERAGE = {
 
 @pytest.fixture(scope="module")
 def checked():
-    results = []
-    for item in load_corpus():
-        try:
-            check_guide("json_schema", schema_text(item.schema))
-            results.append((item, None))
-        except GuideError as exc:
-            results.append((item, str(exc)))
-    return results
+    return check_each(load_corpus())
 
 
 def _unsatisfiable(property_schema: dict) -> bool:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
+from standin_outputs import Collected
 from trtllm_truss.engine_standin import (
     EngineLimits,
     FinishReason,
@@ -68,26 +67,6 @@ def engine(runner):
 
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text).ids  # the post-processor adds <s>
-
-
-@dataclass
-class Collected:
-    tokens: list[int] = field(default_factory=list)
-    outputs: list[GenerationOutput] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __call__(self, output: GenerationOutput) -> None:
-        self.outputs.append(output)
-        self.tokens.extend(output.token_ids)
-        self.arrivals.append(time.monotonic())
-        if output.finished:
-            self.done.set()
-
-    def finish(self) -> GenerationOutput:
-        """Wait for the final output and return it."""
-        assert self.done.wait(TIMEOUT_S), "request did not finish in time"
-        return self.outputs[-1]
 
 
 def run(engine, request: GenerationRequest) -> Collected:

