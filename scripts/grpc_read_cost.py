@@ -10,7 +10,8 @@ client process's CPU (all its threads) per response and its responses/s:
   responses by request id;
 - `sync-shared`: one synchronous gRPC bidi call per process, iterated on one reader thread that hands
   the responses to the event loop in batches (one loop wake-up per batch);
-- `sync-per-stream`: a synchronous call per request, each iterated on its own thread, batched hand-off.
+- `sync-per-stream`: a synchronous call per request, each iterated on its own thread, batched hand-off;
+- `aio-uvloop`: `aio` on uvloop's event loop instead of asyncio's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO_ROOT / "data" / "embedded-llama"
-VARIANTS = ("aio", "aio-shared", "sync-shared", "sync-per-stream")
+VARIANTS = ("aio", "aio-uvloop", "aio-shared", "sync-shared", "sync-per-stream")
 
 
 class Inbox:
@@ -154,7 +155,7 @@ async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds
 
     async def one(k: int):
         ids = [300 + k % 200, 301, 302]
-        if variant == "aio":
+        if variant in ("aio", "aio-uvloop"):
             params = GenerationParams("", max_tokens=tokens, min_length=tokens)
             async for new_ids, _ in client.generate_ids(ids, params):
                 counted[0] += 1
@@ -205,6 +206,10 @@ async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds
 
 
 def _child(variant, url, streams, tokens, rounds, out):
+    if variant.endswith("-uvloop"):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     out.put((variant, *asyncio.run(_run_variant(variant, url, streams, tokens, rounds))))
 
 
