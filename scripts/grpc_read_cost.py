@@ -66,8 +66,12 @@ def _request(ids, tokens, interface):
 async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds: int) -> tuple[int, float, float]:
     import grpc
     from tritonclient.grpc import service_pb2_grpc
-
-    from trtllm_truss.client import CHANNEL_ARGS, GenerationParams, EngineClient, _first_beam_ids
+    from trtllm_truss.client import (
+        CHANNEL_ARGS,
+        EngineClient,
+        GenerationParams,
+        _first_beam_ids,
+    )
 
     loop = asyncio.get_running_loop()
     client = EngineClient(url)
@@ -76,9 +80,8 @@ async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds
 
     def count(response):
         for output, raw in zip(response.outputs, response.raw_output_contents):
-            if output.name == "output_ids":
-                if _first_beam_ids(raw, output.shape):
-                    counted[0] += 1
+            if output.name == "output_ids" and _first_beam_ids(raw, output.shape):
+                counted[0] += 1
 
     inboxes: dict[str, Inbox] = {}
     pending: list = []  # (request id, response) handed over by a reader thread

@@ -8,13 +8,17 @@ import socket
 import time
 
 import pytest
-
-from trtllm_truss.bench.cpu import CpuProbe, classify, cpu_between, listening_pid, probe_for
+from test_bench_runner import ScriptedTarget, _requests
+from trtllm_truss.bench.cpu import (
+    CpuProbe,
+    classify,
+    cpu_between,
+    listening_pid,
+    probe_for,
+)
 from trtllm_truss.bench.load import ClosedLoop
 from trtllm_truss.bench.report import BenchReport
 from trtllm_truss.bench.session import BenchPlan, run_bench
-
-from test_bench_runner import ScriptedTarget, _requests
 
 
 def test_processes_are_grouped_by_what_they_are():

@@ -85,9 +85,9 @@ def listening_pid(url: str) -> int | None:
     except (psutil.Error, OSError):
         return None
     for connection in connections:
-        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == parsed.port:
-            if connection.pid is not None:
-                return connection.pid
+        listening = connection.status == psutil.CONN_LISTEN and connection.laddr
+        if listening and connection.laddr.port == parsed.port and connection.pid is not None:
+            return connection.pid
     return None
 
 

@@ -57,7 +57,7 @@ class GroupCpu(BaseModel):
     )
 
     @classmethod
-    def of(cls, cpu_s: float, wall_s: float, tokens: int) -> "GroupCpu":
+    def of(cls, cpu_s: float, wall_s: float, tokens: int) -> GroupCpu:
         return cls(
             cpu_s=cpu_s,
             cores=cpu_s / wall_s if wall_s > 0 else None,
