@@ -4,7 +4,11 @@ JSON layout (schema_version 1):
   {"schema_version": 1, "created_at", "machine": {...}, "workload": {...}, "settings": {...},
    "runs": [{"target", "url", "level": {"kind": "closed", "concurrency": 64} | {"kind": "open",
              "request_rate": 10.0, ...}, "token_counting", "client_cpu_s", "metrics": {...}}],
-   "comparisons": [{"level", "direct", "full", "ratio", "added_ttft_p50_ms"}],
+             "server_cpu": {"serving_path" | "tritonserver" | "python_stubs": {"cpu_s", "cores",
+                            "cores_per_10k_tok_s"}} | null,
+             "rounds": [{"duration_s", "output_tokens_per_s", "ttft_p50_ms"}]}],
+   "comparisons": [{"level", "direct", "full", "ratio", "added_ttft_p50_ms",
+                    "round_ratios", "ratio_min", "ratio_max", "ratio_stddev"}],
    "ratio": float | null,               # full/direct output tokens/s at the highest load compared
    "added_ttft_p50_ms": float | null,   # full minus direct TTFT p50 at that same load
    "warnings": [str],
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,36 @@ class MachineInfo(BaseModel):
         return cls(cpu_count=os.cpu_count(), platform=platform.platform(), python=platform.python_version())
 
 
+class GroupCpu(BaseModel):
+    """CPU that one group of the servers' processes used in a run (bench.cpu)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_s: float = Field(description="user + system CPU seconds over the measured rounds")
+    cores: float | None = Field(description="cpu_s / the run's wall time")
+    cores_per_10k_tok_s: float | None = Field(
+        description="cores per 10,000 streamed tokens/s: cpu_s x 10,000 / the run's output tokens"
+    )
+
+    @classmethod
+    def of(cls, cpu_s: float, wall_s: float, tokens: int) -> GroupCpu:
+        return cls(
+            cpu_s=cpu_s,
+            cores=cpu_s / wall_s if wall_s > 0 else None,
+            cores_per_10k_tok_s=cpu_s * 10_000 / tokens if tokens > 0 else None,
+        )
+
+
+class RoundResult(BaseModel):
+    """One round of a run (`--rounds`): its own throughput and TTFT."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    duration_s: float
+    output_tokens_per_s: float
+    ttft_p50_ms: float | None
+
+
 class RunResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -53,6 +88,10 @@ class RunResult(BaseModel):
     client_cpu_s: float | None = Field(
         None, description="CPU seconds the benchmark client itself used in this level (it shares the machine)"
     )
+    server_cpu: dict[str, GroupCpu] | None = Field(
+        None, description="CPU of the measured servers' processes by group (bench.cpu.GROUPS); null when not read"
+    )
+    rounds: list[RoundResult] = Field(default_factory=list, description="each round's figures, in order")
 
 
 class Comparison(BaseModel):
@@ -65,6 +104,12 @@ class Comparison(BaseModel):
     full: TargetName
     ratio: float | None = Field(description="full output tokens/s divided by direct output tokens/s")
     added_ttft_p50_ms: float | None = Field(description="full TTFT p50 minus direct TTFT p50")
+    round_ratios: list[float] = Field(
+        default_factory=list, description="the ratio of each round (round k of full / round k of direct)"
+    )
+    ratio_min: float | None = None
+    ratio_max: float | None = None
+    ratio_stddev: float | None = Field(None, description="sample standard deviation of round_ratios (2+ rounds)")
 
 
 class BenchReport(BaseModel):
@@ -99,7 +144,16 @@ class BenchReport(BaseModel):
         added = None
         if f.ttft_ms.p50 is not None and d.ttft_ms.p50 is not None:
             added = f.ttft_ms.p50 - d.ttft_ms.p50
-        comparison = Comparison(level=level, direct=direct, full=full, ratio=ratio, added_ttft_p50_ms=added)
+        rounds = [
+            f_round.output_tokens_per_s / d_round.output_tokens_per_s
+            for d_round, f_round in zip(direct_run.rounds, full_run.rounds)
+            if d_round.output_tokens_per_s > 0
+        ]
+        comparison = Comparison(
+            level=level, direct=direct, full=full, ratio=ratio, added_ttft_p50_ms=added, round_ratios=rounds,
+            ratio_min=min(rounds) if rounds else None, ratio_max=max(rounds) if rounds else None,
+            ratio_stddev=statistics.stdev(rounds) if len(rounds) > 1 else None,
+        )
         self.comparisons.append(comparison)
         top = max(self.comparisons, key=lambda c: c.level.x_value)
         self.ratio, self.added_ttft_p50_ms = top.ratio, top.added_ttft_p50_ms
@@ -124,7 +178,7 @@ def render_table(report: BenchReport):
 
     table = Table(title="trtllm-truss bench", header_style="bold")
     for column in ("target", "load", "ok/sent", "out tok/s", "req/s", "tok/req", "resp/req", "TTFT p50/p90/p99 ms",
-                   "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms"):
+                   "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms", "cores/10k tok/s ours/triton/stubs"):
         table.add_column(column, justify="left" if column in ("target", "load") else "right")
     for run in report.runs:
         m = run.metrics
@@ -141,9 +195,19 @@ def render_table(report: BenchReport):
             " / ".join(_ms(v) for v in (m.ttft_ms.p50, m.ttft_ms.p90, m.ttft_ms.p99)),
             " / ".join(f"{v:.3f}" if v is not None else "-" for v in (m.itl_ms.p50, m.itl_ms.p90, m.itl_ms.p99)),
             " / ".join(_ms(v) for v in (m.e2e_ms.p50, m.e2e_ms.p90, m.e2e_ms.p99)),
+            _cpu_cell(run.server_cpu),
         )
     for c in report.comparisons:
         ratio = "-" if c.ratio is None else f"ratio {c.ratio:.3f}"
+        if len(c.round_ratios) > 1:  # the rounds' spread
+            ratio += f" ({c.ratio_min:.3f}-{c.ratio_max:.3f}, sd {c.ratio_stddev:.3f})"
         added = "-" if c.added_ttft_p50_ms is None else f"{c.added_ttft_p50_ms:+.2f} ms"
-        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", "", "", added, "", "", style="bold cyan")
+        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", "", "", added, "", "", "", style="bold cyan")
     return table
+
+
+def _cpu_cell(cpu: dict[str, GroupCpu] | None) -> str:
+    if not cpu:
+        return "-"
+    values = [cpu.get(group) for group in ("serving_path", "tritonserver", "python_stubs")]
+    return " / ".join("-" if v is None or v.cores_per_10k_tok_s is None else f"{v.cores_per_10k_tok_s:.2f}" for v in values)

@@ -4,7 +4,9 @@ With a comparison (`--compare`) the direct engine stream and the full path run o
 at each level (never at the same time: on a small machine they would compete for the CPU and each
 would measure the other). With several rounds the targets alternate within a level and each target's
 figures pool its rounds (throughput = all its tokens / the sum of its rounds' wall times), which keeps
-slow drift of a shared machine out of the ratio.
+slow drift of a shared machine out of the ratio; each round's own figures are kept too, so a
+comparison reports the spread of its per-round ratios. With a CPU probe the servers' processes'
+CPU is read before and after every round (bench.cpu).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from trtllm_truss.bench.cpu import CpuProbe, cpu_between
 from trtllm_truss.bench.load import ClosedLoop, LoadLevel
-from trtllm_truss.bench.report import BenchReport, RunResult
+from trtllm_truss.bench.report import BenchReport, GroupCpu, RoundResult, RunResult
 from trtllm_truss.bench.runner import TargetSpec, TokenCounting, count_output_tokens, run_level, run_level_in_processes
 from trtllm_truss.bench.stats import RequestRecord, summarize
 from trtllm_truss.bench.targets.base import BenchTarget, TargetName
@@ -40,6 +43,8 @@ class BenchPlan:
     # Client processes per target (closed loop only); each needs the target's spec to build its own.
     client_processes: int = 1
     target_specs: dict[str, TargetSpec] = field(default_factory=dict)
+    # Reads the servers' processes' CPU around each round (bench.cpu); None: not measured.
+    cpu_probe: CpuProbe | None = None
 
 
 class ProgressSink:
@@ -68,28 +73,37 @@ async def run_bench(
             for _ in range(plan.rounds):
                 for target in plan.targets:
                     progress.level_started(target.name, level, len(plan.requests))
+                    cpu_before = plan.cpu_probe.snapshot() if plan.cpu_probe is not None else None
                     if plan.client_processes > 1:
                         records, cpu_s = await run_level_in_processes(
                             plan.target_specs[target.name], plan.requests, level, plan.client_processes,
                             timeout_s=plan.timeout_s,
                         )
                     else:
-                        cpu_before = time.process_time()
+                        client_cpu_before = time.process_time()
                         records = await run_level(
                             target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
                             on_done=progress.request_done,
                         )
-                        cpu_s = time.process_time() - cpu_before
+                        cpu_s = time.process_time() - client_cpu_before
+                    server_cpu = cpu_between(cpu_before, plan.cpu_probe.snapshot()) if cpu_before is not None else None
                     method, warnings = count_output_tokens(
                         records, plan.token_counting, tokenizer, fixed_length=plan.fixed_length
                     )
                     report.warnings.extend(f"{target.name} @ {level.label}: {w}" for w in warnings)
-                    round_wall_s = summarize(records).duration_s
-                    pooled[target.name].add(records, round_wall_s, cpu_s, method)
+                    round_metrics = summarize(records)
+                    round_wall_s = round_metrics.duration_s
+                    pooled[target.name].add(records, round_wall_s, cpu_s, method, server_cpu)
+                    pooled[target.name].rounds.append(RoundResult(
+                        duration_s=round_wall_s, output_tokens_per_s=round_metrics.output_tokens_per_s,
+                        ttft_p50_ms=round_metrics.ttft_ms.p50,
+                    ))
                     progress.level_finished(_result(target, level, records, round_wall_s, method, cpu_s))
             for target in plan.targets:
                 p = pooled[target.name]
-                report.runs.append(_result(target, level, p.records, p.wall_s, "+".join(sorted(p.methods)), p.cpu_s))
+                result = _result(target, level, p.records, p.wall_s, "+".join(sorted(p.methods)), p.cpu_s, p.server_cpu)
+                result.rounds = p.rounds
+                report.runs.append(result)
             if plan.compare is not None:
                 report.add_comparison(level, *plan.compare)
     return report
@@ -103,18 +117,31 @@ class _Pooled:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     methods: set[str] = field(default_factory=set)
+    server_cpu: dict[str, float] | None = None  # CPU seconds per process group, summed over the rounds
+    rounds: list[RoundResult] = field(default_factory=list)
 
-    def add(self, records: list[RequestRecord], wall_s: float, cpu_s: float, method: str) -> None:
+    def add(
+        self, records: list[RequestRecord], wall_s: float, cpu_s: float, method: str, server_cpu: dict[str, float] | None
+    ) -> None:
         self.records.extend(records)
         self.wall_s += wall_s
         self.cpu_s += cpu_s
         self.methods.add(method)
+        if server_cpu is not None:
+            total = self.server_cpu or {}
+            self.server_cpu = {group: total.get(group, 0.0) + used for group, used in server_cpu.items()}
 
 
-def _result(target, level, records, wall_s: float, method: str, cpu_s: float) -> RunResult:
+def _result(
+    target, level, records, wall_s: float, method: str, cpu_s: float, server_cpu: dict[str, float] | None = None
+) -> RunResult:
+    metrics = summarize(records, duration_s=wall_s)
+    groups = None
+    if server_cpu is not None:
+        groups = {group: GroupCpu.of(used, wall_s, metrics.output_tokens_total) for group, used in server_cpu.items()}
     return RunResult(
         target=target.name, url=target.url, level=level, token_counting=method,
-        metrics=summarize(records, duration_s=wall_s), client_cpu_s=cpu_s,
+        metrics=metrics, client_cpu_s=cpu_s, server_cpu=groups,
     )
 
 

@@ -207,6 +207,7 @@ class _Endpoints:
     http_url: str | None
     tokenizer_dir: Path | None
     metrics_url: str | None = None  # Triton's /metrics, when this command started the stack
+    truss_pid: int | None = None  # truss's server, when this command started it
 
 
 class _SetupError(Exception):
@@ -228,6 +229,7 @@ def _bring_up(args: argparse.Namespace, names: list[str], cleanup: contextlib.Ex
     )
     if http_needed and found.http_url is None:
         found.http_url, truss_pid = _start_truss_server(args, cleanup, err)
+        found.truss_pid = truss_pid
         if grpc_needed and found.grpc_url is None:
             found.grpc_url = _triton_grpc_url_under(truss_pid)
             if found.grpc_url is None:
@@ -245,6 +247,17 @@ def _bring_up(args: argparse.Namespace, names: list[str], cleanup: contextlib.Ex
     if not Path(found.tokenizer_dir).is_dir():
         raise _SetupError(f"--tokenizer: {found.tokenizer_dir} is not a directory", 2)
     return found
+
+
+def _cpu_probe(endpoints: _Endpoints):
+    """Reads the CPU of the servers measured when they run on this machine: truss's server and what
+    runs under it (stream workers, tritonserver, its stubs), or the tritonserver behind the gRPC
+    targets; found by the ports they listen on when this command did not start them."""
+    from trtllm_truss.bench.cpu import listening_pid, probe_for
+
+    pids = [endpoints.truss_pid or (listening_pid(endpoints.http_url) if endpoints.http_url else None)]
+    pids.append(listening_pid(endpoints.grpc_url) if endpoints.grpc_url else None)
+    return probe_for(pids)
 
 
 def _workload(args: argparse.Namespace, levels: list, tokenizer: Any):
@@ -308,6 +321,7 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
                 "truss_dir": str(args.truss_dir), "client_processes": args.client_processes,
             },
             client_processes=args.client_processes,
+            cpu_probe=_cpu_probe(endpoints),
             target_specs={
                 n: TargetSpec(n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout)
                 for n in names

@@ -1,0 +1,96 @@
+"""CPU time of the measured servers' processes, read from /proc (psutil) around each measured round.
+
+The processes are grouped by what they are:
+- `serving_path`: ours, truss's server process and everything under it that is not Triton's
+  (the stream workers);
+- `tritonserver`: the tritonserver process itself (its gRPC side, the ensemble scheduler, the
+  python backend's IPC; NVIDIA's C++ engine would run here too);
+- `python_stubs`: Triton's python-backend stub processes (the engine stand-in, pre/postprocessing).
+
+A probe is given the root processes of what is measured (truss's server, or tritonserver when the
+gRPC targets run without truss); every process of their trees is read. A process started during a
+round (a restarted worker) counts all its CPU; one that ended during it loses the CPU it used in
+the round (its times can no longer be read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import psutil
+
+GROUPS = ("serving_path", "tritonserver", "python_stubs")
+
+# pid -> (group, create time, user + system CPU seconds)
+Snapshot = dict[int, tuple[str, float, float]]
+
+
+def classify(name: str, exe_name: str) -> str:
+    """The group of a process from its name (or its executable's, for a renamed one)."""
+    names = (name, exe_name)
+    if any(n.startswith("tritonserver") for n in names):
+        return "tritonserver"
+    if any("triton_python_backend_stub" in n for n in names):
+        return "python_stubs"
+    return "serving_path"
+
+
+@dataclass(frozen=True)
+class CpuProbe:
+    """Reads the CPU seconds of every process in the trees under `roots`."""
+
+    roots: tuple[int, ...]
+
+    def snapshot(self) -> Snapshot:
+        seen: Snapshot = {}
+        for root in self.roots:
+            try:
+                top = psutil.Process(root)
+                processes = [top, *top.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in processes:
+                if process.pid in seen:
+                    continue
+                try:
+                    with process.oneshot():
+                        times = process.cpu_times()
+                        exe = (process.cmdline() or [""])[0].rsplit("/", 1)[-1]
+                        seen[process.pid] = (classify(process.name(), exe), process.create_time(), times.user + times.system)
+                except psutil.Error:
+                    continue
+        return seen
+
+
+def cpu_between(before: Snapshot, after: Snapshot) -> dict[str, float]:
+    """CPU seconds each group used between two snapshots (a pid reused by a new process counts from 0)."""
+    used = {group: 0.0 for group in GROUPS}
+    for pid, (group, created, cpu) in after.items():
+        earlier = before.get(pid)
+        start = earlier[2] if earlier is not None and earlier[1] == created else 0.0
+        used[group] += max(cpu - start, 0.0)
+    return used
+
+
+def listening_pid(url: str) -> int | None:
+    """The pid of the local process listening on `url`'s port (host:port or http://host:port), if
+    one of this user's processes does (psutil reads /proc/net and the processes' sockets)."""
+    parsed = urlsplit(url if "://" in url else f"tcp://{url}")
+    if parsed.port is None or parsed.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]"):
+        return None
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return None
+    for connection in connections:
+        listening = connection.status == psutil.CONN_LISTEN and connection.laddr
+        if listening and connection.laddr.port == parsed.port and connection.pid is not None:
+            return connection.pid
+    return None
+
+
+def probe_for(pids: Iterable[int | None]) -> CpuProbe | None:
+    roots = tuple(dict.fromkeys(pid for pid in pids if pid is not None))
+    return CpuProbe(roots) if roots else None
