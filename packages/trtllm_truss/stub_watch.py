@@ -29,7 +29,7 @@ import time
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0
-HANG_S = 20.0  # a GIL held this long by one thread is a hang, not work
+HANG_S = 10.0  # a GIL held this long by one thread is a hang, not work
 EXIT_GRACE_S = 10.0
 
 
