@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.slow]
 
 MARKER = "TRTLLM_TRUSS_TEST_STACK"
 REPEATS = 20
-CONCURRENT = 2  # stacks stopped side by side: half the wall time, and a busier machine, as in CI
+CONCURRENT = 3  # stacks stopped side by side: less wall time, and a busier machine
 # TritonServer's stop_timeout_s: tritonserver gets --exit-timeout-secs of 5 s less, then the session is
 # swept. Everything must be gone within it.
 EXIT_TIMEOUT_S = 15.0
@@ -152,7 +152,7 @@ def test_truss_server_stopped_with_streams_open_leaves_no_process(server_root: P
     with ThreadPoolExecutor(CONCURRENT) as pool:
         results = list(pool.map(lambda r: _truss_stop_cycle(server_root, tmp_path, r), range(REPEATS)))
     assert sum(open_ for open_, _ in results) > 0, "no stream was still open at any stop"
-    print(f"truss's server: all gone {max(t for _, t in results):.1f} s after the signal at most")
+    print("truss's server: all gone after (s):", sorted(round(t, 1) for _, t in results))
 
 
 @pytest.mark.truss_server
@@ -224,7 +224,7 @@ def test_serve_stopped_with_streams_open_leaves_no_process(tmp_path: Path) -> No
     with ThreadPoolExecutor(CONCURRENT) as pool:
         results = list(pool.map(lambda r: _serve_stop_cycle(truss_dir, tmp_path, r), range(REPEATS)))
     assert sum(open_ for open_, _ in results) > 0, "no stream was still open at any stop"
-    print(f"trtllm-truss serve: all gone {max(t for _, t in results):.1f} s after the signal at most")
+    print("trtllm-truss serve: all gone after (s):", sorted(round(t, 1) for _, t in results))
 
 
 # ------------------------------------------------------------------------------ supervisor restart
