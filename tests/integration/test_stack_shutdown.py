@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 from test_supervisor_serve import _truss_with
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
 from trtllm_truss.supervisor import choose_free_ports
 from trtllm_truss.truss_server import build_server_root, start_truss_server
+from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.slow]
 
@@ -187,7 +187,7 @@ def _serve_stop_cycle(truss_dir: Path, work: Path, round_: int) -> tuple[int, fl
         start_new_session=True,  # a terminal's job: Ctrl-C reaches serve's group only
     )
     log.close()
-    output = lambda: (work / f"serve-{round_}.log").read_text()[-3000:]  # noqa: E731
+    output = lambda: (work / f"serve-{round_}.log").read_text()[-3000:]
     url = f"http://127.0.0.1:{ports.http}"
     try:
         poll(lambda: process.poll() is not None or _ready(url), STARTUP_TIMEOUT_S, what="serve ready")
