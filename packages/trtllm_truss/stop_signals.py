@@ -32,7 +32,10 @@ def chain_stop_handlers(stop: Callable[[], None], signals: Iterable[signal.Signa
     if threading.current_thread() is not threading.main_thread():
         return False
     previous = {sig: signal.getsignal(sig) for sig in signals}
-    stopping: list[threading.Thread] = []
+    # The handler only writes to a pipe: a handler runs between any two bytecodes of the main thread,
+    # which may hold a lock the handler would need (threading's, an Event's, logging's).
+    read_fd, write_fd = os.pipe()
+    signalled: list[int] = []
 
     def pass_on(signum: int, frame: object = None) -> None:
         handler = previous[signum]
@@ -42,7 +45,9 @@ def chain_stop_handlers(stop: Callable[[], None], signals: Iterable[signal.Signa
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
 
-    def stop_then_pass_on(signum: int) -> None:
+    def stop_then_pass_on() -> None:
+        signum = os.read(read_fd, 1)[0]
+        logger.info("%s: stopping the stack before the server", signal.Signals(signum).name)
         try:
             stop()
         except Exception:
@@ -53,14 +58,13 @@ def chain_stop_handlers(stop: Callable[[], None], signals: Iterable[signal.Signa
             os.kill(os.getpid(), signum)
 
     def handler(signum: int, frame: object) -> None:
-        if stopping:
+        if signalled:
             pass_on(signum, frame)
             return
-        logger.info("%s: stopping the stack before the server", signal.Signals(signum).name)
-        thread = threading.Thread(target=stop_then_pass_on, args=(signum,), name="stack-stop", daemon=True)
-        stopping.append(thread)
-        thread.start()
+        signalled.append(signum)
+        os.write(write_fd, bytes([signum]))
 
+    threading.Thread(target=stop_then_pass_on, name="stack-stop", daemon=True).start()
     for sig in previous:
         signal.signal(sig, handler)
     return True
