@@ -48,7 +48,10 @@ def _gone(pid: int) -> bool:
 
 def _orphan_after_parent_kill(hang_s: float, mode: str) -> tuple[int, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(hang_s), mode], stdout=subprocess.PIPE, text=True, env=env)
+    # stderr dropped: the watchdog writes every thread's stack there before it ends the child
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD, str(hang_s), mode], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
     child = int(parent.stdout.readline())
     parent.kill()
     parent.wait()
