@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,6 +46,8 @@ class LLMService:
         self._stack: Any = None
         self._pool: StreamPool | None = None
         self._engine_probe: Any = None
+        self._stop_signals_chained = False
+        self._shutdown_lock = threading.Lock()
         self.core = RequestCore()
         serving_metrics()  # registered at construction, as before: /metrics lists them from the start
 
@@ -108,17 +111,24 @@ class LLMService:
         )
 
     def shutdown(self) -> None:
-        # Every gRPC client first: tritonserver waits for open streams before it can stop.
-        if self._engine_probe is not None:
-            self._engine_probe.stop()
-        if self._pool is not None:
-            self._pool.stop()
-        if self._stack is not None:
-            self._stack.stop()
+        """Stop everything load() started; idempotent, from any thread (see stop_signals)."""
+        with self._shutdown_lock:
+            # Every gRPC client first: tritonserver waits for open streams before it can stop.
+            if self._engine_probe is not None:
+                self._engine_probe.stop()
+            if self._pool is not None:
+                self._pool.stop()
+            if self._stack is not None:
+                self._stack.stop()
 
     async def is_healthy(self) -> bool:
         """tritonserver alive with its models ready, a stream worker running, and the engine answering
         its probe (a hung engine reads unhealthy within runtime.health's interval + timeout)."""
+        if not self._stop_signals_chained and self._pool is not None:
+            # truss's first call on its event loop, i.e. its main thread (stop_signals says why)
+            from trtllm_truss.stop_signals import chain_stop_handlers
+
+            self._stop_signals_chained = chain_stop_handlers(self.shutdown)
         if self._stack is not None and self._stack.is_worker_node:
             return True  # prepared; the world's health is node 0's to report
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():

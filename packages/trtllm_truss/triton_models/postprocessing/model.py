@@ -14,6 +14,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from trtllm_truss.detokenize import TokenDecoder
+from trtllm_truss.stub_watch import watch_parent
 from trtllm_truss.tokenizer import load_tokenizer
 
 
@@ -26,6 +27,10 @@ class TritonPythonModel:
             raise ValueError("postprocessing: parameter tokenizer_dir is required")
         skip_special = (parameters.get("skip_special_tokens") or "true").lower() == "true"
         self.decoder = TokenDecoder(load_tokenizer(tokenizer_dir), skip_special_tokens=skip_special)
+        self._parent_watch = watch_parent(str(args.get("model_instance_name", "postprocessing")))
+
+    def finalize(self) -> None:
+        self._parent_watch.finalized()
 
     def _decode(self, request) -> np.ndarray:
         tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()

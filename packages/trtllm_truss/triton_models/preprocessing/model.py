@@ -21,6 +21,7 @@ from trtllm_truss.preprocess import (
     preprocess_batch,
     stack_rows,
 )
+from trtllm_truss.stub_watch import watch_parent
 from trtllm_truss.tokenizer import load_tokenizer
 
 
@@ -58,6 +59,10 @@ class TritonPythonModel:
         self.max_output_len = int(max_output) if max_output else None
         # Right padding of INPUT_ID for requests of several rows: the tokenizer's pad (else eos), as NVIDIA's.
         self.pad_id = next((i for i in (self.tokenizer.pad_id, self.tokenizer.eos_id) if i is not None), 0)
+        self._parent_watch = watch_parent(str(args.get("model_instance_name", "preprocessing")))
+
+    def finalize(self) -> None:
+        self._parent_watch.finalized()
 
     def _read(self, request) -> list[RawRequest]:
         """One RawRequest per row of the request."""

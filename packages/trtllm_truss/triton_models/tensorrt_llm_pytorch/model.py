@@ -46,6 +46,7 @@ from trtllm_truss.engine_standin.responses import (
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 from trtllm_truss.engine_standin.unsupported_inputs import refuse_unsupported
 from trtllm_truss.engine_standin.world import join_world
+from trtllm_truss.stub_watch import watch_parent
 
 STANDIN_MODEL_INTERFACE = """
 Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
@@ -331,6 +332,7 @@ class TritonPythonModel:
         self._watcher = threading.Thread(target=self._watch_loop, name="tensorrt_llm-watch", daemon=True)
         self._watcher.start()
         self._stop_relay = StopRelay(args["model_name"], self.instance_index, self.instance_count, self._stop_local)
+        self._parent_watch = watch_parent(instance_name)  # ends this stub if tritonserver goes (stub_watch.py)
         log.info(
             "PyTorch stand-in instance %d/%d ready (%s, %d sequence slots, %d sender threads, %s)",
             self.instance_index + 1,
@@ -625,13 +627,22 @@ class TritonPythonModel:
         )
 
     def _watch_loop(self) -> None:
-        """Now and then: refresh the gauges."""
+        """Now and then: refresh the gauges, only when the engine changed. Each metric call is an IPC
+        round trip that blocks for good if tritonserver vanishes meanwhile (see stub_watch.py), so an
+        idle instance makes none."""
+        last = None
         while not self._stopping.wait(CANCEL_CHECK_PERIOD_S):
+            engine = self.engine
+            guides = engine.guides.stats() if engine.guides is not None else None
+            state = (engine.active_requests, engine.running_requests, engine.waiting_requests, engine.iterations, guides)
+            if state == last:
+                continue
             try:  # a metrics failure must not stop the updates
-                self._active_gauge.set(self.engine.active_requests)
+                self._active_gauge.set(state[0])
                 self._update_nvidia_metrics()
-                if self.engine.guides is not None:
-                    self._guide_metrics.update(self.engine.guides.stats())
+                if guides is not None:
+                    self._guide_metrics.update(guides)
+                last = state
             except Exception:
                 log.exception("updating the metrics failed")
 
@@ -750,6 +761,7 @@ class TritonPythonModel:
             self._nvidia_metrics.withdraw()
         except Exception:
             log.exception("withdrawing the nv_trt_llm metrics failed")
+        self._parent_watch.finalized()  # tritonserver waits for this stub's exit without a timeout
 
 
 def _optional_int(value) -> int | None:

@@ -27,6 +27,7 @@ import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from trtllm_truss.stub_watch import watch_parent
 
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
 # Sent by the engine only when a request asks for them (NVIDIA's fillTritonResponse).
@@ -68,6 +69,7 @@ class TritonPythonModel:
         # Finished engine response iterators not yet known to be cleaned up by the stub: (sequence, iterator).
         self._finished: list[tuple[int, object]] = []
         self._sequence = 0
+        self._parent_watch = watch_parent(str(args.get("model_instance_name", "tensorrt_llm_window")))
 
     def execute(self, requests):
         # Decoupled: return at once; one relay thread per request streams the engine's responses.
@@ -175,3 +177,4 @@ class TritonPythonModel:
             active = list(self._active)
         for thread in active:
             thread.join(timeout=5.0)
+        self._parent_watch.finalized()

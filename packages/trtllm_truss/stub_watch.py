@@ -1,0 +1,75 @@
+"""Ends a python-backend stub whose tritonserver is gone, whatever the stub's own threads are doing.
+
+Triton's stub ignores SIGTERM and SIGINT (python_backend `pb_stub.cc`) and leaves when its health thread,
+polling the parent every 300 ms, finds it gone. That exit first takes the stub's
+`stub_to_parent_message_mu_`, and a Python thread in an IPC round trip to tritonserver (`pb_utils.Metric`
+calls, `MetricFamily`, is_cancelled, log records) holds that mutex, and for metrics the GIL, while it
+waits without a timeout for a reply a dead tritonserver never sends. The stub then stays forever,
+re-parented to init (issue 24; py-spy showed the stand-in's metrics thread in `Metric.set` and the
+health thread waiting for the mutex).
+
+`watch_parent()` starts one daemon thread that, every `poll_s`:
+- compares `os.getppid()` with tritonserver's pid (the stub's parent): once re-parented, tritonserver
+  is gone and the process ends (`os._exit`: the stub's Python finalization is what hangs);
+- re-arms faulthandler's watchdog (`dump_traceback_later(hang_s, exit=True)`), a C thread that needs no
+  GIL: if this thread cannot run for `hang_s` (the GIL held by a thread blocked for good), the watchdog
+  writes every thread's stack to stderr and ends the process.
+`ParentWatch.finalized()` (called at the end of a model's `finalize`) gives the stub `grace_s` to exit:
+tritonserver waits for the stub without a timeout once it has sent the finalize.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import threading
+import time
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0
+HANG_S = 10.0  # a GIL held this long by one thread is a hang, not work
+EXIT_GRACE_S = 10.0
+
+
+class ParentWatch:
+    def __init__(self, name: str, *, poll_s: float = POLL_S, hang_s: float = HANG_S) -> None:
+        self.name = name
+        self.parent = os.getppid()
+        self._poll_s = poll_s
+        self._hang_s = hang_s
+        self._lock = threading.Lock()  # finalized() and the re-arming must not overtake each other
+        self._finalized = False
+        self._thread = threading.Thread(target=self._run, name=f"{name}-parent-watch", daemon=True)
+
+    def start(self) -> ParentWatch:
+        self._thread.start()
+        return self
+
+    def finalized(self, grace_s: float = EXIT_GRACE_S) -> None:
+        """The model is finalized: the process must be gone within `grace_s`, parent or not."""
+        with self._lock:
+            self._finalized = True
+            _arm(grace_s)
+
+    def _run(self) -> None:
+        while os.getppid() == self.parent:
+            with self._lock:
+                if not self._finalized:
+                    _arm(self._hang_s)
+            time.sleep(self._poll_s)  # the poll period
+        # Nothing is left to serve, and the stub's own exit may be the part that hangs.
+        logger.error("%s: tritonserver (pid %d) is gone; ending this stub (pid %d)", self.name, self.parent, os.getpid())
+        os._exit(1)
+
+
+def _arm(timeout_s: float) -> None:
+    # fd 2 rather than sys.stderr: the stub's sys.stderr may be replaced or None; a closed pipe only
+    # loses the stacks (the stub ignores SIGPIPE), the exit still happens.
+    faulthandler.dump_traceback_later(timeout_s, exit=True, file=2)
+
+
+def watch_parent(name: str) -> ParentWatch:
+    """Start watching tritonserver from this stub (call once, from a model's `initialize`)."""
+    return ParentWatch(name).start()
