@@ -2,8 +2,8 @@
 shared by unit and integration tests, such as edge_case_texts, can be imported from both."""
 
 import importlib.util
-from pathlib import Path
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +23,8 @@ TORCH_MODULES = sorted(
 SDK_MODULES = ["integration/test_truss_server_agent_apis.py", "integration/test_truss_server_structured.py"]
 
 collect_ignore = [] if HAS_TORCH else TORCH_MODULES + SDK_MODULES
+# The stand-in tests' fixtures (the embedded model's runner and tokenizer, one torch thread).
+pytest_plugins = ["standin_testing"] if HAS_TORCH else []
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:

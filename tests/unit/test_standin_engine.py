@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from standin_outputs import Collected
+from standin_testing import MODEL_DIR, Collected
 from trtllm_truss.engine_standin import (
     EngineLimits,
     FinishReason,
@@ -19,9 +18,9 @@ from trtllm_truss.engine_standin import (
     SyntheticEngine,
     ordinary_token_ids,
 )
-from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # standin_testing.py
+
 TIMEOUT_S = 30.0
 
 PROMPTS = [
@@ -31,26 +30,6 @@ PROMPTS = [
     "A dictionary maps keys to values. 🦙 你好",
     "x",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def runner():
-    return CausalLMRunner(MODEL_DIR)
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
-from standin_outputs import Collected
+from standin_testing import MODEL_DIR, Collected
 from tokenizers import Tokenizer
 from trtllm_truss.engine_standin import (
     EngineLimits,
@@ -25,10 +24,10 @@ from trtllm_truss.engine_standin import (
     SyntheticEngine,
 )
 from trtllm_truss.engine_standin.guidance import GuideCompiler
-from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 from trtllm_truss.guided import schema_text
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # standin_testing.py
+
 TIMEOUT_S = 60.0
 END_ID = 2
 
@@ -44,24 +43,6 @@ PERSON = {
     "additionalProperties": False,
 }
 PROMPTS = ["The person:", "JSON output follows.\n", "x", "import os\n"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def runner():
-    return CausalLMRunner(MODEL_DIR)
 
 
 @pytest.fixture

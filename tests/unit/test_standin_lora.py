@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
-from standin_outputs import Collected
+from standin_testing import MODEL_DIR, Collected
 from trtllm_truss.engine_standin import (
     EngineLimits,
     GenerationRequest,
@@ -17,20 +16,13 @@ from trtllm_truss.engine_standin import (
 )
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # standin_testing.py
+
 ROOT = Path(__file__).resolve().parents[2]
-MODEL_DIR = ROOT / "data" / "embedded-llama"
 PIRATE_DIR = ROOT / "data" / "embedded-lora" / "pirate"
 TIMEOUT_S = 60.0
 PROMPTS = ["The function returns", "Return a list of", "import os\n", "A dictionary maps keys"]
 PIRATE, OTHER = 1, 2  # task ids
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +38,6 @@ def other_adapter(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def runner(other_adapter):
     return CausalLMRunner(MODEL_DIR, adapters={"pirate": PIRATE_DIR, "other": other_adapter})
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
 
 
 def make_engine(runner, **kwargs) -> StandinEngine:
