@@ -56,10 +56,14 @@ def _http_ready(url: str) -> bool:
 
 
 def _truss_with(tmp_path: Path, **runtime: object) -> Path:
-    """A copy of the repository's own truss config (embedded model by absolute path) with runtime settings."""
+    """A copy of the repository's own truss config (embedded model and its LoRA adapters by absolute
+    path) with runtime settings."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     trt_llm = config["model_metadata"]["trt_llm"]
     trt_llm["build"]["huggingface_ckpt_repository"] = str(EMBEDDED_MODEL)
+    adapters = trt_llm["build"].get("lora_adapters") or {}
+    for name, source in adapters.items():
+        adapters[name] = str(ROOT / source) if isinstance(source, str) and (ROOT / source).is_dir() else source
     trt_llm.setdefault("runtime", {}).update(runtime)
     truss = tmp_path / "truss"
     truss.mkdir()
