@@ -58,7 +58,7 @@ python_for() {
 for minor in ${EXTRA_PYTHONS-3.10 3.12 3.13}; do
   [ "${SKIP_EXTRA_PYTHONS:-0}" = 1 ] && break
   venv=.venv-py$minor
-  want=$(stamp_of "requirements/lock-py$minor.txt" pyproject.toml)
+  want=$(stamp_of "requirements/lock-py$minor.txt" requirements/corpus.txt pyproject.toml)
   [ "$(cat "$venv/.stamp" 2>/dev/null)" = "$want" ] && continue
   interpreter=$(python_for "$minor")
   if [ -z "$interpreter" ]; then
@@ -68,6 +68,7 @@ for minor in ${EXTRA_PYTHONS-3.10 3.12 3.13}; do
   echo "bootstrap: installing $venv (Python $minor, no torch)"
   [ -x "$venv/bin/python" ] || "$interpreter" -m venv "$venv"
   quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "requirements/lock-py$minor.txt"
+  quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r requirements/corpus.txt
   quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > "$venv/.stamp"
 done
