@@ -58,7 +58,8 @@ def _final(response) -> bool:
 
 
 def _request(ids, tokens, interface):
-    from trtllm_truss.client import GenerationParams, build_engine_request
+    from trtllm_truss.client import GenerationParams
+    from trtllm_truss.engine_client import build_engine_request
 
     return build_engine_request(ids, GenerationParams("", max_tokens=tokens, min_length=tokens), interface, uuid.uuid4().hex)
 
@@ -66,12 +67,8 @@ def _request(ids, tokens, interface):
 async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds: int) -> tuple[int, float, float]:
     import grpc
     from tritonclient.grpc import service_pb2_grpc
-    from trtllm_truss.client import (
-        CHANNEL_ARGS,
-        EngineClient,
-        GenerationParams,
-        _first_beam_ids,
-    )
+    from trtllm_truss.client import CHANNEL_ARGS, GenerationParams, first_beam_ids
+    from trtllm_truss.engine_client import EngineClient
 
     loop = asyncio.get_running_loop()
     client = EngineClient(url)
@@ -80,7 +77,7 @@ async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds
 
     def count(response):
         for output, raw in zip(response.outputs, response.raw_output_contents):
-            if output.name == "output_ids" and _first_beam_ids(raw, output.shape):
+            if output.name == "output_ids" and first_beam_ids(raw, output.shape):
                 counted[0] += 1
 
     inboxes: dict[str, Inbox] = {}

@@ -11,6 +11,10 @@ propagates an ensemble's cancellation only to steps not yet scheduled, never to 
 step already generating, so an early close also sends NVIDIA's `stop` request (the `stop` input, same
 request id) to the engine model: that is what frees the engine slot.
 
+The engine model's own clients (token ids for the stream workers, NVIDIA's llmapi model) ride this
+one's `stream_call`: `trtllm_truss.engine_client`; what of an error a client may read:
+`trtllm_truss.rpc_errors`.
+
 Requests are built as protobuf messages with typed `contents` rather than through `InferInput`:
 the aio client's `stream_infer` cannot set `triton_enable_empty_final_response` (a reserved
 parameter), without which a decoupled ensemble never tells the client that a request has finished.
@@ -21,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import struct
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -36,9 +39,9 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
-from trtllm_truss.lora_weights import add_request_inputs
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 from trtllm_truss.repository.models import ENSEMBLE
+from trtllm_truss.rpc_errors import describe_rpc_error, engine_message
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +198,7 @@ def build_request(
             if not value:
                 continue
             tensor_name = _WORD_LIST_INPUTS[name]
-            _require_input(interface, tensor_name, name)
+            require_input(interface, tensor_name, name)
             add(tensor_name, "BYTES", [len(value)]).bytes_contents.extend(w.encode("utf-8") for w in value)
             continue
         datatype, contents_field = _SCALAR_INPUTS[name]
@@ -219,11 +222,11 @@ def _resolve_input_name(interface: EnsembleInterface, name: str) -> str:
     for candidate in (name, *_INPUT_ALIASES.get(name, ())):
         if candidate in interface.inputs:
             return candidate
-    _require_input(interface, name, name)
+    require_input(interface, name, name)
     return name
 
 
-def _require_input(interface: EnsembleInterface, tensor_name: str, param_name: str) -> None:
+def require_input(interface: EnsembleInterface, tensor_name: str, param_name: str) -> None:
     if tensor_name not in interface.inputs:
         raise UpstreamError(
             f"the served ensemble has no input {tensor_name!r} (needed for {param_name!r}); "
@@ -243,14 +246,14 @@ def _deserialize_bytes(raw: bytes) -> list[bytes]:
     return items
 
 
-def _text_of(raw: bytes) -> str:
+def text_of(raw: bytes) -> str:
     """The text of a BYTES output; the usual single element (one beam) is sliced without a list."""
     if len(raw) >= 4 and struct.unpack_from("<I", raw)[0] == len(raw) - 4:
         return raw[4:].decode("utf-8", errors="replace")
     return "".join(item.decode("utf-8", errors="replace") for item in _deserialize_bytes(raw))
 
 
-def _first_beam_ids(raw: bytes, shape: Sequence[int]) -> list[int]:
+def first_beam_ids(raw: bytes, shape: Sequence[int]) -> list[int]:
     """Beam 0's ids of an INT32 `output_ids` tensor ([batch,] beams, tokens): its first row."""
     tokens = int(shape[-1]) if shape else 0
     return np.frombuffer(raw, dtype="<i4", count=min(tokens, len(raw) // 4)).tolist()
@@ -270,9 +273,9 @@ def parse_response(response: service_pb2.ModelInferResponse, detokenizer: Stream
     ids: list[int] | None = None
     for output, raw in zip(response.outputs, response.raw_output_contents):
         if output.name == TEXT_OUTPUT:
-            text = _text_of(raw)
+            text = text_of(raw)
         elif output.name == IDS_OUTPUT and detokenizer is not None:
-            ids = _first_beam_ids(raw, output.shape)
+            ids = first_beam_ids(raw, output.shape)
         elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
             (token_count,) = struct.unpack_from("<i", raw)  # the first beam's
     if ids is not None:
@@ -434,7 +437,7 @@ class EnsembleClient:
                     break
                 message = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise UpstreamError(_describe_rpc_error(self.grpc_url, exc)) from exc
+            raise UpstreamError(describe_rpc_error(self.grpc_url, exc)) from exc
         finally:
             if finished:  # close our side and let Triton end the stream normally
                 try:
@@ -469,253 +472,3 @@ async def _reconnected(triton: InferenceServerClient) -> bool:
         return True
     except (asyncio.TimeoutError, grpc.aio.AioRpcError):
         return False
-
-
-# What gRPC and the python backend put in error details that a client must not see: addresses
-# (`ipv4:127.0.0.1:41719`, `[::1]:8001`, `unix:/path`) and absolute paths (a model.py in a traceback).
-_INTERNAL_DETAIL = re.compile(
-    r"(?:ipv[46]:)?(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:.]+\]|localhost)(?::\d+)?"
-    r"|unix:\S+"
-    r"|(?<![\w.~])/(?:[^/\s\"']+/)+[^/\s\"':,]*"
-)
-
-
-def client_safe(text: str) -> str:
-    """`text` without internal addresses or paths, for messages that can reach an HTTP client."""
-    return _INTERNAL_DETAIL.sub("<internal>", text)
-
-
-# How Triton's python backend wraps an exception a model raised from execute() (after "in ensemble
-# 'NAME', " when an ensemble ran it): the model's own message sits between this prefix and the
-# traceback ("At:" and the stack frames).
-_PYTHON_BACKEND_WRAPPER = re.compile(
-    r"Failed to process the request\(s\) for model '[^']*', message: (?:TritonModelException: )?(?P<message>.*?)"
-    r"(?:\s+At:\s.*)?$",
-    re.DOTALL,
-)
-
-
-def engine_message(error_message: str) -> str:
-    """The engine's refusal as a client should read it: the model's message, without Triton's
-    wrapper, the traceback, addresses or paths."""
-    match = _PYTHON_BACKEND_WRAPPER.search(error_message)
-    return client_safe((match.group("message") if match else error_message).strip())
-
-
-def _describe_rpc_error(url: str, exc: grpc.aio.AioRpcError) -> str:
-    """The message for the client (no address, no path); the full details go to the log with `url`."""
-    code = exc.code()
-    logger.warning("Triton at %s: %s: %s", url, code.name, exc.details())
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return f"the engine is unavailable ({code.name})"
-    return f"Triton error {code.name}: {client_safe(exc.details() or '')}"
-
-
-# GenerationParams field -> NVIDIA `tensorrt_llm` input (name, Triton datatype, protobuf contents field).
-_ENGINE_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
-    "max_tokens": ("request_output_len", "INT32", "int_contents"),
-    "end_id": ("end_id", "INT32", "int_contents"),
-    "pad_id": ("pad_id", "INT32", "int_contents"),
-    "top_k": ("runtime_top_k", "INT32", "int_contents"),
-    "top_p": ("runtime_top_p", "FP32", "fp32_contents"),
-    "temperature": ("temperature", "FP32", "fp32_contents"),
-    "random_seed": ("random_seed", "UINT64", "uint64_contents"),
-    "repetition_penalty": ("repetition_penalty", "FP32", "fp32_contents"),
-    "presence_penalty": ("presence_penalty", "FP32", "fp32_contents"),
-    "frequency_penalty": ("frequency_penalty", "FP32", "fp32_contents"),
-    "length_penalty": ("len_penalty", "FP32", "fp32_contents"),
-    "min_length": ("min_length", "INT32", "int_contents"),
-    "beam_width": ("beam_width", "INT32", "int_contents"),
-    "return_log_probs": ("return_log_probs", "BOOL", "bool_contents"),
-    "exclude_input_in_output": ("exclude_input_in_output", "BOOL", "bool_contents"),
-    "lora_task_id": ("lora_task_id", "UINT64", "uint64_contents"),
-}
-
-
-def build_engine_request(
-    input_ids: Sequence[int],
-    params: GenerationParams,
-    interface: EnsembleInterface,
-    request_id: str,
-    *,
-    model_name: str = ENGINE_MODEL,
-    bad_words: np.ndarray | None = None,
-    draft_stats: bool = False,
-    lora: tuple[np.ndarray, np.ndarray] | None = None,
-) -> service_pb2.ModelInferRequest:
-    """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
-    inputs). Stop strings are not sent: the stream worker matches them on the decoded text.
-    `draft_stats`: ask for NVIDIA's speculative-decoding perf outputs (return_perf_metrics)."""
-    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-    # Only what is read: each extra output is one more tensor per streamed response for the engine
-    # to build (in streaming mode output_ids holds exactly the response's new tokens).
-    request.outputs.add(name=IDS_OUTPUT)
-    if params.return_log_probs:
-        request.outputs.add(name=LOG_PROBS_OUTPUT)
-    if draft_stats:
-        for name in DRAFT_STATS_OUTPUTS:
-            request.outputs.add(name=name)
-    lead = [1] if interface.batched else []
-
-    def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
-        return request.inputs.add(name=name, datatype=datatype, shape=lead + shape).contents
-
-    add("input_ids", "INT32", [len(input_ids)]).int_contents.extend(input_ids)
-    add("input_lengths", "INT32", [1]).int_contents.append(len(input_ids))
-    add("streaming", "BOOL", [1]).bool_contents.append(True)
-    for name, (tensor_name, datatype, contents_field) in _ENGINE_SCALAR_INPUTS.items():
-        value = getattr(params, name)
-        if value is None:
-            continue
-        _require_input(interface, tensor_name, name)
-        getattr(add(tensor_name, datatype, [1]), contents_field).append(value)
-    if draft_stats:
-        _require_input(interface, "return_perf_metrics", "draft_stats")
-        add("return_perf_metrics", "BOOL", [1]).bool_contents.append(True)
-    if bad_words is not None and bad_words.size:
-        _require_input(interface, "bad_words_list", "bad_words")
-        add("bad_words_list", "INT32", list(bad_words.shape[-2:])).int_contents.extend(bad_words.reshape(-1).tolist())
-    if params.guided_decoding_guide_type is not None:
-        # NVIDIA's guided-decoding inputs (tensorrtllm_backend v0.19.0): BYTES [1] each; "json" has no guide.
-        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
-            value = getattr(params, name)
-            if value is None:
-                continue
-            _require_input(interface, name, name)
-            add(name, "BYTES", [1]).bytes_contents.append(value.encode("utf-8"))
-    if lora is not None:  # NVIDIA's LoRA protocol (streaming/lora_tasks.py): the adapter with the task id
-        add_request_inputs(request, *lora, batched=interface.batched)
-    return request
-
-
-class EngineClient:
-    """Streams token ids from the engine model (`tensorrt_llm`) over one shared gRPC channel.
-
-    No ensemble and no python-backend hop: the stream workers tokenize and detokenize themselves.
-    Calling the engine model directly also makes gRPC cancellation reach it (Triton cancels a
-    decoupled model's own request, unlike an ensemble's step already running); NVIDIA's `stop`
-    request is sent as well, as NVIDIA's backend documents it.
-    """
-
-    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL, connect_timeout_s: float = 5.0) -> None:
-        self.grpc_url = grpc_url
-        self.model_name = model_name
-        self._ensemble = EnsembleClient(grpc_url, model_name=model_name, connect_timeout_s=connect_timeout_s)
-        self._interface: EnsembleInterface | None = None
-
-    async def close(self) -> None:
-        await self._ensemble.close()
-
-    async def is_ready(self, timeout_s: float = 2.0) -> bool:
-        return await self._ensemble.is_ready(timeout_s)
-
-    async def interface(self) -> EnsembleInterface:
-        if self._interface is None:
-            self._interface = await self._ensemble.read_interface()
-        return self._interface
-
-    async def generate_ids(
-        self,
-        input_ids: Sequence[int],
-        params: GenerationParams,
-        *,
-        bad_words: np.ndarray | None = None,
-        on_draft_stats: Callable[[int, int], None] | None = None,
-        lora: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
-        """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
-        their log probabilities; leaving early cancels the request. `on_draft_stats(draft, accepted)`
-        gets the request's running totals of draft and accepted draft tokens from each response
-        that carries them (NVIDIA's perf outputs, speculative decoding)."""
-        interface = await self.interface()
-        request = build_engine_request(
-            input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words,
-            draft_stats=on_draft_stats is not None, lora=lora,
-        )
-        stop = partial(build_stop_request, request.id, batched=interface.batched)
-        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
-            async for response in responses:
-                ids: list[int] = []
-                count: int | None = None
-                log_probs: list[float] | None = None
-                stats: dict[str, int] = {}
-                for output, raw in zip(response.outputs, response.raw_output_contents):
-                    if output.name in DRAFT_STATS_OUTPUTS and len(raw) >= 4:
-                        (stats[output.name],) = struct.unpack_from("<i", raw)
-                    elif output.name == IDS_OUTPUT:
-                        ids = _first_beam_ids(raw, output.shape)
-                    elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
-                        (count,) = struct.unpack_from("<i", raw)
-                    elif output.name == LOG_PROBS_OUTPUT:
-                        tokens = int(output.shape[-1]) if output.shape else 0
-                        log_probs = np.frombuffer(raw, dtype="<f4", count=min(tokens, len(raw) // 4)).tolist()
-                if count is not None:
-                    ids = ids[: max(count, 0)]
-                if on_draft_stats is not None and len(stats) == len(DRAFT_STATS_OUTPUTS):
-                    on_draft_stats(*(stats[name] for name in DRAFT_STATS_OUTPUTS))
-                if ids:
-                    # The response's own tokens are the last ones of its log-prob row.
-                    yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)
-
-
-# GenerationParams field -> NVIDIA's llmapi `tensorrt_llm` input (TensorRT-LLM >= 1.0,
-# triton_backend/all_models/llmapi; names recorded in tests/data/trtllm_flags/1.0.0/llmapi_model.json).
-_LLMAPI_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
-    "max_tokens": ("sampling_param_max_tokens", "INT32", "int_contents"),
-    "temperature": ("sampling_param_temperature", "FP32", "fp32_contents"),
-    "top_p": ("sampling_param_top_p", "FP32", "fp32_contents"),
-    "top_k": ("sampling_param_top_k", "INT32", "int_contents"),
-    "random_seed": ("sampling_param_seed", "UINT64", "uint64_contents"),
-    "presence_penalty": ("sampling_param_presence_penalty", "FP32", "fp32_contents"),
-    "frequency_penalty": ("sampling_param_frequency_penalty", "FP32", "fp32_contents"),
-}
-# What the llmapi model has no input for: a request that sets one is refused, never silently changed.
-LLMAPI_UNSUPPORTED = ("end_id", "pad_id", "repetition_penalty", "length_penalty", "min_length", "beam_width", "return_log_probs")
-
-
-def build_llmapi_request(text: str, params: GenerationParams, request_id: str, *, model_name: str = ENGINE_MODEL, stop: bool = False) -> service_pb2.ModelInferRequest:
-    """A streaming request for NVIDIA's llmapi model (`max_batch_size: 0`: no batch dimension)."""
-    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-    request.outputs.add(name=TEXT_OUTPUT)
-    request.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text.encode("utf-8"))
-    if stop:
-        request.inputs.add(name="stop", datatype="BOOL", shape=[1]).contents.bool_contents.append(True)
-        return request
-    for name, flag in (("streaming", True), ("sampling_param_exclude_input_from_output", True)):
-        request.inputs.add(name=name, datatype="BOOL", shape=[1]).contents.bool_contents.append(flag)
-    for name, (tensor_name, datatype, contents_field) in _LLMAPI_SCALAR_INPUTS.items():
-        value = getattr(params, name)
-        if value is not None:
-            getattr(request.inputs.add(name=tensor_name, datatype=datatype, shape=[1]).contents, contents_field).append(value)
-    return request
-
-
-class LlmApiClient:
-    """Streams text from NVIDIA's llmapi model, which takes text and answers text: each streamed
-    `text_output` holds all the text generated so far (the LLM API accumulates it), so this yields
-    what is new in each response. Leaving early cancels the call and sends NVIDIA's `stop`."""
-
-    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL) -> None:
-        self.grpc_url = grpc_url
-        self.model_name = model_name
-        self._ensemble = EnsembleClient(grpc_url, model_name=model_name)
-
-    async def close(self) -> None:
-        await self._ensemble.close()
-
-    async def generate_text(self, text: str, params: GenerationParams) -> AsyncIterator[str]:
-        request = build_llmapi_request(text, params, uuid.uuid4().hex, model_name=self.model_name)
-        stop = partial(
-            build_llmapi_request, "", GenerationParams("", max_tokens=1), request.id, model_name=self.model_name, stop=True
-        )
-        sent = ""
-        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
-            async for response in responses:
-                for output, raw in zip(response.outputs, response.raw_output_contents):
-                    if output.name == TEXT_OUTPUT:
-                        total = _text_of(raw)
-                        if total.startswith(sent) and len(total) > len(sent):
-                            new, sent = total[len(sent) :], total
-                            yield new

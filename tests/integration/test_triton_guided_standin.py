@@ -12,7 +12,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 from tokenizers import Tokenizer
-from trtllm_truss.client import EngineClient, EngineRefusedError, GenerationParams
+from trtllm_truss.client import EngineRefusedError, GenerationParams
+from trtllm_truss.engine_client import EngineClient
 from trtllm_truss.guided import schema_text
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]

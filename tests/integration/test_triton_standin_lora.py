@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.numpy import load_file, save_file
-from trtllm_truss.client import EngineClient, EngineRefusedError, GenerationParams
+from trtllm_truss.client import EngineRefusedError, GenerationParams
+from trtllm_truss.engine_client import EngineClient
 from trtllm_truss.lora import PlannedAdapter
 from trtllm_truss.plan import ServingPlan
 from trtllm_truss.repository import render_repository

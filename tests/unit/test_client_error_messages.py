@@ -8,13 +8,9 @@ import socket
 
 import grpc
 import pytest
-from trtllm_truss.client import (
-    EngineClient,
-    EnsembleClient,
-    UpstreamError,
-    _describe_rpc_error,
-    engine_message,
-)
+from trtllm_truss.client import EnsembleClient, UpstreamError
+from trtllm_truss.engine_client import EngineClient
+from trtllm_truss.rpc_errors import describe_rpc_error, engine_message
 
 
 def _closed_port() -> int:
@@ -56,7 +52,7 @@ def test_rpc_error_description_hides_address_and_paths(caplog: pytest.LogCapture
         "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:41719: Connection refused",
     )
     with caplog.at_level(logging.WARNING, logger="trtllm_truss.client"):
-        message = _describe_rpc_error("127.0.0.1:41719", unavailable)
+        message = describe_rpc_error("127.0.0.1:41719", unavailable)
     assert message == "the engine is unavailable (UNAVAILABLE)"
     assert any("127.0.0.1:41719" in record.getMessage() for record in caplog.records)
 
@@ -65,7 +61,7 @@ def test_rpc_error_description_hides_address_and_paths(caplog: pytest.LogCapture
         "Failed to process the request(s) for model 'tensorrt_llm', message: Traceback: "
         'File "/tmp/trtllm-truss-stack-abc/model_repository/tensorrt_llm/1/model.py", line 3: boom',
     )
-    message = _describe_rpc_error("127.0.0.1:41719", internal)
+    message = describe_rpc_error("127.0.0.1:41719", internal)
     assert message.startswith("Triton error INTERNAL: ") and "boom" in message
     assert "/tmp/" not in message and "model_repository" not in message, message
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import yaml
 from trtllm_truss.artifacts import prepare_artifacts
-from trtllm_truss.client import EngineRefusedError, EnsembleInterface, GenerationParams, build_engine_request
+from trtllm_truss.client import EngineRefusedError, EnsembleInterface, GenerationParams
 from trtllm_truss.config import load_config
+from trtllm_truss.engine_client import build_engine_request
 from trtllm_truss.lora import worker_lora_weights
 from trtllm_truss.lora_weights import NvidiaLora, convert_adapter
 from trtllm_truss.plan import PlanError, make_plan

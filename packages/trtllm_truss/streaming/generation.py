@@ -20,11 +20,12 @@ from fastapi import HTTPException
 
 from trtllm_truss.api.openai import LogProbEntry
 from trtllm_truss.api.stops import StopSequenceTrimmer
-from trtllm_truss.client import LLMAPI_UNSUPPORTED, EngineClient, EnsembleClient, LlmApiClient, UpstreamError
+from trtllm_truss.client import EnsembleClient, UpstreamError
 from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.engine_client import LLMAPI_UNSUPPORTED, EngineClient, LlmApiClient
+from trtllm_truss.lora import worker_lora_weights  # noqa: F401 - what service.stream_pool passes here
 from trtllm_truss.metrics import ItlAccumulator
 from trtllm_truss.preprocess import word_list_tensor
-from trtllm_truss.lora import worker_lora_weights  # noqa: F401 - what service.stream_pool passes here
 from trtllm_truss.streaming.lora_tasks import LoraTasks, generate_with_lora
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
 

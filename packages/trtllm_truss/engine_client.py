@@ -1,0 +1,245 @@
+"""gRPC clients of the engine model itself (`tensorrt_llm`), as the stream workers use them: token ids
+in and out over NVIDIA's `tensorrt_llm` inputs (the C++ backend and the stand-in), or text through
+NVIDIA's llmapi Triton model. Both ride `client.EnsembleClient.stream_call` (one shared channel,
+reconnect retry, NVIDIA's `stop` request when the caller leaves early)."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from functools import partial
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from trtllm_truss.client import (
+    DRAFT_STATS_OUTPUTS,
+    IDS_OUTPUT,
+    LOG_PROBS_OUTPUT,
+    TEXT_OUTPUT,
+    TOKEN_COUNT_OUTPUT,
+    EnsembleClient,
+    EnsembleInterface,
+    GenerationParams,
+    build_stop_request,
+    first_beam_ids,
+    require_input,
+    text_of,
+)
+from trtllm_truss.lora_weights import add_request_inputs
+from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
+
+logger = logging.getLogger("trtllm_truss.client")
+
+
+# GenerationParams field -> NVIDIA `tensorrt_llm` input (name, Triton datatype, protobuf contents field).
+_ENGINE_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
+    "max_tokens": ("request_output_len", "INT32", "int_contents"),
+    "end_id": ("end_id", "INT32", "int_contents"),
+    "pad_id": ("pad_id", "INT32", "int_contents"),
+    "top_k": ("runtime_top_k", "INT32", "int_contents"),
+    "top_p": ("runtime_top_p", "FP32", "fp32_contents"),
+    "temperature": ("temperature", "FP32", "fp32_contents"),
+    "random_seed": ("random_seed", "UINT64", "uint64_contents"),
+    "repetition_penalty": ("repetition_penalty", "FP32", "fp32_contents"),
+    "presence_penalty": ("presence_penalty", "FP32", "fp32_contents"),
+    "frequency_penalty": ("frequency_penalty", "FP32", "fp32_contents"),
+    "length_penalty": ("len_penalty", "FP32", "fp32_contents"),
+    "min_length": ("min_length", "INT32", "int_contents"),
+    "beam_width": ("beam_width", "INT32", "int_contents"),
+    "return_log_probs": ("return_log_probs", "BOOL", "bool_contents"),
+    "exclude_input_in_output": ("exclude_input_in_output", "BOOL", "bool_contents"),
+    "lora_task_id": ("lora_task_id", "UINT64", "uint64_contents"),
+}
+
+
+def build_engine_request(
+    input_ids: Sequence[int],
+    params: GenerationParams,
+    interface: EnsembleInterface,
+    request_id: str,
+    *,
+    model_name: str = ENGINE_MODEL,
+    bad_words: np.ndarray | None = None,
+    draft_stats: bool = False,
+    lora: tuple[np.ndarray, np.ndarray] | None = None,
+) -> service_pb2.ModelInferRequest:
+    """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
+    inputs). Stop strings are not sent: the stream worker matches them on the decoded text.
+    `draft_stats`: ask for NVIDIA's speculative-decoding perf outputs (return_perf_metrics)."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    # Only what is read: each extra output is one more tensor per streamed response for the engine
+    # to build (in streaming mode output_ids holds exactly the response's new tokens).
+    request.outputs.add(name=IDS_OUTPUT)
+    if params.return_log_probs:
+        request.outputs.add(name=LOG_PROBS_OUTPUT)
+    if draft_stats:
+        for name in DRAFT_STATS_OUTPUTS:
+            request.outputs.add(name=name)
+    lead = [1] if interface.batched else []
+
+    def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
+        return request.inputs.add(name=name, datatype=datatype, shape=lead + shape).contents
+
+    add("input_ids", "INT32", [len(input_ids)]).int_contents.extend(input_ids)
+    add("input_lengths", "INT32", [1]).int_contents.append(len(input_ids))
+    add("streaming", "BOOL", [1]).bool_contents.append(True)
+    for name, (tensor_name, datatype, contents_field) in _ENGINE_SCALAR_INPUTS.items():
+        value = getattr(params, name)
+        if value is None:
+            continue
+        require_input(interface, tensor_name, name)
+        getattr(add(tensor_name, datatype, [1]), contents_field).append(value)
+    if draft_stats:
+        require_input(interface, "return_perf_metrics", "draft_stats")
+        add("return_perf_metrics", "BOOL", [1]).bool_contents.append(True)
+    if bad_words is not None and bad_words.size:
+        require_input(interface, "bad_words_list", "bad_words")
+        add("bad_words_list", "INT32", list(bad_words.shape[-2:])).int_contents.extend(bad_words.reshape(-1).tolist())
+    if params.guided_decoding_guide_type is not None:
+        # NVIDIA's guided-decoding inputs (tensorrtllm_backend v0.19.0): BYTES [1] each; "json" has no guide.
+        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+            value = getattr(params, name)
+            if value is None:
+                continue
+            require_input(interface, name, name)
+            add(name, "BYTES", [1]).bytes_contents.append(value.encode("utf-8"))
+    if lora is not None:  # NVIDIA's LoRA protocol (streaming/lora_tasks.py): the adapter with the task id
+        add_request_inputs(request, *lora, batched=interface.batched)
+    return request
+
+
+class EngineClient:
+    """Streams token ids from the engine model (`tensorrt_llm`) over one shared gRPC channel.
+
+    No ensemble and no python-backend hop: the stream workers tokenize and detokenize themselves.
+    Calling the engine model directly also makes gRPC cancellation reach it (Triton cancels a
+    decoupled model's own request, unlike an ensemble's step already running); NVIDIA's `stop`
+    request is sent as well, as NVIDIA's backend documents it.
+    """
+
+    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL, connect_timeout_s: float = 5.0) -> None:
+        self.grpc_url = grpc_url
+        self.model_name = model_name
+        self._ensemble = EnsembleClient(grpc_url, model_name=model_name, connect_timeout_s=connect_timeout_s)
+        self._interface: EnsembleInterface | None = None
+
+    async def close(self) -> None:
+        await self._ensemble.close()
+
+    async def is_ready(self, timeout_s: float = 2.0) -> bool:
+        return await self._ensemble.is_ready(timeout_s)
+
+    async def interface(self) -> EnsembleInterface:
+        if self._interface is None:
+            self._interface = await self._ensemble.read_interface()
+        return self._interface
+
+    async def generate_ids(
+        self,
+        input_ids: Sequence[int],
+        params: GenerationParams,
+        *,
+        bad_words: np.ndarray | None = None,
+        on_draft_stats: Callable[[int, int], None] | None = None,
+        lora: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
+        """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
+        their log probabilities; leaving early cancels the request. `on_draft_stats(draft, accepted)`
+        gets the request's running totals of draft and accepted draft tokens from each response
+        that carries them (NVIDIA's perf outputs, speculative decoding)."""
+        interface = await self.interface()
+        request = build_engine_request(
+            input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words,
+            draft_stats=on_draft_stats is not None, lora=lora,
+        )
+        stop = partial(build_stop_request, request.id, batched=interface.batched)
+        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
+            async for response in responses:
+                ids: list[int] = []
+                count: int | None = None
+                log_probs: list[float] | None = None
+                stats: dict[str, int] = {}
+                for output, raw in zip(response.outputs, response.raw_output_contents):
+                    if output.name in DRAFT_STATS_OUTPUTS and len(raw) >= 4:
+                        (stats[output.name],) = struct.unpack_from("<i", raw)
+                    elif output.name == IDS_OUTPUT:
+                        ids = first_beam_ids(raw, output.shape)
+                    elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:
+                        (count,) = struct.unpack_from("<i", raw)
+                    elif output.name == LOG_PROBS_OUTPUT:
+                        tokens = int(output.shape[-1]) if output.shape else 0
+                        log_probs = np.frombuffer(raw, dtype="<f4", count=min(tokens, len(raw) // 4)).tolist()
+                if count is not None:
+                    ids = ids[: max(count, 0)]
+                if on_draft_stats is not None and len(stats) == len(DRAFT_STATS_OUTPUTS):
+                    on_draft_stats(*(stats[name] for name in DRAFT_STATS_OUTPUTS))
+                if ids:
+                    # The response's own tokens are the last ones of its log-prob row.
+                    yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)
+
+
+# GenerationParams field -> NVIDIA's llmapi `tensorrt_llm` input (TensorRT-LLM >= 1.0,
+# triton_backend/all_models/llmapi; names recorded in tests/data/trtllm_flags/1.0.0/llmapi_model.json).
+_LLMAPI_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
+    "max_tokens": ("sampling_param_max_tokens", "INT32", "int_contents"),
+    "temperature": ("sampling_param_temperature", "FP32", "fp32_contents"),
+    "top_p": ("sampling_param_top_p", "FP32", "fp32_contents"),
+    "top_k": ("sampling_param_top_k", "INT32", "int_contents"),
+    "random_seed": ("sampling_param_seed", "UINT64", "uint64_contents"),
+    "presence_penalty": ("sampling_param_presence_penalty", "FP32", "fp32_contents"),
+    "frequency_penalty": ("sampling_param_frequency_penalty", "FP32", "fp32_contents"),
+}
+# What the llmapi model has no input for: a request that sets one is refused, never silently changed.
+LLMAPI_UNSUPPORTED = ("end_id", "pad_id", "repetition_penalty", "length_penalty", "min_length", "beam_width", "return_log_probs")
+
+
+def build_llmapi_request(text: str, params: GenerationParams, request_id: str, *, model_name: str = ENGINE_MODEL, stop: bool = False) -> service_pb2.ModelInferRequest:
+    """A streaming request for NVIDIA's llmapi model (`max_batch_size: 0`: no batch dimension)."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    request.outputs.add(name=TEXT_OUTPUT)
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text.encode("utf-8"))
+    if stop:
+        request.inputs.add(name="stop", datatype="BOOL", shape=[1]).contents.bool_contents.append(True)
+        return request
+    for name, flag in (("streaming", True), ("sampling_param_exclude_input_from_output", True)):
+        request.inputs.add(name=name, datatype="BOOL", shape=[1]).contents.bool_contents.append(flag)
+    for name, (tensor_name, datatype, contents_field) in _LLMAPI_SCALAR_INPUTS.items():
+        value = getattr(params, name)
+        if value is not None:
+            getattr(request.inputs.add(name=tensor_name, datatype=datatype, shape=[1]).contents, contents_field).append(value)
+    return request
+
+
+class LlmApiClient:
+    """Streams text from NVIDIA's llmapi model, which takes text and answers text: each streamed
+    `text_output` holds all the text generated so far (the LLM API accumulates it), so this yields
+    what is new in each response. Leaving early cancels the call and sends NVIDIA's `stop`."""
+
+    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL) -> None:
+        self.grpc_url = grpc_url
+        self.model_name = model_name
+        self._ensemble = EnsembleClient(grpc_url, model_name=model_name)
+
+    async def close(self) -> None:
+        await self._ensemble.close()
+
+    async def generate_text(self, text: str, params: GenerationParams) -> AsyncIterator[str]:
+        request = build_llmapi_request(text, params, uuid.uuid4().hex, model_name=self.model_name)
+        stop = partial(
+            build_llmapi_request, "", GenerationParams("", max_tokens=1), request.id, model_name=self.model_name, stop=True
+        )
+        sent = ""
+        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
+            async for response in responses:
+                for output, raw in zip(response.outputs, response.raw_output_contents):
+                    if output.name == TEXT_OUTPUT:
+                        total = text_of(raw)
+                        if total.startswith(sent) and len(total) > len(sent):
+                            new, sent = total[len(sent) :], total
+                            yield new
