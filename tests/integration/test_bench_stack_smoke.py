@@ -35,9 +35,11 @@ def test_bench_compare_engine_and_ensemble(tmp_path, monkeypatch, capsys):
         assert m["output_tokens_per_s"] > 0 and m["ttft_ms"]["p50"] > 0
         # the tritonserver bench started was read (found by its gRPC port); no truss server here
         cpu = run["server_cpu"]
-        assert cpu["tritonserver"]["cpu_s"] > 0 and cpu["python_stubs"]["cpu_s"] > 0
         assert cpu["serving_path"]["cpu_s"] == 0
-        assert cpu["tritonserver"]["cores_per_10k_tok_s"] > 0
+        assert cpu["tritonserver"]["cpu_s"] >= 0 and cpu["tritonserver"]["cores_per_10k_tok_s"] >= 0
+    # One short run can stay under a clock tick (/proc counts CPU in 10 ms steps); the four cannot.
+    for group in ("tritonserver", "python_stubs"):
+        assert sum(run["server_cpu"][group]["cpu_s"] for run in report["runs"]) > 0, group
     engine4, ensemble4 = report["runs"][2]["metrics"], report["runs"][3]["metrics"]
     # ignore-EOS requests: both paths produce the requested lengths, so their totals agree
     assert engine4["output_tokens_total"] == ensemble4["output_tokens_total"]
