@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -38,14 +40,31 @@ def test_cpu_between_counts_new_processes_whole_and_a_reused_pid_from_zero():
     assert cpu_between(before, after) == {"serving_path": 2.0, "tritonserver": 3.0, "python_stubs": 0.25}
 
 
+_BURNER = """
+import sys, time
+sys.stdin.readline()
+start = time.process_time()
+while time.process_time() - start < 0.2:  # burn 0.2 s of CPU
+    sum(range(1000))
+print("burnt", flush=True)
+sys.stdin.readline()
+"""
+
+
 def test_a_probe_reads_the_cpu_its_process_tree_used():
-    probe = CpuProbe((os.getpid(),))
-    before = probe.snapshot()
-    assert before[os.getpid()][0] == "serving_path"
-    start = time.process_time()
-    while time.process_time() - start < 0.2:  # burn 0.2 s of CPU in this process
-        sum(range(1000))
-    used = cpu_between(before, probe.snapshot())
+    # A process of its own as the tree's root: pytest's own tree may hold other tests' servers.
+    child = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        probe = CpuProbe((child.pid,))
+        before = probe.snapshot()
+        assert before[child.pid][0] == "serving_path"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "burnt\n"
+        used = cpu_between(before, probe.snapshot())
+    finally:
+        child.kill()
+        child.wait()
     assert used["serving_path"] >= 0.15
     assert used["tritonserver"] == used["python_stubs"] == 0.0
 
