@@ -86,6 +86,7 @@ def test_serve_prints_endpoints_serves_and_stops_on_ctrl_c(tmp_path):
     process = _serve(ROOT, "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
                      "--repository-dir", str(repository))
     ready_url = f"http://127.0.0.1:{ports.http}/v2/models/ensemble/ready"
+    printed: list[str] = []
     try:
         deadline = time.monotonic() + 240
         while not _http_ready(ready_url):
@@ -100,9 +101,16 @@ def test_serve_prints_endpoints_serves_and_stops_on_ctrl_c(tmp_path):
         with urllib.request.urlopen(request, timeout=60) as response:
             assert isinstance(json.loads(response.read())["text_output"], str)
         assert _processes_mentioning(str(repository))  # tritonserver runs on the rendered repository
+        # Triton answers before serve has finished starting (its readiness checks); Ctrl-C then is an
+        # interrupted startup (exit 130). The line serve prints once started is what a user waits for.
+        while not printed or "Ctrl-C stops the server." not in printed[-1]:
+            assert time.monotonic() < deadline, "serve did not print its endpoints in 240s"
+            printed.append(process.stdout.readline())
+            assert printed[-1] or process.poll() is None, "serve exited before printing its endpoints"
     finally:
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        rest, err = process.communicate(timeout=60)
+    out = "".join(printed) + rest
     assert process.returncode == 0, err[-3000:]
     assert f"gRPC     127.0.0.1:{ports.grpc}" in out
     assert f"HTTP     http://127.0.0.1:{ports.http}" in out
