@@ -285,6 +285,12 @@ def backend_setting_problems(trt: Any, backend: str, trtllm_version: str | None)
                 "model_metadata.trt_llm.build.expert_parallel_count: only reaches backend llmapi"
                 " (LLM(moe_expert_parallel_size=...)); the engine build path does not take it; remove it"
             )
+        if runtime.stream_interval != 1:
+            problems.append(
+                "model_metadata.trt_llm.runtime.stream_interval: NVIDIA's C++ backend (tensorrtllm) sends a response"
+                " every decode step and has no such setting (it is TensorRT-LLM's LLM API option: runtime.backend"
+                " llmapi); remove it"
+            )
         if _explicit(runtime, "max_num_sequences"):
             problems.append(
                 "model_metadata.trt_llm.runtime.max_num_sequences: NVIDIA's tensorrtllm backend has no such setting"

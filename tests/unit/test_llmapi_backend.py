@@ -95,7 +95,8 @@ def test_llmapi_requested_where_it_cannot_run_is_refused_with_the_setting():
         ("", ""),
         ("quantization_type: fp8_kv\nmax_num_tokens: 8192\nexpert_parallel_count: 2", ""),
         ("", "runtime:\n  enable_kv_cache_reuse: true\n  enable_chunked_context: true\n"
-             "  max_tokens_in_paged_kv_cache: 50000\n  batch_scheduler_policy: max_utilization\n"),
+             "  max_tokens_in_paged_kv_cache: 50000\n  batch_scheduler_policy: max_utilization\n"
+             "  stream_interval: 4\n"),
     ],
 )
 def test_model_yaml_uses_only_names_nvidias_llm_api_accepts(tmp_path, build_extra, extra):
@@ -122,6 +123,7 @@ def test_model_yaml_carries_the_typed_settings(tmp_path):
     )
     document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/m")
     assert document["kv_cache_config"] == {"free_gpu_memory_fraction": 0.75, "enable_block_reuse": True, "dtype": "fp8"}
+    assert document["stream_interval"] == 1  # said either way: the file shows what runs
     assert (document["moe_expert_parallel_size"], document["max_num_tokens"]) == (2, 4096)
     assert document["triton_config"]["decoupled"] is True
 
@@ -184,6 +186,15 @@ def test_settings_that_would_do_nothing_are_refused_per_backend_and_version(tmp_
     on_012 = backend_setting_problems(trt, "tensorrtllm", "0.12.0")  # both were trtllm-build flags then
     assert [p.split(":")[0].rsplit(".", 1)[1] for p in on_012] == ["max_num_sequences"]
     assert backend_setting_problems(trt, "pytorch", "0.16.0") == []  # the stand-in reads max_num_sequences
+
+
+def test_stream_interval_reaches_llmapi_and_the_stand_in_and_is_refused_by_the_cpp_backend(tmp_path):
+    trt = resolved(tmp_path, "runtime:\n  stream_interval: 8\n").trt_llm
+    assert model_yaml_document(trt.build, trt.runtime, "/m")["stream_interval"] == 8
+    assert backend_setting_problems(trt, "llmapi", "1.0.0") == []
+    assert backend_setting_problems(trt, "pytorch", "0.16.0") == []
+    (problem,) = backend_setting_problems(trt, "tensorrtllm", "0.21.0")
+    assert problem.startswith("model_metadata.trt_llm.runtime.stream_interval: NVIDIA's C++ backend")
 
 
 def test_llmapi_runs_one_tritonserver_process_whatever_the_world_size(tmp_path):

@@ -609,6 +609,16 @@ class RuntimeConfig(StrictModel):
         " write: with more open streams than this allows one chunk per token, a stream's next chunk waits"
         " open streams / this seconds after its last one and carries every token that arrived meanwhile.",
     )
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Decode steps per streamed engine response (TensorRT-LLM's LLM API `stream_interval`): a"
+        " request's first token comes at once, then one response every this many steps with the tokens made"
+        " meanwhile, and the last with the final flag. Above 1 the engine, Triton and the stream workers handle"
+        " that many times fewer responses per token. Backends llmapi and pytorch; NVIDIA's C++ backend"
+        " (tensorrtllm) sends every step and has no such setting.",
+    )
     max_queued_requests: int | None = Field(
         None,
         ge=0,

@@ -37,6 +37,9 @@ class StandinSettings:
     # request into one response (not what a real engine does; kept for comparisons).
     merge_responses: bool = False
     sender_threads: int = 1  # per instance; >1 crashed tritonserver 2.51 now and then (docs/design.md)
+    # TensorRT-LLM's LLM API stream_interval (runtime.stream_interval): a streamed request gets its first
+    # token at once, then a response every this many decode steps, and its last one.
+    stream_interval: int = 1
     # NVIDIA's lora_task_id -> (adapter name, peft folder), from build.lora_adapters; and how many different
     # adapters one engine step may run (lora_configuration.max_loras; None: any number).
     lora_adapters: Mapping[int, tuple[str, Path]] = field(default_factory=dict)
@@ -120,6 +123,7 @@ class StandinSettings:
             exclude_input_in_output=boolean("exclude_input_in_output", False),
             merge_responses=boolean("merge_responses", False),
             sender_threads=integer("sender_threads", 1),
+            stream_interval=integer("stream_interval", 1),
             lora_adapters=adapters,
             max_loras=integer("lora_max_loras", 1) if text("lora_max_loras") else None,
         )

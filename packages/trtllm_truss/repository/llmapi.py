@@ -66,6 +66,7 @@ def llm_args(
         "max_seq_len": build.max_seq_len,
         "max_beam_width": build.max_beam_width,
         "enable_chunked_prefill": runtime.enable_chunked_context,
+        "stream_interval": runtime.stream_interval,
     }
     if build.expert_parallel_count is not None:
         args["moe_expert_parallel_size"] = build.expert_parallel_count

@@ -197,6 +197,7 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
             ("sender_threads", pytorch.sender_threads),
             ("merge_responses", pytorch.merge_responses),
+            ("stream_interval", runtime.stream_interval),
             # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
             ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
             ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),

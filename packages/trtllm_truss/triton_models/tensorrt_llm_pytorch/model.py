@@ -44,6 +44,7 @@ from trtllm_truss.engine_standin.responses import (
     response_arrays,
 )
 from trtllm_truss.engine_standin.stop_relay import StopRelay
+from trtllm_truss.engine_standin.stream_interval import IntervalBuffer
 from trtllm_truss.engine_standin.unsupported_inputs import refuse_unsupported
 from trtllm_truss.engine_standin.world import join_world
 from trtllm_truss.stub_watch import watch_parent
@@ -113,7 +114,8 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   (cpu|cuda|auto), dtype (float32|float16|bfloat16), num_threads, exclude_input_in_output
   (default for requests that do not send it; true|false), synthetic (true|false),
   synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 1),
-  merge_responses (default false), lora_adapters (JSON {"<task id>": {"name", "dir"}}: peft adapters loaded at
+  merge_responses (default false), stream_interval (default 1: TensorRT-LLM's LLM API setting, see
+  engine_standin/stream_interval.py), lora_adapters (JSON {"<task id>": {"name", "dir"}}: peft adapters loaded at
   startup and mixed row by row in every batch), lora_max_loras (different adapters per engine step).
 
 Responses: one per generation (row x sequence) per engine step, as NVIDIA's engine sends them; the
@@ -222,6 +224,7 @@ class _InFlight:
     sent_log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
     finished: bool = False
+    interval: IntervalBuffer | None = None  # stream_interval > 1, streaming: outputs held between answers
 
 
 class _Lane:
@@ -340,7 +343,7 @@ class TritonPythonModel:
             "synthetic" if self.settings.synthetic else self.settings.model_dir,
             share,
             len(self._lanes),
-            "merged responses" if self.settings.merge_responses else "one response per token",
+            _response_pace(self.settings),
         )
 
     # ------------------------------------------------------------------ requests
@@ -525,6 +528,7 @@ class TritonPythonModel:
             want_perf=bool(_row_scalar(arrays, "return_perf_metrics", row, False)),
             arrival_ns=arrival_ns,
             prompt=prompt if not (streaming or exclude_input) else [],
+            interval=IntervalBuffer(self.settings.stream_interval) if streaming and self.settings.stream_interval > 1 else None,
         )
         return flight, generation
 
@@ -553,6 +557,10 @@ class TritonPythonModel:
             now = time.monotonic_ns()
             flight.first_token_ns = flight.first_token_ns or now
             flight.last_token_ns = now
+        if flight.interval is not None:
+            output = flight.interval.admit(output)
+            if output is None:
+                return
         lane = flight.lane
         with lane.cond:
             lane.outputs.append((flight, output))
@@ -762,6 +770,11 @@ class TritonPythonModel:
         except Exception:
             log.exception("withdrawing the nv_trt_llm metrics failed")
         self._parent_watch.finalized()  # tritonserver waits for this stub's exit without a timeout
+
+
+def _response_pace(settings: StandinSettings) -> str:
+    pace = "merged responses" if settings.merge_responses else "one response per token"
+    return pace if settings.stream_interval == 1 else f"{pace}, streamed every {settings.stream_interval} steps"
 
 
 def _optional_int(value) -> int | None:
