@@ -16,7 +16,7 @@ from trtllm_truss.engine_standin.types import GenerationOutput
 class IntervalBuffer:
     """One streamed generation's outputs held between the steps that answer (engine thread only)."""
 
-    __slots__ = ("interval", "_held")
+    __slots__ = ("_held", "interval")
 
     def __init__(self, interval: int) -> None:
         if interval < 1:
