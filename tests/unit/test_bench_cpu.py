@@ -37,7 +37,14 @@ def test_cpu_between_counts_new_processes_whole_and_a_reused_pid_from_zero():
         3: ("python_stubs", 200.0, 0.25),  # pid 3 is another process now: all of its 0.25
         4: ("serving_path", 150.0, 0.5),  # started in the window (a restarted worker): all of it
     }
-    assert cpu_between(before, after) == {"serving_path": 2.0, "tritonserver": 3.0, "python_stubs": 0.25}
+    assert cpu_between(before, after) == {"serving_path": 2.0, "tritonserver": 3.0, "python_stubs": 0.25, "truss_process": 0.0}
+
+
+def test_truss_process_is_reported_alone_and_within_the_serving_path():
+    before = {1: ("truss_process", 100.0, 5.0), 4: ("serving_path", 100.0, 1.0)}
+    after = {1: ("truss_process", 100.0, 6.0), 4: ("serving_path", 100.0, 3.0)}
+    used = cpu_between(before, after)
+    assert (used["truss_process"], used["serving_path"]) == (1.0, 3.0)
 
 
 _BURNER = """
@@ -57,7 +64,7 @@ def test_a_probe_reads_the_cpu_its_process_tree_used():
     try:
         probe = CpuProbe((child.pid,))
         before = probe.snapshot()
-        assert before[child.pid][0] == "serving_path"
+        assert before[child.pid][0] == "truss_process"  # the root that is not Triton's
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline() == "burnt\n"
@@ -65,7 +72,7 @@ def test_a_probe_reads_the_cpu_its_process_tree_used():
     finally:
         child.kill()
         child.wait()
-    assert used["serving_path"] >= 0.15
+    assert used["serving_path"] >= 0.15 and used["truss_process"] == used["serving_path"]
     assert used["tritonserver"] == used["python_stubs"] == 0.0
 
 

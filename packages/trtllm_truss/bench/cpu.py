@@ -5,7 +5,9 @@ The processes are grouped by what they are:
   (the stream workers);
 - `tritonserver`: the tritonserver process itself (its gRPC side, the ensemble scheduler, the
   python backend's IPC; NVIDIA's C++ engine would run here too);
-- `python_stubs`: Triton's python-backend stub processes (the engine stand-in, pre/postprocessing).
+- `python_stubs`: Triton's python-backend stub processes (the engine stand-in, pre/postprocessing);
+- `truss_process`: truss's server process alone (also counted in `serving_path`): its one event-loop
+  thread handles every HTTP request and chunk, so its cores near 1 mean that thread is the limit.
 
 A probe is given the root processes of what is measured (truss's server, or tritonserver when the
 gRPC targets run without truss); every process of their trees is read. A process started during a
@@ -21,7 +23,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
-GROUPS = ("serving_path", "tritonserver", "python_stubs")
+GROUPS = ("serving_path", "tritonserver", "python_stubs", "truss_process")
+TRUSS_PROCESS = "truss_process"  # a part of serving_path, reported on its own
 
 # pid -> (group, create time, user + system CPU seconds)
 Snapshot = dict[int, tuple[str, float, float]]
@@ -58,7 +61,10 @@ class CpuProbe:
                     with process.oneshot():
                         times = process.cpu_times()
                         exe = (process.cmdline() or [""])[0].rsplit("/", 1)[-1]
-                        seen[process.pid] = (classify(process.name(), exe), process.create_time(), times.user + times.system)
+                        group = classify(process.name(), exe)
+                        if process is top and group == "serving_path":
+                            group = TRUSS_PROCESS  # a root that is not Triton's: truss's server
+                        seen[process.pid] = (group, process.create_time(), times.user + times.system)
                 except psutil.Error:
                     continue
         return seen
@@ -71,6 +77,8 @@ def cpu_between(before: Snapshot, after: Snapshot) -> dict[str, float]:
         earlier = before.get(pid)
         start = earlier[2] if earlier is not None and earlier[1] == created else 0.0
         used[group] += max(cpu - start, 0.0)
+        if group == TRUSS_PROCESS:
+            used["serving_path"] += max(cpu - start, 0.0)
     return used
 
 

@@ -4,7 +4,7 @@ JSON layout (schema_version 1):
   {"schema_version": 1, "created_at", "machine": {...}, "workload": {...}, "settings": {...},
    "runs": [{"target", "url", "level": {"kind": "closed", "concurrency": 64} | {"kind": "open",
              "request_rate": 10.0, ...}, "token_counting", "client_cpu_s", "metrics": {...}}],
-             "server_cpu": {"serving_path" | "tritonserver" | "python_stubs": {"cpu_s", "cores",
+             "server_cpu": {"serving_path" | "tritonserver" | "python_stubs" | "truss_process": {"cpu_s", "cores",
                             "cores_per_10k_tok_s"}} | null,
              "rounds": [{"duration_s", "output_tokens_per_s", "ttft_p50_ms"}]}],
    "comparisons": [{"level", "direct", "full", "ratio", "added_ttft_p50_ms",
@@ -178,7 +178,7 @@ def render_table(report: BenchReport):
 
     table = Table(title="trtllm-truss bench", header_style="bold")
     for column in ("target", "load", "ok/sent", "out tok/s", "req/s", "tok/req", "resp/req", "TTFT p50/p90/p99 ms",
-                   "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms", "cores/10k tok/s ours/triton/stubs"):
+                   "ITL p50/p90/p99 ms", "E2E p50/p90/p99 ms", "cores/10k tok/s ours (truss) / triton / stubs"):
         table.add_column(column, justify="left" if column in ("target", "load") else "right")
     for run in report.runs:
         m = run.metrics
@@ -209,5 +209,10 @@ def render_table(report: BenchReport):
 def _cpu_cell(cpu: dict[str, GroupCpu] | None) -> str:
     if not cpu:
         return "-"
-    values = [cpu.get(group) for group in ("serving_path", "tritonserver", "python_stubs")]
-    return " / ".join("-" if v is None or v.cores_per_10k_tok_s is None else f"{v.cores_per_10k_tok_s:.2f}" for v in values)
+    def per_10k(group: str) -> str:
+        value = cpu.get(group)
+        return "-" if value is None or value.cores_per_10k_tok_s is None else f"{value.cores_per_10k_tok_s:.2f}"
+
+    truss = cpu.get("truss_process")
+    ours = per_10k("serving_path") if truss is None else f"{per_10k('serving_path')} ({per_10k('truss_process')})"
+    return " / ".join((ours, per_10k("tritonserver"), per_10k("python_stubs")))
