@@ -42,6 +42,7 @@ from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 from trtllm_truss.repository.models import ENSEMBLE
 from trtllm_truss.rpc_errors import describe_rpc_error, engine_message
+from trtllm_truss.stream_end import end_call
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ TOKEN_COUNT_OUTPUT = "sequence_length"
 DRAFT_STATS_OUTPUTS = ("total_draft_tokens", "total_accepted_draft_tokens")
 LOG_PROBS_OUTPUT = "output_log_probs"  # [beams, tokens] of this response (FP32), when return_log_probs
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
-STREAM_CLOSE_TIMEOUT_S = 1.0
 RECONNECT_WAIT_S = 2.0
 # tritonclient's own defaults for message sizes, plus a short reconnect backoff: after the supervisor
 # restarts a dead tritonserver the channel must find it again within a second or so, not after
@@ -439,12 +439,8 @@ class EnsembleClient:
         except grpc.aio.AioRpcError as exc:
             raise UpstreamError(describe_rpc_error(self.grpc_url, exc)) from exc
         finally:
-            if finished:  # close our side and let Triton end the stream normally
-                try:
-                    await call.done_writing()
-                    await asyncio.wait_for(call.code(), STREAM_CLOSE_TIMEOUT_S)  # asyncio.timeout is 3.11+
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
-                    pass
+            if finished:  # close our side and let Triton end the stream (trtllm_truss.stream_end)
+                await end_call(call)
             # A no-op once the call has completed; otherwise this is what tells Triton to cancel.
             call.cancel()
             if not finished:
@@ -457,7 +453,10 @@ class EnsembleClient:
         call = self._triton()._client_stub.ModelStreamInfer(wait_for_ready=False)
         try:
             await call.write(stop_request)
-            await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)  # its one, final answer
+            # Not a cancel right after that answer: it can leak the stop request in Triton, and with it
+            # the engine model at shutdown (trtllm_truss.stream_end).
+            await end_call(call)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
             logger.debug("stop request for %s not delivered: %r", stop_request.id, exc)
         finally:

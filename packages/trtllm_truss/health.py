@@ -27,6 +27,8 @@ from typing import Literal
 
 import numpy as np
 
+from trtllm_truss.stream_end import read_to_end
+
 logger = logging.getLogger(__name__)
 
 Interface = Literal["tokens", "text"]
@@ -197,6 +199,9 @@ class EngineProbe:
                 raise RuntimeError("the stream closed without a response")
 
             await asyncio.wait_for(first_answer(), timeout=self.timeout_s)
+            # Let Triton end the call: a cancel racing its end leaks the request, and with it the
+            # engine model at shutdown (trtllm_truss.stream_end).
+            await read_to_end(stream)
         except asyncio.TimeoutError:
             error = f"{self.model_name} did not answer a one-token generation within {self.timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - every failure is an unhealthy reading, with its reason
@@ -204,7 +209,7 @@ class EngineProbe:
         finally:
             if stream is not None:
                 try:
-                    stream.cancel()
+                    stream.cancel()  # a no-op once the call has ended
                 except Exception:  # noqa: BLE001
                     pass
         with self._lock:

@@ -38,6 +38,7 @@ CONCURRENT = 3  # stacks stopped side by side: less wall time, and a busier mach
 EXIT_TIMEOUT_S = 15.0
 ORPHAN_DEADLINE_S = 30.0  # a stub whose tritonserver vanished (stub_watch.HANG_S + margin)
 STREAMS = 2
+EXIT_TIMEOUT_MESSAGE = "Exit timeout expired"  # tritonserver's, when a model never finished unloading
 
 
 def stack_processes(marker: str) -> dict[int, str]:
@@ -142,6 +143,8 @@ def _truss_stop_cycle(server_root: Path, work: Path, round_: int) -> tuple[int, 
     finally:
         server.stop()
     assert "stopping the stack before the server" in server.log_tail(10_000), server.log_tail()
+    # Gone within the bound is not enough: waiting out the exit timeout meant a model never unloaded.
+    assert EXIT_TIMEOUT_MESSAGE not in server.log_tail(100_000), f"stop {round_} waited out the exit timeout"
     return open_at_signal, gone_after
 
 
@@ -204,6 +207,7 @@ def _serve_stop_cycle(truss_dir: Path, work: Path, round_: int) -> tuple[int, fl
             process.send_signal(signal.SIGTERM)
         gone_after = assert_all_gone(marker, EXIT_TIMEOUT_S, f"stop {round_} of trtllm-truss serve")
         assert process.wait(timeout=5) == 0, output()
+        assert EXIT_TIMEOUT_MESSAGE not in (work / f"serve-{round_}.log").read_text(), f"stop {round_} waited out the exit timeout"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
