@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from engine_wire import first_event, raw_inputs
 
 _DTYPES = {bool: ("BOOL", np.bool_), int: ("INT32", np.int32), float: ("FP32", np.float32)}
 
@@ -101,24 +102,12 @@ def stop_engine_request(url: str, request_id: str, *, timeout_s: float = 30.0) -
 
     Needed because Triton propagates an ensemble's cancellation only to steps scheduled after it,
     never to an in-flight decoupled step (triton core, ensemble_scheduler.cc ScheduleSteps)."""
-    events: queue.Queue = queue.Queue()
-    inputs = []
-    for name, datatype, array in (
-        ("input_ids", "INT32", np.zeros((1, 1), dtype=np.int32)),
-        ("input_lengths", "INT32", np.ones((1, 1), dtype=np.int32)),
-        ("request_output_len", "INT32", np.ones((1, 1), dtype=np.int32)),
-        ("stop", "BOOL", np.ones((1, 1), dtype=np.bool_)),
-    ):
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    try:
-        client.async_stream_infer("tensorrt_llm", inputs, request_id=request_id, enable_empty_final_response=True)
-        _response, error = events.get(timeout=timeout_s)
-        if error is not None:
-            raise AssertionError(f"stop request failed: {error}")
-    finally:
-        client.stop_stream()
-        client.close()
+    inputs = raw_inputs({
+        "input_ids": np.zeros((1, 1), dtype=np.int32),
+        "input_lengths": np.ones((1, 1), dtype=np.int32),
+        "request_output_len": np.ones((1, 1), dtype=np.int32),
+        "stop": np.ones((1, 1), dtype=np.bool_),
+    })
+    _response, error = first_event(url, inputs, request_id=request_id, timeout_s=timeout_s, enable_empty_final_response=True)
+    if error is not None:
+        raise AssertionError(f"stop request failed: {error}")

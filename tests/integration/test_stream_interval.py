@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _plan, _serve
-from test_triton_e2e_standin_faithful import Stream, engine_inputs
+from engine_wire import Stream, engine_inputs
 from tokenizers import Tokenizer
 from trtllm_truss.client import GenerationParams
 from trtllm_truss.config.schema import RuntimeConfig

@@ -7,8 +7,10 @@ import queue
 import re
 import time
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from engine_wire import raw_inputs, request_error
 from ensemble_stream import ensemble_inputs, run_on_stream, stop_engine_request
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
@@ -163,25 +165,11 @@ def test_engine_client_reads_the_draft_totals_the_stand_in_reports(standin_trito
 
 
 def test_stand_in_refuses_a_draft_input_by_name(standin_triton) -> None:
-    import numpy as np
-
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(standin_triton.grpc_url)
-    inputs = []
-    for name, array in (
-        ("input_ids", np.array([[1, 450]], dtype=np.int32)),
-        ("input_lengths", np.array([[2]], dtype=np.int32)),
-        ("request_output_len", np.array([[4]], dtype=np.int32)),
-        ("draft_input_ids", np.array([[450, 3883]], dtype=np.int32)),
-    ):
-        tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    client.start_stream(callback=lambda result, error: results.put(error))
-    try:
-        client.async_stream_infer("tensorrt_llm", inputs, request_id="draft-1")
-        error = results.get(timeout=60)
-    finally:
-        client.stop_stream()
-        client.close()
+    inputs = raw_inputs({
+        "input_ids": np.array([[1, 450]], dtype=np.int32),
+        "input_lengths": np.array([[2]], dtype=np.int32),
+        "request_output_len": np.array([[4]], dtype=np.int32),
+        "draft_input_ids": np.array([[450, 3883]], dtype=np.int32),
+    })
+    error = request_error(standin_triton.grpc_url, inputs, request_id="draft-1", timeout_s=60)
     assert error is not None and "draft_input_ids" in str(error) and "cannot honour" in str(error)

@@ -4,15 +4,13 @@ across instances. Real tritonserver, `tensorrt_llm` called directly with token i
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from conftest import _plan, _serve
+from engine_wire import Stream, engine_inputs, request_error
 from trtllm_truss.config.schema import RuntimeConfig
 from trtllm_truss.repository import render_repository
 
@@ -36,58 +34,6 @@ def two_instance_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempP
     )
     repository = render_repository(_plan(runtime, max_batch_size=16), tmp_path_factory.mktemp("faithful") / "model_repository")
     yield from _serve(repository)
-
-
-def engine_inputs(ids: list[int], max_tokens: int, *, streaming: bool = True, stop: bool | None = None) -> list:
-    inputs = []
-    for name, datatype, array in (
-        ("input_ids", "INT32", np.array([ids], dtype=np.int32)),
-        ("input_lengths", "INT32", np.array([[len(ids)]], dtype=np.int32)),
-        ("request_output_len", "INT32", np.array([[max_tokens]], dtype=np.int32)),
-        ("streaming", "BOOL", np.array([[streaming]], dtype=np.bool_)),
-        *((("stop", "BOOL", np.array([[stop]], dtype=np.bool_)),) if stop is not None else ()),
-    ):
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
-class Stream:
-    """One gRPC stream to `tensorrt_llm`; responses per request id until the final flag."""
-
-    def __init__(self, url: str) -> None:
-        self.events: queue.Queue = queue.Queue()
-        # A channel of its own: grpc shares sockets between channels, and another client closing
-        # its channel could tear down this stream.
-        self.client = grpcclient.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
-        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
-
-    def send(self, request_id: str, inputs: list) -> None:
-        self.client.async_stream_infer("tensorrt_llm", inputs, request_id=request_id, enable_empty_final_response=True)
-
-    def collect(self, ids: set[str], timeout_s: float) -> dict[str, list]:
-        """request id -> list of (token ids of each data response), until every id got its final response."""
-        out: dict[str, list] = {i: [] for i in ids}
-        pending = set(ids)
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            try:
-                result, error = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no final response for {sorted(pending)} within {timeout_s} s: {out}") from None
-            assert error is None, error.message()
-            response = result.get_response()
-            tokens = result.as_numpy("output_ids")
-            if tokens is not None:
-                out[response.id].append(tokens.reshape(-1).tolist())
-            if response.parameters["triton_final_response"].bool_param:
-                pending.discard(response.id)
-        return out
-
-    def close(self) -> None:
-        self.client.stop_stream(cancel_requests=True)
-        self.client.close()
 
 
 def test_one_response_per_token_for_every_stream(two_instance_triton) -> None:
@@ -137,15 +83,7 @@ def test_stop_reaches_the_instance_that_serves_the_request(two_instance_triton) 
 
 
 def test_stop_without_request_id_is_nvidias_error(two_instance_triton) -> None:
-    client = grpcclient.InferenceServerClient(two_instance_triton.grpc_url)
-    events: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    try:
-        client.async_stream_infer("tensorrt_llm", engine_inputs([1], 1, streaming=False, stop=True))
-        _result, error = events.get(timeout=30)
-    finally:
-        client.stop_stream()
-        client.close()
+    error = request_error(two_instance_triton.grpc_url, engine_inputs([1], 1, streaming=False, stop=True), timeout_s=30)
     assert error is not None and "Trying to stop a request but request ID is not provided" in str(error)
 
 

@@ -10,7 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
+from engine_wire import raw_inputs, request_error
 from tokenizers import Tokenizer
 from trtllm_truss.client import EngineRefusedError, GenerationParams
 from trtllm_truss.engine_client import EngineClient
@@ -80,28 +82,11 @@ def test_a_guide_the_stand_in_cannot_enforce_is_the_engines_refusal_naming_the_k
 
 
 def test_a_guide_without_its_type_is_refused_by_name(standin_triton) -> None:
-    import queue
-
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(standin_triton.grpc_url)
-    inputs = []
-    for name, array, datatype in (
-        ("input_ids", np.array([[1, 450]], dtype=np.int32), "INT32"),
-        ("input_lengths", np.array([[2]], dtype=np.int32), "INT32"),
-        ("request_output_len", np.array([[4]], dtype=np.int32), "INT32"),
-        ("guided_decoding_guide", np.array([[b"a+"]], dtype=object), "BYTES"),
-    ):
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    client.start_stream(callback=lambda result, error: results.put(error))
-    try:
-        client.async_stream_infer("tensorrt_llm", inputs, request_id="guide-without-type")
-        error = results.get(timeout=60)
-    finally:
-        client.stop_stream()
-        client.close()
+    inputs = raw_inputs({
+        "input_ids": np.array([[1, 450]], dtype=np.int32),
+        "input_lengths": np.array([[2]], dtype=np.int32),
+        "request_output_len": np.array([[4]], dtype=np.int32),
+        "guided_decoding_guide": np.array([[b"a+"]], dtype=object),
+    })
+    error = request_error(standin_triton.grpc_url, inputs, request_id="guide-without-type", timeout_s=60)
     assert error is not None and "guided_decoding_guide: sent without guided_decoding_guide_type" in str(error)

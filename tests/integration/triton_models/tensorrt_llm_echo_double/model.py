@@ -56,7 +56,7 @@ class TritonPythonModel:
             pb_utils.Tensor("output_log_probs", np.zeros((1, 1, max(1, len(tokens))), dtype=np.float32)),
             pb_utils.Tensor("prefix_ids", np.array([prefix[-WINDOW:]], dtype=np.int32).reshape(1, -1)),
         ]
-        # Only requested outputs, as the stand-in engine does (see its _InFlight.outputs).
+        # Only requested outputs, as the stand-in engine does (see InFlight.outputs in engine_standin/senders.py).
         outputs = [t for t in outputs if not wanted or t.name() in wanted]
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
