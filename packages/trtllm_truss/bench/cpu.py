@@ -76,9 +76,10 @@ def cpu_between(before: Snapshot, after: Snapshot) -> dict[str, float]:
     for pid, (group, created, cpu) in after.items():
         earlier = before.get(pid)
         start = earlier[2] if earlier is not None and earlier[1] == created else 0.0
-        used[group] += max(cpu - start, 0.0)
+        spent = max(cpu - start, 0.0)
+        used[group] += spent
         if group == TRUSS_PROCESS:
-            used["serving_path"] += max(cpu - start, 0.0)
+            used["serving_path"] += spent
     return used
 
 

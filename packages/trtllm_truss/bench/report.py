@@ -213,6 +213,7 @@ def _cpu_cell(cpu: dict[str, GroupCpu] | None) -> str:
         value = cpu.get(group)
         return "-" if value is None or value.cores_per_10k_tok_s is None else f"{value.cores_per_10k_tok_s:.2f}"
 
-    truss = cpu.get("truss_process")
-    ours = per_10k("serving_path") if truss is None else f"{per_10k('serving_path')} ({per_10k('truss_process')})"
+    ours = per_10k("serving_path")
+    if "truss_process" in cpu:
+        ours += f" ({per_10k('truss_process')})"
     return " / ".join((ours, per_10k("tritonserver"), per_10k("python_stubs")))
