@@ -1,4 +1,4 @@
-"""The truss entry point: a thin shell around `trtllm_truss.service.LLMService`.
+"""The truss entry point: a thin shell around `trtllm_truss.fronts.service.LLMService`.
 
 truss's model server calls `load()` once in a background thread (readiness answers 503 until it
 returns), then routes `/v1/models/model:predict`, `/v1/chat/completions`, `/v1/completions`,
@@ -18,7 +18,7 @@ from trtllm_truss.api.body import read_json_body
 from trtllm_truss.api.messages import error_response as anthropic_error
 from trtllm_truss.serving.native import native_error
 from trtllm_truss.serving.openai_shared import openai_error
-from trtllm_truss.service import LLMService
+from trtllm_truss.fronts.service import LLMService
 
 # model/model.py -> the truss directory (holds config.yaml and data/)
 TRUSS_DIR = Path(__file__).resolve().parent.parent

@@ -58,8 +58,8 @@ def _final(response) -> bool:
 
 
 def _request(ids, tokens, interface):
-    from trtllm_truss.client import GenerationParams
-    from trtllm_truss.engine_client import build_engine_request
+    from trtllm_truss.engine.client import GenerationParams
+    from trtllm_truss.engine.engine_client import build_engine_request
 
     return build_engine_request(ids, GenerationParams("", max_tokens=tokens, min_length=tokens), interface, uuid.uuid4().hex)
 
@@ -67,8 +67,8 @@ def _request(ids, tokens, interface):
 async def _run_variant(variant: str, url: str, streams: int, tokens: int, rounds: int) -> tuple[int, float, float]:
     import grpc
     from tritonclient.grpc import service_pb2_grpc
-    from trtllm_truss.client import CHANNEL_ARGS, GenerationParams, first_beam_ids
-    from trtllm_truss.engine_client import EngineClient
+    from trtllm_truss.engine.client import CHANNEL_ARGS, GenerationParams, first_beam_ids
+    from trtllm_truss.engine.engine_client import EngineClient
 
     loop = asyncio.get_running_loop()
     client = EngineClient(url)
@@ -228,9 +228,9 @@ def main() -> None:
     url = args.url
     if url is None:
         from trtllm_truss.config.schema import RuntimeConfig
-        from trtllm_truss.plan import ServingPlan
+        from trtllm_truss.planning.plan import ServingPlan
         from trtllm_truss.repository import render_repository
-        from trtllm_truss.supervisor import TritonServer
+        from trtllm_truss.runtime.supervisor import TritonServer
 
         runtime = RuntimeConfig(
             preprocessing_instance_count=1, postprocessing_instance_count=1,

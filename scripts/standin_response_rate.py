@@ -78,9 +78,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from trtllm_truss.config.schema import RuntimeConfig
-    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.planning.plan import ServingPlan
     from trtllm_truss.repository import render_repository
-    from trtllm_truss.supervisor import TritonServer
+    from trtllm_truss.runtime.supervisor import TritonServer
 
     runtime = RuntimeConfig(
         preprocessing_instance_count=1,

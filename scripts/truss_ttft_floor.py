@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=40.0, help="idle time between requests in the second run")
     args = parser.parse_args()
 
-    from trtllm_truss.truss_server import build_server_root, start_truss_server
+    from trtllm_truss.fronts.truss_server import build_server_root, start_truss_server
 
     with tempfile.TemporaryDirectory(prefix="truss-floor-") as tmp:
         truss_dir = Path(tmp) / "truss"

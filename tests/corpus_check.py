@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtllm_truss.guided import GuideError, check_guide, schema_text
+from trtllm_truss.guides.guide import GuideError, check_guide, schema_text
 
 
 def check_each(items) -> list[tuple[object, str | None]]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from trtllm_truss.artifacts.build import plan_build
 from trtllm_truss.config import load_config
-from trtllm_truss.plan import make_plan
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.planning.plan import make_plan
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 from trtllm_truss.repository.render import render_repository
 
 

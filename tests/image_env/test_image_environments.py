@@ -35,7 +35,7 @@ from packaging.requirements import Requirement
 from trtllm_truss.artifacts.build import TrtllmVersion, convert_script_relpath
 from trtllm_truss.artifacts.engine_builder import EXAMPLES_DIR_CANDIDATES, EXAMPLES_DIR_ENV, find_examples_dir
 from trtllm_truss.config.schema import Architecture
-from trtllm_truss.tritonserver_install import OPT_TRITONSERVER, locate_tritonserver, prepare_installation
+from trtllm_truss.runtime.tritonserver_install import OPT_TRITONSERVER, locate_tritonserver, prepare_installation
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = sorted((ROOT / "tests" / "data" / "images").glob("*.json"))

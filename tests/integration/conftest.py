@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trtllm_truss.plan import ServingPlan
+from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import render_repository
 from trtllm_truss.repository.render import TRITON_MODELS_DIR
 
@@ -44,7 +44,7 @@ def _plan(runtime: RuntimeConfig, *, max_batch_size: int) -> ServingPlan:
 
 
 def _serve(repository: Path) -> Iterator[object]:
-    from trtllm_truss.supervisor import TritonServer
+    from trtllm_truss.runtime.supervisor import TritonServer
 
     server = TritonServer(repository, startup_timeout_s=SERVER_STARTUP_TIMEOUT_S)
     server.start()

@@ -21,8 +21,8 @@ from trtllm_truss.artifacts import (
     resolve_revision,
 )
 from trtllm_truss.artifacts.completeness import MARKER_FILE, read_marker
-from trtllm_truss.plan import ServingPlan, engine_cache_key, engine_cache_key_inputs, make_plan
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.planning.plan import ServingPlan, engine_cache_key, engine_cache_key_inputs, make_plan
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ from test_supervisor_server import make_tiny_repository, stream_words
 from trtllm_truss.config import load_config
 from trtllm_truss.config import secrets as config_secrets
 from trtllm_truss.config.errors import forget_secret_values
-from trtllm_truss.supervisor import TritonServer
+from trtllm_truss.runtime.supervisor import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(240)]
 

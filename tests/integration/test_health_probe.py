@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trtllm_truss.health import EngineProbe
+from trtllm_truss.engine.health import EngineProbe
 
 pytestmark = pytest.mark.triton
 
@@ -53,7 +53,7 @@ def wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> float:
 
 @pytest.fixture(scope="module")
 def hang_server(tmp_path_factory):
-    from trtllm_truss.supervisor import TritonServer
+    from trtllm_truss.runtime.supervisor import TritonServer
 
     root = tmp_path_factory.mktemp("hang")
     hang_file = root / "hang"
@@ -112,7 +112,7 @@ LLMAPI_DOUBLE = Path(__file__).resolve().parent / "triton_models" / "llmapi_text
 
 
 def test_text_probe_matches_nvidias_llmapi_interface(tmp_path):
-    from trtllm_truss.supervisor import TritonServer
+    from trtllm_truss.runtime.supervisor import TritonServer
 
     model = tmp_path / "repo" / "tensorrt_llm"
     (model / "1").mkdir(parents=True)

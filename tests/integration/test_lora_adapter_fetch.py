@@ -11,8 +11,8 @@ import yaml
 from fixtures_hubs import HubServer, MotoS3, hub_fixture, moto_s3_fixture  # noqa: F401 - session fixtures
 from trtllm_truss.artifacts import FetchError, prepare_artifacts
 from trtllm_truss.config import load_config
-from trtllm_truss.plan import PlanError, make_plan
-from trtllm_truss.probe import RuntimeFacts
+from trtllm_truss.planning.plan import PlanError, make_plan
+from trtllm_truss.planning.probe import RuntimeFacts
 
 pytestmark = pytest.mark.timeout(120)
 

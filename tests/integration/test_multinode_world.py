@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 from ensemble_stream import ensemble_inputs, run_on_stream
-from trtllm_truss.cluster import (
+from trtllm_truss.runtime.cluster import (
     HOSTFILE_ENV,
     LAUNCH_AGENT_ENV,
     NODE_RANK_ENV,
     ClusterError,
 )
-from trtllm_truss.stack import start_stack
-from trtllm_truss.supervisor import _session_members
+from trtllm_truss.runtime.stack import start_stack
+from trtllm_truss.runtime.supervisor import _session_members
 
 pytestmark = [
     pytest.mark.triton,
@@ -181,11 +181,11 @@ def test_rank_1_dying_fails_the_world_and_the_restart_brings_both_back(world, ca
     stack = world[0]
     before = _ranks(stack)
     restarts = stack.server.restarts
-    with caplog.at_level(logging.ERROR, logger="trtllm_truss.stack"):
+    with caplog.at_level(logging.ERROR, logger="trtllm_truss.runtime.stack"):
         os.kill(before[1][0], signal.SIGKILL)
         _poll(lambda: stack.server.restarts == restarts + 1, 60, "the world to be restarted")
         stack.server.wait_ready(180)
-    messages = [record.getMessage() for record in caplog.records if record.name == "trtllm_truss.stack"]
+    messages = [record.getMessage() for record in caplog.records if record.name == "trtllm_truss.runtime.stack"]
     assert any(
         "rank 1 on node 1 (node1) died of signal 9" in message and "restarting all of it" in message
         for message in messages
@@ -221,7 +221,7 @@ def test_a_worker_nodes_truss_serves_nothing_and_names_node_0(world):
     import asyncio
 
     from fastapi import HTTPException
-    from trtllm_truss.service import LLMService
+    from trtllm_truss.fronts.service import LLMService
 
     _, _, truss_dir, env = world
     service = LLMService(truss_dir, environ={**env, NODE_RANK_ENV: "1"})
@@ -273,11 +273,11 @@ def test_node_1_leaving_fails_the_world_and_the_restart_brings_it_back(world, ca
     ]
     assert len(daemons) == 1  # node 0's ranks are mpirun's own children; node1 has a daemon
     restarts = stack.server.restarts
-    with caplog.at_level(logging.ERROR, logger="trtllm_truss.stack"):
+    with caplog.at_level(logging.ERROR, logger="trtllm_truss.runtime.stack"):
         os.kill(daemons[0], signal.SIGKILL)
         _poll(lambda: stack.server.restarts == restarts + 1, 60, "the world to be restarted")
         stack.server.wait_ready(180)
-    messages = [record.getMessage() for record in caplog.records if record.name == "trtllm_truss.stack"]
+    messages = [record.getMessage() for record in caplog.records if record.name == "trtllm_truss.runtime.stack"]
     assert any(
         message.startswith("node node1 left (mpirun lost its daemon there)") and "restarting all of it" in message
         for message in messages

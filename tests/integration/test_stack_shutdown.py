@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 from test_supervisor_serve import _truss_with
-from trtllm_truss.supervisor import choose_free_ports
-from trtllm_truss.truss_server import build_server_root, start_truss_server
+from trtllm_truss.runtime.supervisor import choose_free_ports
+from trtllm_truss.fronts.truss_server import build_server_root, start_truss_server
 from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.slow]
@@ -229,7 +229,7 @@ def test_serve_stopped_with_streams_open_leaves_no_process(tmp_path: Path) -> No
 
 @pytest.mark.timeout(300)
 def test_restarted_tritonserver_leaves_no_stub_of_the_old_one(tmp_path: Path) -> None:
-    from trtllm_truss.stack import start_stack
+    from trtllm_truss.runtime.stack import start_stack
 
     marker = uuid.uuid4().hex
     os.environ[MARKER] = marker  # tritonserver's environment is this process's (child_env)

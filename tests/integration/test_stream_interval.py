@@ -14,7 +14,7 @@ import pytest
 from conftest import _plan, _serve
 from engine_wire import Stream, engine_inputs
 from tokenizers import Tokenizer
-from trtllm_truss.client import GenerationParams
+from trtllm_truss.engine.client import GenerationParams
 from trtllm_truss.config.schema import RuntimeConfig
 from trtllm_truss.repository import render_repository
 from trtllm_truss.streaming.environment import worker_environment

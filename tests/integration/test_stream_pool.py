@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_truss.client import GenerationParams
+from trtllm_truss.engine.client import GenerationParams
 from trtllm_truss.streaming.environment import worker_environment
 from trtllm_truss.streaming.generation import WorkerSettings
 from trtllm_truss.streaming.pool import PoolBusy, StreamPool

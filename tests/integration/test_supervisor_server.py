@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trtllm_truss.supervisor import (
+from trtllm_truss.runtime.supervisor import (
     RestartPolicy,
     ServerExit,
     TritonServer,
     TritonStartupError,
     _session_members,
 )
-from trtllm_truss.tritonserver_install import TritonInstallError, locate_tritonserver
+from trtllm_truss.runtime.tritonserver_install import TritonInstallError, locate_tritonserver
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(180)]
 
@@ -326,7 +326,7 @@ def test_hanging_model_times_out_and_stop_kills_the_stub(tmp_path):
 
 
 def test_numpy_2_in_the_stub_environment_is_refused_clearly(tmp_path, tiny_repository, monkeypatch):
-    import trtllm_truss.tritonserver_install as install
+    import trtllm_truss.runtime.tritonserver_install as install
 
     real_probe = install.probe_stub_python
 
@@ -347,7 +347,7 @@ def test_numpy_2_in_the_stub_environment_is_refused_clearly(tmp_path, tiny_repos
 
 def test_the_numpy_check_ignores_pythonpath_as_the_stub_does(tmp_path):
     """A numpy on PYTHONPATH never reaches the stub, so it must not satisfy (or fail) the check."""
-    from trtllm_truss.tritonserver_install import probe_stub_python
+    from trtllm_truss.runtime.tritonserver_install import probe_stub_python
 
     fake = tmp_path / "site" / "numpy"
     fake.mkdir(parents=True)
@@ -381,7 +381,7 @@ def test_world_size_2_runs_two_ranks_with_workers_loading_only_the_engine(tmp_pa
 _ORPHAN_PARENT = """
 import sys, time
 from pathlib import Path
-from trtllm_truss.supervisor import TritonServer
+from trtllm_truss.runtime.supervisor import TritonServer
 server = TritonServer(Path(sys.argv[1]), world_size=int(sys.argv[2]))
 server.start()
 server.wait_ready(150)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from edge_case_texts import EDGE_TEXTS
 from ensemble_stream import ensemble_inputs, run_on_stream
-from trtllm_truss.client import EnsembleClient, GenerationParams
-from trtllm_truss.detokenize import TokenDecoder
-from trtllm_truss.tokenizer import load_tokenizer
+from trtllm_truss.engine.client import EnsembleClient, GenerationParams
+from trtllm_truss.engine.detokenize import TokenDecoder
+from trtllm_truss.engine.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(300)]
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"

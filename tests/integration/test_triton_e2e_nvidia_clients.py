@@ -465,7 +465,7 @@ def test_a_refused_request_counts_as_a_failure_when_decoupled(decoupled_triton) 
         _, error = events.get(timeout=60)
         assert error is not None and "runtime_top_p" in str(error)
         # What our clients show of it: the model's message alone, no Triton wrapper or traceback.
-        from trtllm_truss.rpc_errors import engine_message
+        from trtllm_truss.engine.rpc_errors import engine_message
 
         shown = engine_message(error.message())
         assert "runtime_top_p" in shown and "At:" not in shown and "Failed to process" not in shown, (error.message(), shown)

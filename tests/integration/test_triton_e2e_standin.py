@@ -144,8 +144,8 @@ def test_engine_client_reads_the_draft_totals_the_stand_in_reports(standin_trito
     metrics (the stand-in drafts nothing: 0 and 0); the generation itself is unchanged."""
     import asyncio
 
-    from trtllm_truss.client import GenerationParams
-    from trtllm_truss.engine_client import EngineClient
+    from trtllm_truss.engine.client import GenerationParams
+    from trtllm_truss.engine.engine_client import EngineClient
 
     totals: list[tuple[int, int]] = []
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from engine_wire import raw_inputs, request_error
 from tokenizers import Tokenizer
-from trtllm_truss.client import EngineRefusedError, GenerationParams
-from trtllm_truss.engine_client import EngineClient
-from trtllm_truss.guided import schema_text
+from trtllm_truss.engine.client import EngineRefusedError, GenerationParams
+from trtllm_truss.engine.engine_client import EngineClient
+from trtllm_truss.guides.guide import schema_text
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]
 

@@ -6,7 +6,7 @@ ensembles, so with a stream still open it only leaves when --exit-timeout-secs e
 closes its clients first (LLMService.shutdown); this pins that, with a request served before the
 stop so the workers' streams have been used. Issue 24 found the other cause of that wait: a stream
 cancelled right after its final response leaks its request in Triton's gRPC frontend, which then never
-unloads the engine model (trtllm_truss.stream_end); the engine probe of this service did that.
+unloads the engine model (trtllm_truss.engine.stream_end); the engine probe of this service did that.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def process_metrics_restored() -> Iterator[None]:
 
 
 def test_tritonserver_exits_within_its_exit_timeout_after_the_service_stops(tmp_path: Path, process_metrics_restored) -> None:
-    from trtllm_truss.service import LLMService
+    from trtllm_truss.fronts.service import LLMService
 
     service = LLMService(_truss_with(tmp_path))
     service.load()
@@ -70,7 +70,7 @@ def test_tritonserver_exits_within_its_exit_timeout_after_the_service_stops(tmp_
     assert not _alive(pid), f"tritonserver (pid {pid}) still runs {exit_timeout_s}s after the stop"
     log = "\n".join(server.log_tail(100_000))
     # Strict: the wait at the exit timeout was a request leaked by Triton's gRPC frontend when the
-    # engine probe cancelled its stream right after the answer (trtllm_truss.stream_end).
+    # engine probe cancelled its stream right after the answer (trtllm_truss.engine.stream_end).
     assert EXIT_TIMEOUT_MESSAGE not in log, f"tritonserver waited out its exit timeout ({stopped_after:.1f}s)"
     assert "successfully unloaded 'tensorrt_llm'" in log
     assert stopped_after < exit_timeout_s, f"the stop took {stopped_after:.1f}s (exit timeout {exit_timeout_s}s)"

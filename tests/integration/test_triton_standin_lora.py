@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from safetensors.numpy import load_file, save_file
-from trtllm_truss.client import EngineRefusedError, GenerationParams
-from trtllm_truss.engine_client import EngineClient
-from trtllm_truss.lora import PlannedAdapter
-from trtllm_truss.plan import ServingPlan
+from trtllm_truss.engine.client import EngineRefusedError, GenerationParams
+from trtllm_truss.engine.engine_client import EngineClient
+from trtllm_truss.planning.lora import PlannedAdapter
+from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import render_repository
 
 try:
@@ -31,7 +31,7 @@ PROMPTS = ["The function returns", "Return a list of", "import os\n"]
 
 @pytest.fixture(scope="module")
 def lora_triton(tmp_path_factory) -> Iterator[str]:
-    from trtllm_truss.supervisor import TritonServer
+    from trtllm_truss.runtime.supervisor import TritonServer
 
     other = tmp_path_factory.mktemp("other")  # the pirate adapter with B negated: another adapter
     (other / "adapter_config.json").write_text((PIRATE / "adapter_config.json").read_text())

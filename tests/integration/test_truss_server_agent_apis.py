@@ -19,7 +19,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from trtllm_truss.truss_server import TrussServer
+from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from trtllm_truss.truss_server import TrussServer
+from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import poll, serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]

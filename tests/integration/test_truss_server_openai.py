@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from trtllm_truss.truss_server import TrussServer
+from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import REPO_ROOT, poll, serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
@@ -215,7 +215,7 @@ def test_a_batch_of_4_prompts_with_n2_is_indexed_prompt_major(oai: openai.OpenAI
 
 
 def test_token_id_prompts_reach_the_engine_as_sent(oai: openai.OpenAI):
-    from trtllm_truss.tokenizer import load_tokenizer
+    from trtllm_truss.engine.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(REPO_ROOT / "data" / "embedded-llama")
     ids = [tokenizer.encode(p, add_special_tokens=True) for p in PROMPTS[:2]]

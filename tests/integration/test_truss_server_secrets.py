@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
+from trtllm_truss.fronts.truss_server import TrussServer, build_server_root, start_truss_server
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(420)]
 

@@ -23,7 +23,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
-from trtllm_truss.truss_server import TrussServer
+from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from trtllm_truss.truss_server import TrussServer, build_server_root, start_truss_server
+from trtllm_truss.fronts.truss_server import TrussServer, build_server_root, start_truss_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 240

@@ -9,7 +9,7 @@ from fastapi import HTTPException
 
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
 from trtllm_truss.api.sampling import UINT64_MAX
-from trtllm_truss.client import GenerationParams
+from trtllm_truss.engine.client import GenerationParams
 from trtllm_truss.serving.core import choice_specs as _choice_specs
 from trtllm_truss.serving.openai_shared import refuse_what_the_engine_cannot_do as _refuse_what_the_engine_cannot_do
 from trtllm_truss.serving.openai_shared import request_guide, usage_of

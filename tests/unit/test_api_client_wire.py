@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 from tritonclient.grpc import service_pb2
-from trtllm_truss.client import (
+from trtllm_truss.engine.client import (
     EnsembleInterface,
     GenerationParams,
     UpstreamError,
     build_request,
     parse_response,
 )
-from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
-from trtllm_truss.tokenizer import load_tokenizer
+from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.engine.tokenizer import load_tokenizer
 
 EMBEDDED_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 
@@ -154,7 +154,7 @@ def _engine_interface() -> EnsembleInterface:
 
 
 def test_engine_request_carries_the_guide_as_nvidias_bytes_inputs():
-    from trtllm_truss.engine_client import build_engine_request
+    from trtllm_truss.engine.engine_client import build_engine_request
 
     schema = '{"type":"object","properties":{"é":{"type":"integer"}}}'
     params = GenerationParams(
@@ -167,7 +167,7 @@ def test_engine_request_carries_the_guide_as_nvidias_bytes_inputs():
 
 
 def test_engine_request_without_a_guide_or_with_json_sends_no_guide_text():
-    from trtllm_truss.engine_client import build_engine_request
+    from trtllm_truss.engine.engine_client import build_engine_request
 
     interface = _engine_interface()
     plain = _inputs(build_engine_request([1], GenerationParams(text_input="", max_tokens=1), interface, "r"))
@@ -179,7 +179,7 @@ def test_engine_request_without_a_guide_or_with_json_sends_no_guide_text():
 
 
 def test_engine_request_to_a_model_without_guided_inputs_is_refused_by_name():
-    from trtllm_truss.engine_client import build_engine_request
+    from trtllm_truss.engine.engine_client import build_engine_request
 
     older = EnsembleInterface(batched=True, inputs=frozenset({"input_ids", "input_lengths", "request_output_len", "streaming"}))
     params = GenerationParams(text_input="", max_tokens=1, guided_decoding_guide_type="regex", guided_decoding_guide="a+")

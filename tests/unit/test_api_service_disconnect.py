@@ -9,7 +9,7 @@ import time
 import pytest
 from starlette.requests import Request
 
-from trtllm_truss.client import GenerationParams
+from trtllm_truss.engine.client import GenerationParams
 from trtllm_truss.serving.core import Refused as _Refused
 from trtllm_truss.serving.core import RequestCore
 from trtllm_truss.serving.core import unless_disconnected as _unless_disconnected
@@ -87,7 +87,7 @@ def _private_metrics(monkeypatch):
     """The service's metrics on a registry of this test's own, not the process's default one."""
     from prometheus_client import CollectorRegistry
 
-    from trtllm_truss.metrics import ServingMetrics
+    from trtllm_truss.streaming.metrics import ServingMetrics
     from trtllm_truss.serving import core
 
     monkeypatch.setattr(core, "_METRICS", ServingMetrics(CollectorRegistry()))

@@ -21,7 +21,7 @@ from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
 from trtllm_truss.api.responses import ResponsesRequest
 from trtllm_truss.api.responses import chat_response_format as responses_format
 from trtllm_truss.api.structured import MAX_GUIDE_BYTES, MAX_GUIDE_DEPTH, Guide
-from trtllm_truss.guided import check_guide
+from trtllm_truss.guides.guide import check_guide
 from trtllm_truss.serving import chat, messages, native, responses
 from trtllm_truss.serving.core import RequestCore, parse_request
 from trtllm_truss.serving.openai_shared import request_guide

@@ -140,7 +140,7 @@ def test_bench_tokenizer_gives_preprocessings_ids_for_the_embedded_model():
     from pathlib import Path
 
     from trtllm_truss.bench.tokenizer import BenchTokenizer
-    from trtllm_truss.tokenizer import load_tokenizer
+    from trtllm_truss.engine.tokenizer import load_tokenizer
 
     tokenizer_dir = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
     if not (tokenizer_dir / "tokenizer.json").is_file():

@@ -265,9 +265,9 @@ def test_shipped_examples_build_with_flags_of_their_images_release(config_path: 
     settings that release would ignore are refused (none in the shipped examples)."""
     import yaml
     from trtllm_truss.config.schema import TrtLlmConfig
-    from trtllm_truss.plan import backend_setting_problems
+    from trtllm_truss.planning.plan import backend_setting_problems
 
-    from trtllm_truss.speculation import engine_build, speculation_problems
+    from trtllm_truss.planning.speculation import engine_build, speculation_problems
 
     raw = yaml.safe_load(config_path.read_text())
     version = IMAGE_TRTLLM_VERSION[raw["base_image"]["image"]]

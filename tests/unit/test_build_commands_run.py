@@ -141,7 +141,7 @@ def _truss(tmp_path: Path, *, tp: int = 1) -> Path:
 
 
 def _facts(gpus: int):
-    from trtllm_truss.probe import GpuInfo, RuntimeFacts
+    from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 
     return RuntimeFacts(gpus=(GpuInfo("NVIDIA H100 80GB HBM3", "9.0", 81559),) * gpus, trtllm_version="0.21.0",
                         tensorrt_version="10.11.0", trtllm_unavailable_reason=None)
@@ -150,7 +150,7 @@ def _facts(gpus: int):
 def test_engine_builder_builds_once_and_prepare_artifacts_verifies(tmp_path: Path, fake_toolchain) -> None:
     from trtllm_truss.artifacts.prepare import prepare_artifacts
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
+    from trtllm_truss.planning.plan import make_plan
 
     examples, trtllm_build = fake_toolchain
     truss = _truss(tmp_path, tp=2)
@@ -178,7 +178,7 @@ def test_engine_builder_builds_once_and_prepare_artifacts_verifies(tmp_path: Pat
 
 def test_changed_checkpoint_changes_the_key(tmp_path: Path, fake_toolchain) -> None:
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
+    from trtllm_truss.planning.plan import make_plan
 
     examples, trtllm_build = fake_toolchain
     truss = _truss(tmp_path)
@@ -255,7 +255,7 @@ def test_key_follows_build_fields_and_runtime_version_not_runtime_knobs(tmp_path
     import dataclasses
 
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
+    from trtllm_truss.planning.plan import make_plan
 
     truss = _truss(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "TRUSS_SECRET_hf_access_token")}
@@ -276,7 +276,7 @@ def test_key_follows_build_fields_and_runtime_version_not_runtime_knobs(tmp_path
 
 def test_token_never_enters_the_key(tmp_path: Path) -> None:
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
+    from trtllm_truss.planning.plan import make_plan
 
     truss = _truss(tmp_path)
     token = "hf_zyxwvutsrqponmlkjihgfedcba987654"
@@ -288,12 +288,12 @@ def test_token_never_enters_the_key(tmp_path: Path) -> None:
 
 
 def test_cli_builds_then_reuses(tmp_path: Path, fake_toolchain, monkeypatch, capsys) -> None:
-    import trtllm_truss.probe
+    import trtllm_truss.planning.probe
     from trtllm_truss.cli import main
 
     examples, trtllm_build = fake_toolchain
     truss = _truss(tmp_path)
-    monkeypatch.setattr(trtllm_truss.probe, "probe_facts", lambda **kwargs: _facts(1))
+    monkeypatch.setattr(trtllm_truss.planning.probe, "probe_facts", lambda **kwargs: _facts(1))
     monkeypatch.setenv("PATH", f"{trtllm_build.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("TRTLLM_TRUSS_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -313,7 +313,7 @@ def test_missing_examples_fail_only_when_a_build_must_run_and_name_the_setting(t
     from trtllm_truss.artifacts.build import BuildPlanError
     from trtllm_truss.artifacts.engine_builder import EXAMPLES_DIR_CANDIDATES
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
+    from trtllm_truss.planning.plan import make_plan
 
     if any(path.is_dir() for path in EXAMPLES_DIR_CANDIDATES):
         pytest.skip("this machine has NVIDIA's examples in a known place")

@@ -8,9 +8,9 @@ import socket
 
 import grpc
 import pytest
-from trtllm_truss.client import EnsembleClient, UpstreamError
-from trtllm_truss.engine_client import EngineClient
-from trtllm_truss.rpc_errors import describe_rpc_error, engine_message
+from trtllm_truss.engine.client import EnsembleClient, UpstreamError
+from trtllm_truss.engine.engine_client import EngineClient
+from trtllm_truss.engine.rpc_errors import describe_rpc_error, engine_message
 
 
 def _closed_port() -> int:
@@ -38,7 +38,7 @@ def test_unreachable_triton_error_names_no_address(client_class, caplog: pytest.
         finally:
             await client.close()
 
-    with caplog.at_level(logging.WARNING, logger="trtllm_truss.client"):
+    with caplog.at_level(logging.WARNING, logger="trtllm_truss.engine.client"):
         message = asyncio.run(read_interface())
     assert "unavailable" in message
     assert "127.0.0.1" not in message and str(port) not in message, message
@@ -51,7 +51,7 @@ def test_rpc_error_description_hides_address_and_paths(caplog: pytest.LogCapture
         grpc.StatusCode.UNAVAILABLE,
         "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:41719: Connection refused",
     )
-    with caplog.at_level(logging.WARNING, logger="trtllm_truss.client"):
+    with caplog.at_level(logging.WARNING, logger="trtllm_truss.engine.client"):
         message = describe_rpc_error("127.0.0.1:41719", unavailable)
     assert message == "the engine is unavailable (UNAVAILABLE)"
     assert any("127.0.0.1:41719" in record.getMessage() for record in caplog.records)

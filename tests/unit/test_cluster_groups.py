@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trtllm_truss.cluster import (
+from trtllm_truss.runtime.cluster import (
     ClusterError,
     cluster_plan,
     detect_group,
@@ -250,7 +250,7 @@ def test_a_missing_rank_fails_rank_0_naming_it():
 def test_rank_wrapper_waits_for_the_node_repository_then_becomes_the_command(tmp_path):
     marker = tmp_path / "repo" / ".trtllm_truss_repository"
     wrapper = subprocess.Popen(
-        [sys.executable, "-m", "trtllm_truss.cluster", "wait-for", str(marker), "30", "--", "echo", "started"],
+        [sys.executable, "-m", "trtllm_truss.runtime.cluster", "wait-for", str(marker), "30", "--", "echo", "started"],
         stdout=subprocess.PIPE, text=True,
     )
     time.sleep(0.5)
@@ -263,7 +263,7 @@ def test_rank_wrapper_waits_for_the_node_repository_then_becomes_the_command(tmp
 
 def test_rank_wrapper_gives_up_with_the_reason(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "trtllm_truss.cluster", "wait-for", str(tmp_path / "never"), "0.3", "--", "true"],
+        [sys.executable, "-m", "trtllm_truss.runtime.cluster", "wait-for", str(tmp_path / "never"), "0.3", "--", "true"],
         capture_output=True, text=True, timeout=30, check=False,
     )
     assert done.returncode == 1

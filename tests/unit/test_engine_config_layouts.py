@@ -13,7 +13,7 @@ from trtllm_truss.artifacts.engine_config import (
     parse_engine_config,
     verify_engine_dir,
 )
-from trtllm_truss.probe import GpuInfo
+from trtllm_truss.planning.probe import GpuInfo
 
 
 def new_layout(tp: int = 1, pp: int = 1, *, version: str = "0.12.0", **build: object) -> dict:

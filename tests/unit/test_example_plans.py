@@ -18,7 +18,7 @@ import yaml
 from trtllm_flags_check import command_problems, flag_problems, load_flags, printed_commands
 from trtllm_truss.artifacts.target import IMAGE_TRTLLM_VERSIONS
 from trtllm_truss.cli import main
-from trtllm_truss.probe import RuntimeFacts
+from trtllm_truss.planning.probe import RuntimeFacts
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.parent for p in (REPO / "examples").glob("*/config.yaml"))
@@ -30,9 +30,9 @@ LLMAPI_NAMES = json.loads((REPO / "tests" / "data" / "trtllm_flags" / "1.0.0" / 
 def laptop(monkeypatch, tmp_path):
     """A machine without TensorRT-LLM or GPUs (as a developer's or CI's), with no reachable hub: the plans
     must come from the config alone."""
-    import trtllm_truss.probe
+    import trtllm_truss.planning.probe
 
-    monkeypatch.setattr(trtllm_truss.probe, "probe_facts", lambda **kwargs: RuntimeFacts())
+    monkeypatch.setattr(trtllm_truss.planning.probe, "probe_facts", lambda **kwargs: RuntimeFacts())
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # refused at once: the cache key stays unknown
     monkeypatch.setenv("TRTLLM_TRUSS_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     for name in ("TRTLLM_EXAMPLES_DIR", "HF_TOKEN", "TRUSS_SECRET_hf_access_token"):

@@ -21,13 +21,13 @@ from transformers import AutoTokenizer
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.openai import ChatCompletionRequest
 from trtllm_truss.config.schema import RuntimeConfig
-from trtllm_truss.guided_engines import (
+from trtllm_truss.guides.engines import (
     TOKENIZER_INFO_FILE,
     guided_decoding_problems,
     xgrammar_tokenizer_info,
 )
-from trtllm_truss.plan import ServingPlan
-from trtllm_truss.probe import RuntimeFacts
+from trtllm_truss.planning.plan import ServingPlan
+from trtllm_truss.planning.probe import RuntimeFacts
 from trtllm_truss.repository import render_repository, repository_configs
 from trtllm_truss.serving import chat
 from trtllm_truss.serving.core import RequestCore

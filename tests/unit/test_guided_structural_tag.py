@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from trtllm_truss.guided import (
+from trtllm_truss.guides.guide import (
     GuideError,
     check_guide,
     compile_matcher,

@@ -7,33 +7,33 @@ from __future__ import annotations
 import sys
 
 import pytest
-from trtllm_truss import guided
+from trtllm_truss.guides import guide
 
 
 @pytest.fixture
 def no_llguidance(monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance raises ImportError
-    guided.compiler.cache_clear()
+    guide.compiler.cache_clear()
     yield
-    guided.compiler.cache_clear()
+    guide.compiler.cache_clear()
 
 
 def test_only_type_and_size_are_checked_and_the_engine_judges_the_rest(no_llguidance):
-    assert guided.compiler() is None
-    assert guided.check_guide("json_schema", '{"type": "object", "if": {}}') is None
-    with pytest.raises(guided.GuideError, match="unknown guide type 'xml'"):
-        guided.check_guide("xml", "<a/>")
-    with pytest.raises(guided.GuideError, match="more than"):
-        guided.check_guide("regex", "a" * (guided.MAX_GUIDE_BYTES + 1))
+    assert guide.compiler() is None
+    assert guide.check_guide("json_schema", '{"type": "object", "if": {}}') is None
+    with pytest.raises(guide.GuideError, match="unknown guide type 'xml'"):
+        guide.check_guide("xml", "<a/>")
+    with pytest.raises(guide.GuideError, match="more than"):
+        guide.check_guide("regex", "a" * (guide.MAX_GUIDE_BYTES + 1))
 
 
 def test_the_stand_in_s_compiler_says_what_is_missing(no_llguidance, tmp_path):
-    with pytest.raises(guided.GuideError, match="needs llguidance 1.x"):
-        guided.load_guide_tokenizer(tmp_path)
+    with pytest.raises(guide.GuideError, match="needs llguidance 1.x"):
+        guide.load_guide_tokenizer(tmp_path)
 
 
 def test_with_the_pinned_release_unsupported_keywords_are_named():
-    guided.compiler.cache_clear()
-    assert guided.compiler() is not None
-    with pytest.raises(guided.GuideError, match='Unimplemented keys: \\["if"\\]'):
-        guided.check_guide("json_schema", '{"type": "object", "if": {}}')
+    guide.compiler.cache_clear()
+    assert guide.compiler() is not None
+    with pytest.raises(guide.GuideError, match='Unimplemented keys: \\["if"\\]'):
+        guide.check_guide("json_schema", '{"type": "object", "if": {}}')

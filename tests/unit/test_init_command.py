@@ -58,7 +58,7 @@ def test_init_from_each_example_validates_and_uploads_only_served_files(tmp_path
     upload = _upload(truss_dir)
     names = set(upload)
     assert {"config.yaml", "model/model.py", "packages/trtllm_truss/__init__.py", ".truss_ignore"} <= names
-    assert "packages/trtllm_truss/service.py" in names
+    assert "packages/trtllm_truss/fronts/service.py" in names
     leaked = sorted(n for n in names if DEVELOPMENT_PARTS & set(Path(n).parts) or n.endswith((".pyc", ".log")))
     assert not leaked, leaked
     total = sum(upload.values())

@@ -1,4 +1,4 @@
-"""The KV-cache size `trtllm-truss validate` prints (trtllm_truss.kv_capacity), checked by hand arithmetic."""
+"""The KV-cache size `trtllm-truss validate` prints (trtllm_truss.planning.kv_capacity), checked by hand arithmetic."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from trtllm_truss.cli import main
-from trtllm_truss.kv_capacity import GIB, ModelShape, kv_capacity
+from trtllm_truss.planning.kv_capacity import GIB, ModelShape, kv_capacity
 
 # Meta-Llama-3-8B's config.json (the fields the estimate reads).
 LLAMA3_8B = {

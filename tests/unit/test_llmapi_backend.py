@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 from trtllm_truss.config import load_config
-from trtllm_truss.plan import PlanError, backend_setting_problems, choose_backend
-from trtllm_truss.plan import make_plan as _make_plan
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.planning.plan import PlanError, backend_setting_problems, choose_backend
+from trtllm_truss.planning.plan import make_plan as _make_plan
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 from trtllm_truss.repository.llmapi import IMAGE_MODEL_SOURCE_DIRS, find_model_source, model_yaml_document
 from trtllm_truss.repository.models import RepositoryError
 from trtllm_truss.repository.render import render_repository

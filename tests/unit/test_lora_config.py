@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trtllm_truss import lora
+from trtllm_truss.planning import lora
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.artifacts.completeness import IncompleteArtifactError, check_complete
 from trtllm_truss.artifacts.sources import wanted
 from trtllm_truss.config import ConfigError, load_config
-from trtllm_truss.plan import PlanError, make_plan
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.planning.plan import PlanError, make_plan
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 from trtllm_truss.repository.models import repository_configs
 from trtllm_truss.serving.core import Refused, lora_task_id
 

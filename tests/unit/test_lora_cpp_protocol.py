@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import yaml
 from trtllm_truss.artifacts import prepare_artifacts
-from trtllm_truss.client import EngineRefusedError, EnsembleInterface, GenerationParams
+from trtllm_truss.engine.client import EngineRefusedError, EnsembleInterface, GenerationParams
 from trtllm_truss.config import load_config
-from trtllm_truss.engine_client import build_engine_request
-from trtllm_truss.lora import worker_lora_weights
-from trtllm_truss.lora_weights import NvidiaLora, convert_adapter
-from trtllm_truss.plan import PlanError, make_plan
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.engine.engine_client import build_engine_request
+from trtllm_truss.planning.lora import worker_lora_weights
+from trtllm_truss.artifacts.lora_weights import NvidiaLora, convert_adapter
+from trtllm_truss.planning.plan import PlanError, make_plan
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 from trtllm_truss.streaming.lora_tasks import CACHE_MISS, LoraTasks, generate_with_lora
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,11 +158,11 @@ def test_a_miss_after_sending_the_weights_or_another_error_is_not_retried(tmp_pa
 
 @pytest.mark.parametrize("version", ["0.16.0", "0.19.0", "0.21.0"])
 def test_validate_prints_an_engine_build_nvidias_flags_accept(tmp_path, monkeypatch, capsys, version):
-    import trtllm_truss.probe
+    import trtllm_truss.planning.probe
     from trtllm_flags_check import command_problems, printed_commands
     from trtllm_truss.cli import main
 
-    monkeypatch.setattr(trtllm_truss.probe, "probe_facts", lambda **kwargs: RuntimeFacts())
+    monkeypatch.setattr(trtllm_truss.planning.probe, "probe_facts", lambda **kwargs: RuntimeFacts())
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("TRTLLM_TRUSS_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     section = {

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from trtllm_truss.artifacts.target import target_facts
 from trtllm_truss.cli import main
-from trtllm_truss.cluster import planned_cluster, rank_env_args, rank_wrapper
+from trtllm_truss.runtime.cluster import planned_cluster, rank_env_args, rank_wrapper
 from trtllm_truss.config import ConfigError, load_config
 from trtllm_truss.config.schema import RuntimeConfig
-from trtllm_truss.plan import ServingPlan, make_plan
+from trtllm_truss.planning.plan import ServingPlan, make_plan
 from trtllm_truss.repository.models import repository_configs
-from trtllm_truss.stack import _prepare_world
-from trtllm_truss.supervisor import LaunchSpec, TritonPorts, build_launch_command
+from trtllm_truss.runtime.stack import _prepare_world
+from trtllm_truss.runtime.supervisor import LaunchSpec, TritonPorts, build_launch_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NVIDIA = json.loads((REPO_ROOT / "tests" / "data" / "multinode" / "nvidia_multinode.json").read_text())
@@ -224,7 +224,7 @@ def test_a_moe_checkpoint_over_two_nodes_shows_its_expert_split(tmp_path, capsys
 def test_a_tp16_engine_is_verified_against_both_nodes_gpus_and_each_nodes_ranks(tmp_path):
     from trtllm_truss.artifacts import prepare_artifacts
     from trtllm_truss.artifacts.engine_config import EngineVerificationError
-    from trtllm_truss.probe import GpuInfo, RuntimeFacts
+    from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 
     engine = tmp_path / "engine"
     engine.mkdir()

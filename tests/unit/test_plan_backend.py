@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from trtllm_truss.config import load_config
-from trtllm_truss.plan import PlanError, choose_backend, make_plan, stand_in_limits
-from trtllm_truss.probe import GpuInfo, RuntimeFacts, parse_nvidia_smi_csv, probe_facts, probe_gpus
+from trtllm_truss.planning.plan import PlanError, choose_backend, make_plan, stand_in_limits
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts, parse_nvidia_smi_csv, probe_facts, probe_gpus
 
 CPU_ONLY = RuntimeFacts(trtllm_unavailable_reason="TensorRT-LLM is not installed (pip package tensorrt_llm)")
 H100_X2 = RuntimeFacts(

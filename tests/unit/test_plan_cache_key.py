@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from trtllm_truss.config import BuildConfig, load_config
-from trtllm_truss.plan import ENGINE_CACHE_KEY_VERSION, engine_cache_key, engine_cache_key_inputs, make_plan
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.planning.plan import ENGINE_CACHE_KEY_VERSION, engine_cache_key, engine_cache_key_inputs, make_plan
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 
 SHA = "4538057447" * 4
 FACTS = RuntimeFacts(

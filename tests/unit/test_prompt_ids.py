@@ -165,7 +165,7 @@ def test_control_text_detection_finds_exactly_the_added_tokens() -> None:
 
 
 def test_loaded_tokenizer_gives_the_same_raw_prompt_ids_without_transformers(tmp_path: Path) -> None:
-    from trtllm_truss.tokenizer import load_tokenizer
+    from trtllm_truss.engine.tokenizer import load_tokenizer
 
     directory = llama3_dir(tmp_path)
     loaded = load_tokenizer(directory)

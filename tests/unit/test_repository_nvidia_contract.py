@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from trtllm_truss.plan import ServingPlan
+from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import (
     TENSORRTLLM_BACKEND_VERSION,
     DataType,

@@ -1,4 +1,4 @@
-"""Preprocessing logic (trtllm_truss.preprocess) with the embedded model's real tokenizer."""
+"""Preprocessing logic (trtllm_truss.engine.preprocess) with the embedded model's real tokenizer."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trtllm_truss.preprocess import (
+from trtllm_truss.engine.preprocess import (
     PreprocessingError,
     RawRequest,
     preprocess_batch,
     stack_rows,
     word_list_tensor,
 )
-from trtllm_truss.tokenizer import LoadedTokenizer, load_tokenizer
+from trtllm_truss.engine.tokenizer import LoadedTokenizer, load_tokenizer
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
 

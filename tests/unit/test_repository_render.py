@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
-from trtllm_truss.plan import ServingPlan
+from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import (
     MODEL_NAMES,
     WINDOW_RELAY,

@@ -1,5 +1,5 @@
 """Every declared secret's value, whatever its shape, is hidden from what validate/build/serve print or log,
-and kept out of child processes' environments (`trtllm_truss.child_env`)."""
+and kept out of child processes' environments (`trtllm_truss.config.child_env`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trtllm_truss.child_env import child_environment
+from trtllm_truss.config.child_env import child_environment
 from trtllm_truss.cli import main
 from trtllm_truss.config import ConfigError, load_config
 from trtllm_truss.config import secrets as config_secrets

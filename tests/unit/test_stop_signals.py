@@ -14,7 +14,7 @@ PACKAGES = str(Path(__file__).resolve().parents[2] / "packages")
 # No lock is taken in a handler (the main thread may hold it when the handler runs): polls instead.
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
-    from trtllm_truss.stop_signals import chain_stop_handlers
+    from trtllm_truss.runtime.stop_signals import chain_stop_handlers
     events = []
     def previous(signum, frame):
         events.append(f"previous {signal.Signals(signum).name}")

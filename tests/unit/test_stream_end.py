@@ -1,4 +1,4 @@
-"""trtllm_truss.stream_end and its users: a Triton stream is ended by Triton after its last response,
+"""trtllm_truss.engine.stream_end and its users: a Triton stream is ended by Triton after its last response,
 never cancelled while that end may still be under way (tritonserver 2.51 then leaks the request and
 never unloads the model at shutdown, issue 24)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from trtllm_truss.health import EngineProbe
-from trtllm_truss.stream_end import end_call, read_to_end
+from trtllm_truss.engine.health import EngineProbe
+from trtllm_truss.engine.stream_end import end_call, read_to_end
 
 
 class FakeCall:

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from trtllm_truss.client import EngineRefusedError, GenerationParams, UpstreamError
+from trtllm_truss.engine.client import EngineRefusedError, GenerationParams, UpstreamError
 from trtllm_truss.streaming.generation import WorkerModel, WorkerSettings
 from trtllm_truss.streaming.protocol import (
     FrameReader,
@@ -221,7 +221,7 @@ def test_chat_turns_reach_the_engine_as_the_templates_own_ids(model: WorkerModel
 def test_llmapi_requests_use_only_the_names_nvidias_llmapi_model_declares():
     import json
 
-    from trtllm_truss.engine_client import build_llmapi_request
+    from trtllm_truss.engine.engine_client import build_llmapi_request
 
     recorded = json.loads((Path(__file__).resolve().parents[1] / "data/trtllm_flags/1.0.0/llmapi_model.json").read_text())
     declared = recorded["model_inputs"]

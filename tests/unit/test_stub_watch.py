@@ -18,7 +18,7 @@ PACKAGES = str(Path(__file__).resolve().parents[2] / "packages")
 
 CHILD = textwrap.dedent("""
     import ctypes, signal, sys, threading
-    from trtllm_truss.stub_watch import ParentWatch
+    from trtllm_truss.runtime.stub_watch import ParentWatch
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as Triton's stub
     ParentWatch("test", poll_s=0.2, hang_s=float(sys.argv[1])).start()
     print("watching", flush=True)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from trtllm_truss.supervisor import (
+from trtllm_truss.runtime.supervisor import (
     LaunchSpec,
     RestartPolicy,
     TritonPorts,
@@ -18,7 +18,7 @@ from trtllm_truss.supervisor import (
     log_level_of,
     triton_error_lines,
 )
-from trtllm_truss.tritonserver_install import (
+from trtllm_truss.runtime.tritonserver_install import (
     TritonInstallation,
     TritonInstallError,
     assemble_wheel_backends,
@@ -282,7 +282,7 @@ def test_restart_backoff_doubles_up_to_the_cap():
 
 
 def test_startup_error_context_drops_tritons_option_tables_but_keeps_failed_models():
-    from trtllm_truss.supervisor import _without_tables
+    from trtllm_truss.runtime.supervisor import _without_tables
 
     lines = [
         "+----------+-------+",

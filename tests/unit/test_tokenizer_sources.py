@@ -14,8 +14,8 @@ from edge_case_texts import EDGE_TEXTS
 from tokenizer_dirs import EMBEDDED_TOKENIZER_DIR, mistral_dir, remote_code_dir
 
 from trtllm_truss.api.prompt import PromptTokenizer
-from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder, UnsupportedTokenizerError
-from trtllm_truss.tokenizer import TRUST_REMOTE_CODE_KEY, TokenizerLoadError, ensure_tokenizer_json, load_tokenizer
+from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder, UnsupportedTokenizerError
+from trtllm_truss.engine.tokenizer import TRUST_REMOTE_CODE_KEY, TokenizerLoadError, ensure_tokenizer_json, load_tokenizer
 
 TEXTS = [
     "Hello there, how are you today?",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtllm_truss.plan import ServingPlan
+from trtllm_truss.planning.plan import ServingPlan
 
 # Bytes of text one token is assumed to cover at most (a generous bound: long tokens are runs of
 # spaces or punctuation): `max_input_len` times this bounds a prompt that can fit, before tokenizing.

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, StrictModel, Text, WordList
-from trtllm_truss.guided import GUIDE_TYPES
+from trtllm_truss.guides.guide import GUIDE_TYPES
 
 DEFAULT_MAX_TOKENS = 50
 FinishReason = Literal["stop", "length"]

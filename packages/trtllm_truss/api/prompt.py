@@ -105,7 +105,7 @@ class PromptTokenizer:
     def load(
         cls, tokenizer_dir: Path | str, *, add_special_tokens: bool = True, trust_remote_code: bool = False
     ) -> PromptTokenizer:
-        from trtllm_truss.tokenizer import load_transformers_tokenizer  # seconds of import: only when loading
+        from trtllm_truss.engine.tokenizer import load_transformers_tokenizer  # seconds of import: only when loading
 
         tokenizer = load_transformers_tokenizer(Path(tokenizer_dir), trust_remote_code=trust_remote_code)
         return cls.of(tokenizer, add_special_tokens=add_special_tokens)

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.limits import RequestLimits
-from trtllm_truss.client import GenerationParams
+from trtllm_truss.engine.client import GenerationParams
 
 # Sentinel end id that no token has: the engine then generates until max_tokens (ignore_eos).
 IGNORE_EOS_END_ID = -1

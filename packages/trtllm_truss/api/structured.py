@@ -2,7 +2,7 @@
 checked before the request is queued.
 
 A `Guide` is TensorRT-LLM's `guided_decoding_guide_type` with its `guided_decoding_guide` text
-(`trtllm_truss.guided.GUIDE_TYPES`), plus the request field it came from (for errors). Sources:
+(`trtllm_truss.guides.guide.GUIDE_TYPES`), plus the request field it came from (for errors). Sources:
 
 - OpenAI `response_format` (chat, completions): `text`, `json_object` -> "json_schema" of an
   object (NVIDIA's "json" is any JSON value), `json_schema`
@@ -42,7 +42,7 @@ from pydantic import Field
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
-from trtllm_truss.guided import GuideError, check_guide, schema_text
+from trtllm_truss.guides.guide import GuideError, check_guide, schema_text
 
 MAX_GUIDE_BYTES = 128 * 1024  # UTF-8 bytes of a guide's text (a schema as compact JSON, a regex, a grammar)
 MAX_GUIDE_DEPTH = 64  # JSON nesting (objects and arrays) of a schema document

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Mapping, Protocol, TextIO
 
-from trtllm_truss.child_env import child_environment
+from trtllm_truss.config.child_env import child_environment
 from trtllm_truss.config.errors import redact
 from trtllm_truss.config.schema import (
     Architecture,
@@ -37,8 +37,8 @@ from trtllm_truss.config.schema import (
     BuildConfig,
     Quantization,
 )
-from trtllm_truss.lora import lora_build_flags
-from trtllm_truss.speculation import lookahead_config, trtllm_build_flags
+from trtllm_truss.planning.lora import lora_build_flags
+from trtllm_truss.planning.speculation import lookahead_config, trtllm_build_flags
 
 logger = logging.getLogger(__name__)
 

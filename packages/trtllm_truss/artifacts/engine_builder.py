@@ -2,7 +2,7 @@
 
 `EngineBuilder` is the `build_engine` callable `prepare_artifacts` takes: given a build-mode plan it
 returns the engine directory, building at most once per cache key across every process that shares
-the cache directory. The key comes from `trtllm_truss.plan.engine_cache_key` (build section,
+the cache directory. The key comes from `trtllm_truss.planning.plan.engine_cache_key` (build section,
 checkpoint commit, TensorRT-LLM / TensorRT versions, GPU, TP/PP); the token is never part of it.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, Literal, Mapping
 from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, LineSink, engine_create_fn, plan_build
 from trtllm_truss.artifacts.cache import EngineCache, HubEngineStore, decide_remote_use
 from trtllm_truss.artifacts.engine_config import write_build_record
-from trtllm_truss.child_env import child_environment
-from trtllm_truss.plan import ServingPlan, engine_cache_key_inputs
+from trtllm_truss.config.child_env import child_environment
+from trtllm_truss.planning.plan import ServingPlan, engine_cache_key_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class EngineBuilder:
         from trtllm_truss.artifacts.fetch import resolve_revision
         from trtllm_truss.artifacts.hub import HubUnreachableError
         from trtllm_truss.artifacts.revision_record import read_revision_record, write_revision_record
-        from trtllm_truss.plan import engine_cache_key
+        from trtllm_truss.planning.plan import engine_cache_key
 
         try:
             resolved = resolve_revision(

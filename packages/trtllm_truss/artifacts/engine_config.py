@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trtllm_truss.probe import GpuInfo
+from trtllm_truss.planning.probe import GpuInfo
 
 ENGINE_CONFIG_FILE = "config.json"
 # Optional sidecar our builder writes: the GPU an engine was built on (config.json does not record it).

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from trtllm_truss.probe import GpuInfo, RuntimeFacts
+from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 
 # TensorRT-LLM inside each NVIDIA image we name, from NVIDIA's release notes
 # (NVIDIA/TensorRT-LLM docs/source/release-notes.md, "Infrastructure Changes" of each release;

@@ -3,7 +3,7 @@ the engine as NVIDIA's `guided_decoding_guide_type: json_schema`, and what the g
 
 The file holds one schema (a JSON object) or one schema per line (JSONL); request i uses schema
 i mod n. Compile times are measured in the bench process with the engine's own compiler
-(`trtllm_truss.guided.compile_matcher`, llguidance over the deployment's tokenizer), one compile per
+(`trtllm_truss.guides.guide.compile_matcher`, llguidance over the deployment's tokenizer), one compile per
 distinct schema; the engine's cache hit rate comes from the stand-in's counters on Triton's /metrics.
 """
 
@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from trtllm_truss.guided import (
+from trtllm_truss.guides.guide import (
     GuideError,
     compile_matcher,
     load_guide_tokenizer,

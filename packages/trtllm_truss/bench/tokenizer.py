@@ -1,4 +1,4 @@
-"""The benchmark's tokenizer: the same loader preprocessing uses (`trtllm_truss.tokenizer`), so the
+"""The benchmark's tokenizer: the same loader preprocessing uses (`trtllm_truss.engine.tokenizer`), so the
 engine target's prompt ids are exactly what preprocessing produces for the text targets' prompts.
 It also avoids importing transformers, which costs seconds on a busy 2-core machine."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from trtllm_truss.tokenizer import LoadedTokenizer, load_tokenizer
+from trtllm_truss.engine.tokenizer import LoadedTokenizer, load_tokenizer
 
 
 class BenchTokenizer:

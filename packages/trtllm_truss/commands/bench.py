@@ -148,8 +148,8 @@ def _load_tokenizer(path: Path):
 def _plan_tokenizer_dir(truss_dir: Path) -> Path:
     """The tokenizer directory the truss's plan names (exists once the stack has fetched it)."""
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
-    from trtllm_truss.probe import probe_facts
+    from trtllm_truss.planning.plan import make_plan
+    from trtllm_truss.planning.probe import probe_facts
 
     plan = make_plan(load_config(truss_dir), probe_facts())
     return plan.tokenizer_dir
@@ -407,7 +407,7 @@ def _write_outputs(report: Any, args: argparse.Namespace, err: Any) -> None:
 
 def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any):
     """tritonserver with the truss's rendered repository, as `serve` runs it."""
-    from trtllm_truss.stack import start_stack
+    from trtllm_truss.runtime.stack import start_stack
 
     with err.status("starting the stack...") as status:
         stack = start_stack(
@@ -428,7 +428,7 @@ def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: A
 def _start_truss_server(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any) -> tuple[str, int]:
     """truss's own model server on the truss directory (which starts tritonserver in model.load())."""
     try:
-        from trtllm_truss.truss_server import build_server_root, start_truss_server
+        from trtllm_truss.fronts.truss_server import build_server_root, start_truss_server
     except ImportError:
         raise RuntimeError(
             "this installation cannot start truss's model server itself; start one and pass --url http://host:port"

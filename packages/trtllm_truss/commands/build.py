@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from trtllm_truss.artifacts.engine_builder import EngineBuilder
     from trtllm_truss.artifacts.target import DeployTarget, PlanVersion
     from trtllm_truss.config import ResolvedConfig
-    from trtllm_truss.plan import ServingPlan
-    from trtllm_truss.probe import RuntimeFacts
+    from trtllm_truss.planning.plan import ServingPlan
+    from trtllm_truss.planning.probe import RuntimeFacts
 
 HELP = "build or fetch the engine now; print the cache key, location, sizes and time"
 
@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_truss.artifacts.prepare import prepare_artifacts
     from trtllm_truss.artifacts.sources import FetchError
     from trtllm_truss.config import ConfigError, load_config
-    from trtllm_truss.plan import PlanError, make_plan
-    from trtllm_truss.probe import probe_facts
+    from trtllm_truss.planning.plan import PlanError, make_plan
+    from trtllm_truss.planning.probe import probe_facts
 
     out, err = sys.stdout, sys.stderr
     try:
@@ -142,7 +142,7 @@ def plan_for_target(
     settings that backend would refuse, exactly as `serve` would.
     """
     from trtllm_truss.artifacts.target import DEFAULT_TARGET_PYTHON, plan_version, read_deploy_target, target_facts
-    from trtllm_truss.plan import make_plan
+    from trtllm_truss.planning.plan import make_plan
 
     deploy = read_deploy_target(resolved.truss_dir)
     version = plan_version(requested_version, facts, deploy)
@@ -194,7 +194,7 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
     ]
     lines += [f"# note: {note}" for note in target.notes]
     if plan.backend == "tensorrtllm" and plan.speculative is not None:
-        from trtllm_truss.speculation import backend_parameters
+        from trtllm_truss.planning.speculation import backend_parameters
 
         parameters = ", ".join(f"{name}={value}" for name, value in backend_parameters(plan.speculative))
         lines.append(f"# tensorrt_llm parameters for speculative decoding: {parameters}")

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from trtllm_truss.api.native import PredictRequest
-    from trtllm_truss.service import LLMService
+    from trtllm_truss.fronts.service import LLMService
     from trtllm_truss.serving.core import parse_request
     from trtllm_truss.serving.native import StreamFailed
 

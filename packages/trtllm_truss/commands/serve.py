@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def requested_ports(http: int | None, grpc: int | None, metrics: int | None):
     """Ports given on the command line; the others free ones. None when none was given."""
-    from trtllm_truss.supervisor import TritonPorts, choose_free_ports
+    from trtllm_truss.runtime.supervisor import TritonPorts, choose_free_ports
 
     if http is None and grpc is None and metrics is None:
         return None
@@ -63,11 +63,11 @@ def _configure_logging(console, verbose: bool) -> None:
 
 def _startup_errors() -> tuple[type[BaseException], ...]:
     from trtllm_truss.artifacts import FetchError
-    from trtllm_truss.cluster import ClusterError
+    from trtllm_truss.runtime.cluster import ClusterError
     from trtllm_truss.config import ConfigError
-    from trtllm_truss.plan import PlanError
+    from trtllm_truss.planning.plan import PlanError
     from trtllm_truss.repository import RepositoryError
-    from trtllm_truss.supervisor import TritonInstallError, TritonStartupError
+    from trtllm_truss.runtime.supervisor import TritonInstallError, TritonStartupError
 
     return (
         ConfigError, PlanError, FetchError, RepositoryError, ClusterError, TritonInstallError, TritonStartupError, ValueError
@@ -86,7 +86,7 @@ def _describe(exc: BaseException) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from trtllm_truss.stack import start_stack
+    from trtllm_truss.runtime.stack import start_stack
 
     # Piped output (CI logs, tests) gets long lines instead of 80 columns of wrapped log records.
     console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         markup=False,
     )
     if resolved.node_count > 1 and resolved.accelerator is not None:
-        from trtllm_truss.cluster import planned_cluster
+        from trtllm_truss.runtime.cluster import planned_cluster
 
         layout = planned_cluster(config.world_size, resolved.node_count, resolved.accelerator.count)
         for line in layout.describe():
@@ -88,8 +88,8 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
     from trtllm_truss.artifacts.build import BuildPlanError
     from trtllm_truss.commands.build import describe_target_plan, plan_for_target
     from trtllm_truss.config.errors import redact
-    from trtllm_truss.plan import PlanError
-    from trtllm_truss.probe import probe_facts
+    from trtllm_truss.planning.plan import PlanError
+    from trtllm_truss.planning.probe import probe_facts
 
     try:
         target = plan_for_target(resolved, probe_facts(), args.trtllm_version)
@@ -112,7 +112,7 @@ def _model_config(resolved) -> tuple[dict | None, int | None, str]:
     """(config.json, weights size, "") of the checkpoint (build) or engine (serve), or (None, None, why not).
     Local folders are read; a hub repository's config.json alone is downloaded (a few KB)."""
     from trtllm_truss.artifacts.hub import hub_endpoint, resolve_hf_token
-    from trtllm_truss.kv_capacity import read_model_config
+    from trtllm_truss.planning.kv_capacity import read_model_config
 
     trt = resolved.trt_llm
     source, revision = (
@@ -143,8 +143,8 @@ def _model_config(resolved) -> tuple[dict | None, int | None, str]:
 
 
 def kv_estimate_lines(resolved) -> list[str]:
-    """The KV-cache size the engine will have on resources.accelerator (trtllm_truss.kv_capacity)."""
-    from trtllm_truss.kv_capacity import ModelShape, kv_capacity
+    """The KV-cache size the engine will have on resources.accelerator (trtllm_truss.planning.kv_capacity)."""
+    from trtllm_truss.planning.kv_capacity import ModelShape, kv_capacity
 
     trt = resolved.trt_llm
     accelerator = resolved.accelerator

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtllm_truss.cluster import node_count_problem
+from trtllm_truss.runtime.cluster import node_count_problem
 from trtllm_truss.config.accelerator import (
     BF16_MIN_COMPUTE_CAPABILITY,
     FP4_MIN_COMPUTE_CAPABILITY,

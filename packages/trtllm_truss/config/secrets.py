@@ -5,7 +5,7 @@ the variable `TRUSS_SECRET_<name>` and the file `/secrets/<name>` (truss's `Secr
 them as the `secrets` mapping, which can be looked up but not iterated. Credentials can also arrive as
 well-known variables (`HF_TOKEN`, `AWS_SECRET_ACCESS_KEY`, ...). Every such value, whatever its shape, is
 redacted from what validate/build/serve print or log (`config.errors.redact`) and stripped from the
-environment of child processes (`trtllm_truss.child_env`).
+environment of child processes (`trtllm_truss.config.child_env`).
 """
 
 from __future__ import annotations

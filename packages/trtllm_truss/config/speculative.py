@@ -1,7 +1,7 @@
 """`model_metadata.trt_llm.speculative`: speculative decoding, checked without knowing the backend.
 
 Which backend and TensorRT-LLM version runs which mode (and the names each one takes) is decided when
-the plan is made (`trtllm_truss.speculation`); here only what holds everywhere: the sizes NVIDIA's
+the plan is made (`trtllm_truss.planning.speculation`); here only what holds everywhere: the sizes NVIDIA's
 `LookaheadDecodingConfig::isLegal` accepts, what each mode needs, and the Baseten `speculator`
 spellings (`LOOKAHEAD_DECODING`, `DRAFT_TOKENS_EXTERNAL`, `num_draft_tokens`).
 """

@@ -1,7 +1,7 @@
 """Guided decoding in the stand-in engine: NVIDIA's `guided_decoding_guide_type` / `guided_decoding_guide`
 enforced where tokens are chosen, as TensorRT-LLM's guided decoder masks the logits before sampling.
 
-It uses llguidance, the compiler the request path checks guides with (`trtllm_truss.guided`), so a guide
+It uses llguidance, the compiler the request path checks guides with (`trtllm_truss.guides.guide`), so a guide
 the API accepted is a guide the engine enforces.
 - `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guided.compile_matcher`) on a small thread pool, never on the
   decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
@@ -29,7 +29,7 @@ import llguidance.numpy
 import numpy as np
 
 from trtllm_truss.engine_standin.types import Guide
-from trtllm_truss.guided import GuideError, compile_matcher, load_guide_tokenizer
+from trtllm_truss.guides.guide import GuideError, compile_matcher, load_guide_tokenizer
 
 if TYPE_CHECKING:
     import torch

@@ -38,7 +38,7 @@ from trtllm_truss.engine_standin.types import (
     RequestRejected,
 )
 from trtllm_truss.engine_standin.words import ends_with_any
-from trtllm_truss.guided import GUIDE_TYPES
+from trtllm_truss.guides.guide import GUIDE_TYPES
 
 log = logging.getLogger(__name__)
 

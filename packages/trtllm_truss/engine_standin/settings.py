@@ -133,7 +133,7 @@ class StandinSettings:
 
 
 def _lora_adapters(raw: str | None, problems: list[str]) -> dict[int, tuple[str, Path]]:
-    """`{"<task id>": {"name": ..., "dir": ...}}` (trtllm_truss.lora.stand_in_parameter)."""
+    """`{"<task id>": {"name": ..., "dir": ...}}` (trtllm_truss.planning.lora.stand_in_parameter)."""
     if raw is None:
         return {}
     try:

@@ -54,7 +54,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Guide:
-    """NVIDIA's guided decoding of one request: `guided_decoding_guide_type` (trtllm_truss.guided.GUIDE_TYPES)
+    """NVIDIA's guided decoding of one request: `guided_decoding_guide_type` (trtllm_truss.guides.guide.GUIDE_TYPES)
     and its `guided_decoding_guide` text (None for "json")."""
 
     guide_type: str

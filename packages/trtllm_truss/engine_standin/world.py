@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trtllm_truss.cluster import WORLD_ADDRESS_ENV
+from trtllm_truss.runtime.cluster import WORLD_ADDRESS_ENV
 
 logger = logging.getLogger(__name__)
 

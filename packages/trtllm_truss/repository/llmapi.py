@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from trtllm_truss.repository.models import RepositoryError
-from trtllm_truss.speculation import llmapi_speculative_config
+from trtllm_truss.planning.speculation import llmapi_speculative_config
 
 if TYPE_CHECKING:
     from trtllm_truss.config.schema import BuildConfig, RuntimeConfig
     from trtllm_truss.config.speculative import SpeculativeConfig
-    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.planning.plan import ServingPlan
 
 MODEL_NAME = "tensorrt_llm"  # NVIDIA's name for the llmapi model
 MODEL_SOURCE_ENV = "TRTLLM_LLMAPI_MODEL_DIR"

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_truss import lora
-from trtllm_truss.detokenize import PREFIX_WINDOW_TOKENS
-from trtllm_truss.guided_engines import XGRAMMAR
+from trtllm_truss.planning import lora
+from trtllm_truss.engine.detokenize import PREFIX_WINDOW_TOKENS
+from trtllm_truss.guides.engines import XGRAMMAR
 from trtllm_truss.repository import interface as nv
 from trtllm_truss.repository.model_config import (
     DynamicBatching,
@@ -24,10 +24,10 @@ from trtllm_truss.repository.model_config import (
     InstanceGroup,
     ModelConfig,
 )
-from trtllm_truss.speculation import backend_parameters
+from trtllm_truss.planning.speculation import backend_parameters
 
 if TYPE_CHECKING:
-    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.planning.plan import ServingPlan
 
 ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING = "ensemble", "preprocessing", "tensorrt_llm", "postprocessing"
 IDS_ENSEMBLE = "ensemble_ids"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtllm_truss.guided_engines import TOKENIZER_INFO_FILE, write_xgrammar_tokenizer_info
+from trtllm_truss.guides.engines import TOKENIZER_INFO_FILE, write_xgrammar_tokenizer_info
 from trtllm_truss.repository.models import (
     ENGINE,
     POSTPROCESSING,
@@ -26,7 +26,7 @@ from trtllm_truss.repository.models import (
 from trtllm_truss.repository.pbtxt import to_pbtxt
 
 if TYPE_CHECKING:
-    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.planning.plan import ServingPlan
 
 PACKAGES_DIR = Path(__file__).resolve().parent.parent.parent  # holds trtllm_truss
 TRITON_MODELS_DIR = PACKAGES_DIR / "trtllm_truss" / "triton_models"

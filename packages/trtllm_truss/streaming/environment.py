@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import trtllm_truss
-from trtllm_truss.child_env import child_environment
+from trtllm_truss.config.child_env import child_environment
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:

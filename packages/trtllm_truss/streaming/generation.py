@@ -20,12 +20,12 @@ from fastapi import HTTPException
 
 from trtllm_truss.api.openai import LogProbEntry
 from trtllm_truss.api.stops import StopSequenceTrimmer
-from trtllm_truss.client import EnsembleClient, UpstreamError
-from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
-from trtllm_truss.engine_client import LLMAPI_UNSUPPORTED, EngineClient, LlmApiClient
-from trtllm_truss.lora import worker_lora_weights  # noqa: F401 - what service.stream_pool passes here
-from trtllm_truss.metrics import ItlAccumulator
-from trtllm_truss.preprocess import word_list_tensor
+from trtllm_truss.engine.client import EnsembleClient, UpstreamError
+from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.engine.engine_client import LLMAPI_UNSUPPORTED, EngineClient, LlmApiClient
+from trtllm_truss.planning.lora import worker_lora_weights  # noqa: F401 - what service.stream_pool passes here
+from trtllm_truss.streaming.metrics import ItlAccumulator
+from trtllm_truss.engine.preprocess import word_list_tensor
 from trtllm_truss.streaming.lora_tasks import LoraTasks, generate_with_lora
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
 
@@ -122,7 +122,7 @@ class WorkerModel:
     """What a worker loads once: the tokenizer (prompts, chat template, decoding) and the engine client."""
 
     def __init__(self, settings: WorkerSettings) -> None:
-        from trtllm_truss.tokenizer import load_tokenizer
+        from trtllm_truss.engine.tokenizer import load_tokenizer
 
         self.settings = settings
         self.tokenizer = load_tokenizer(Path(settings.tokenizer_dir), trust_remote_code=settings.trust_remote_code)
@@ -133,7 +133,7 @@ class WorkerModel:
         self.max_token_bytes = TokenDecoder(self.tokenizer, skip_special_tokens=False).max_token_bytes
         self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * self.max_token_bytes
         from trtllm_truss import parsers
-        from trtllm_truss.tokenizer import read_chat_template
+        from trtllm_truss.engine.tokenizer import read_chat_template
 
         template = read_chat_template(settings.tokenizer_dir)
         self.tool_call_parser = parsers.resolve(settings.tool_call_parser, parsers.detect_tool_parser(template))

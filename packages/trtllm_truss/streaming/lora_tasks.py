@@ -2,13 +2,13 @@
 
 The backend keeps adapters in its LoRA cache by `lora_task_id` (tensorrtllm_backend docs/lora.md): the
 first request of a task id carries the adapter itself (`lora_weights` + `lora_config`, NVIDIA's layout:
-`trtllm_truss.lora_weights`), later ones the id alone. An adapter evicted from the cache (or never seen,
+`trtllm_truss.artifacts.lora_weights`), later ones the id alone. An adapter evicted from the cache (or never seen,
 e.g. after a tritonserver restart) makes the engine answer NVIDIA's "LoRA task <id> not found in cache.
 Please send LoRA weights with request" (PeftCacheManager::addRequestPeft); the worker then sends the
 request again with the weights, once. Each worker process keeps its own record of what it sent, so a
 task's first request from every worker carries the weights.
 
-The request with the adapter is built by `trtllm_truss.lora_weights.add_request_inputs`.
+The request with the adapter is built by `trtllm_truss.artifacts.lora_weights.add_request_inputs`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtllm_truss.client import EngineRefusedError
+from trtllm_truss.engine.client import EngineRefusedError
 
 # NVIDIA's message (cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp, addRequestPeft).
 CACHE_MISS = re.compile(r"LoRA task (\d+) not found in cache\. Please send LoRA weights with request")
@@ -41,7 +41,7 @@ class LoraTasks:
     def adapter(self, task_id: int) -> tuple[np.ndarray, np.ndarray]:
         """(weights [1, rows, size] float16, config [1, rows, 3] int32) of a task."""
         if task_id not in self._arrays:
-            from trtllm_truss.lora_weights import NvidiaLora
+            from trtllm_truss.artifacts.lora_weights import NvidiaLora
 
             converted = NvidiaLora.load(self._dirs[task_id])
             self._arrays[task_id] = (converted.weights.astype(np.float16), converted.config.astype(np.int32))

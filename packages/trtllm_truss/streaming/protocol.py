@@ -22,8 +22,8 @@ import pickle
 import struct
 from dataclasses import dataclass
 
-from trtllm_truss.client import GenerationParams
-from trtllm_truss.metrics import ItlSummary
+from trtllm_truss.engine.client import GenerationParams
+from trtllm_truss.streaming.metrics import ItlSummary
 
 _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30

@@ -9,7 +9,7 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from trtllm_truss import client
+from trtllm_truss.engine import client
 from trtllm_truss.bench.targets.base import IgnoreEos, StreamChunk, TargetName
 from trtllm_truss.bench.targets.triton_grpc import TritonModelStream
 from trtllm_truss.bench.workload import BenchRequest

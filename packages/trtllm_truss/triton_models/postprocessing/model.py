@@ -4,7 +4,7 @@ Inputs: `TOKENS_BATCH` INT32 [-1, -1] (beams x tokens; in streaming mode only th
 `SEQUENCE_LENGTH` INT32 [-1] (valid tokens per beam), optional `PREFIX_IDS` INT32 [-1] (up to 8 ids
 preceding these tokens, sent by the engine). Output: `OUTPUT` STRING [-1] (one text per beam).
 Parameters: `tokenizer_dir`, `skip_special_tokens` (true|false, default true). Each response's text is exactly the characters whose last byte lies in
-its tokens (trtllm_truss.detokenize), so any instance can serve any response of any stream.
+its tokens (trtllm_truss.engine.detokenize), so any instance can serve any response of any stream.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from trtllm_truss.detokenize import TokenDecoder
-from trtllm_truss.stub_watch import watch_parent
-from trtllm_truss.tokenizer import load_tokenizer
+from trtllm_truss.engine.detokenize import TokenDecoder
+from trtllm_truss.runtime.stub_watch import watch_parent
+from trtllm_truss.engine.tokenizer import load_tokenizer
 
 
 class TritonPythonModel:

@@ -3,7 +3,7 @@
 Tensor interface as NVIDIA's inflight_batcher_llm preprocessing (see repository/interface.py).
 Parameters (config.pbtxt, strings): `tokenizer_dir`, `add_special_tokens` (true|false),
 `max_input_len` and `max_output_len` (optional; over-long requests fail alone with a clear error).
-A whole dynamic batch is tokenized in one call (trtllm_truss.preprocess). A request of batch size N
+A whole dynamic batch is tokenized in one call (trtllm_truss.engine.preprocess). A request of batch size N
 (N rows in every input, as NVIDIA's clients send with --batch-inputs) gets N rows in every output;
 a bad row fails its request.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import triton_python_backend_utils as pb_utils
-from trtllm_truss.preprocess import (
+from trtllm_truss.engine.preprocess import (
     PreprocessedRequest,
     PreprocessingError,
     RawRequest,
@@ -21,8 +21,8 @@ from trtllm_truss.preprocess import (
     preprocess_batch,
     stack_rows,
 )
-from trtllm_truss.stub_watch import watch_parent
-from trtllm_truss.tokenizer import load_tokenizer
+from trtllm_truss.runtime.stub_watch import watch_parent
+from trtllm_truss.engine.tokenizer import load_tokenizer
 
 
 def _parameter(config: dict, key: str) -> str | None:

@@ -46,7 +46,7 @@ from trtllm_truss.engine_standin.senders import (
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 from trtllm_truss.engine_standin.stream_interval import IntervalBuffer
 from trtllm_truss.engine_standin.world import join_world
-from trtllm_truss.stub_watch import watch_parent
+from trtllm_truss.runtime.stub_watch import watch_parent
 
 STANDIN_MODEL_INTERFACE = """
 Model name in the rendered repository: tensorrt_llm. backend: "python", decoupled: runtime.decoupled_mode
@@ -144,7 +144,7 @@ def _instance_position(args: dict, model_config: dict) -> tuple[int, int]:
 
 
 def _world_join_timeout_s() -> float:
-    from trtllm_truss.cluster import DEFAULT_NODE_WAIT_S, NODE_WAIT_ENV
+    from trtllm_truss.runtime.cluster import DEFAULT_NODE_WAIT_S, NODE_WAIT_ENV
 
     return float(os.environ.get(NODE_WAIT_ENV) or DEFAULT_NODE_WAIT_S)
 

@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from trtllm_truss.stub_watch import watch_parent
+from trtllm_truss.runtime.stub_watch import watch_parent
 
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
 # Sent by the engine only when a request asks for them (NVIDIA's fillTritonResponse).

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from trtllm_truss.tokenizer import load_tokenizer
+from trtllm_truss.engine.tokenizer import load_tokenizer
 
 WINDOW = 8
 CHUNK_CYCLE = (1, 2, 3)

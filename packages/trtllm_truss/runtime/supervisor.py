@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
-from trtllm_truss import child_env
-from trtllm_truss.tritonserver_install import (
+from trtllm_truss.config import child_env
+from trtllm_truss.runtime.tritonserver_install import (
     BinaryCandidate,
     TritonInstallation,
     TritonInstallError,
@@ -134,7 +134,7 @@ class LaunchSpec:
     # its own SIGTERM handling holds the ranks for a while and then SIGKILLs them, and Open MPI's ranks
     # outlive a killed mpirun, which is why each rank carries its own.
     setpriv: str | None = None
-    # Several nodes (trtllm_truss.cluster): mpirun's global options placing the ranks (hostfile, launch
+    # Several nodes (trtllm_truss.runtime.cluster): mpirun's global options placing the ranks (hostfile, launch
     # agent), and what every rank's app context starts with: its options (`-x` forwarding) and the argv
     # it starts through (a wrapper that waits for its node's repository).
     mpi_args: tuple[str, ...] = ()

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from trtllm_truss.cluster import ClusterPlan
-from trtllm_truss.plan import ServingPlan
-from trtllm_truss.probe import RuntimeFacts
-from trtllm_truss.supervisor import (
+from trtllm_truss.runtime.cluster import ClusterPlan
+from trtllm_truss.planning.plan import ServingPlan
+from trtllm_truss.planning.probe import RuntimeFacts
+from trtllm_truss.runtime.supervisor import (
     ServerExit,
     TritonPorts,
     TritonServer,
     choose_free_ports,
 )
-from trtllm_truss.tritonserver_install import locate_tritonserver
+from trtllm_truss.runtime.tritonserver_install import locate_tritonserver
 
 logger = logging.getLogger(__name__)
 # `typing.Self` is Python 3.11+; the package supports 3.10.
@@ -86,7 +86,7 @@ def start_stack(
     """Bring the stack up and return it once the ensemble is ready.
 
     `environ` is what the configuration's environment overrides are read from (default: os.environ);
-    tritonserver inherits the process environment minus every credential (trtllm_truss.child_env).
+    tritonserver inherits the process environment minus every credential (trtllm_truss.config.child_env).
     `repository_dir` defaults to a fresh temporary directory removed by `RunningStack.stop()`
     (several nodes: always `<artifacts>/repositories/<content digest>`, the same path on every node; on a
     worker node the stack stops there, prepared, with no server). Errors of every stage propagate with their own
@@ -95,8 +95,8 @@ def start_stack(
     # Imported here: each stage pulls in its own dependencies, and `validate` never needs them.
     from trtllm_truss.artifacts import prepare_artifacts
     from trtllm_truss.config import load_config
-    from trtllm_truss.plan import make_plan
-    from trtllm_truss.probe import probe_facts
+    from trtllm_truss.planning.plan import make_plan
+    from trtllm_truss.planning.probe import probe_facts
     from trtllm_truss.repository import ENSEMBLE, IDS_ENSEMBLE, render_repository
     from trtllm_truss.repository.models import ENGINE
 
@@ -114,7 +114,7 @@ def start_stack(
     logger.info("backend %s (%s), world size %d", plan.backend, plan.backend_reason, plan.world_size)
     cluster = None
     if plan.node_count > 1:  # before any download: a group that does not match fails in seconds
-        from trtllm_truss.cluster import cluster_plan
+        from trtllm_truss.runtime.cluster import cluster_plan
 
         cluster = cluster_plan(plan.tritonserver_ranks, plan.node_count, plan.gpus_per_node, environ)
         for line in cluster.describe():
@@ -198,7 +198,7 @@ def render_node_repository(plan: ServingPlan, artifacts_dir: Path) -> Path:
     same path; a repository already there (an earlier start, or a node sharing the cache) is reused."""
     import os
 
-    from trtllm_truss.cluster import repository_digest
+    from trtllm_truss.runtime.cluster import repository_digest
     from trtllm_truss.repository import render_repository
 
     root = Path(artifacts_dir) / "repositories"
@@ -232,8 +232,8 @@ def _prepare_world(
     Settings come from `environ` (default os.environ); what is forwarded, from the children's environment."""
     import os
 
-    from trtllm_truss import child_env
-    from trtllm_truss.cluster import (
+    from trtllm_truss.config import child_env
+    from trtllm_truss.runtime.cluster import (
         NODE_WAIT_ENV,
         WORLD_ADDRESS_ENV,
         launch_agent,
@@ -262,6 +262,6 @@ def _prepare_world(
 
 
 def _log_world_exit(cluster: ClusterPlan, event: ServerExit) -> None:
-    from trtllm_truss.cluster import explain_world_exit
+    from trtllm_truss.runtime.cluster import explain_world_exit
 
     logger.error("%s", explain_world_exit(cluster, event.log_tail, will_restart=event.will_restart))

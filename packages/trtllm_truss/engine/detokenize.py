@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtllm_truss.tokenizer import LoadedTokenizer
+from trtllm_truss.engine.tokenizer import LoadedTokenizer
 
 # How many preceding tokens the engine sends with each response (`prefix_ids`).
 PREFIX_WINDOW_TOKENS = 8

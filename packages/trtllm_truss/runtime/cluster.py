@@ -25,7 +25,7 @@ waits for mpirun to start its ranks there. `mpirun` reaches the
 other nodes through Open MPI's rsh launcher: `ssh` by default, or the command in
 `TRTLLM_TRUSS_MPI_LAUNCH_AGENT` (`--mca plm_rsh_agent`, e.g. NVIDIA's tutorial's `kubessh`).
 
-This module reads only the environment; it starts nothing. `python -m trtllm_truss.cluster wait-for`
+This module reads only the environment; it starts nothing. `python -m trtllm_truss.runtime.cluster wait-for`
 is the small wrapper each rank starts through: it waits until its node has the model repository
 (the node's own truss prepared it) and then becomes the rank's command.
 """
@@ -532,14 +532,14 @@ def wait_for_path(path: Path, timeout_s: float, *, poll_s: float = 0.2) -> bool:
 
 def rank_wrapper(path: Path, timeout_s: float) -> list[str]:
     """The argv prefix that makes a rank wait for `path` on its own node before it starts."""
-    return [sys.executable, "-m", "trtllm_truss.cluster", "wait-for", str(path), str(timeout_s), "--"]
+    return [sys.executable, "-m", "trtllm_truss.runtime.cluster", "wait-for", str(path), str(timeout_s), "--"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`wait-for PATH TIMEOUT_S -- COMMAND...`: wait until PATH exists on this node, then exec COMMAND."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 5 or args[0] != "wait-for" or args[3] != "--":
-        print("usage: python -m trtllm_truss.cluster wait-for PATH TIMEOUT_S -- COMMAND...", file=sys.stderr)
+        print("usage: python -m trtllm_truss.runtime.cluster wait-for PATH TIMEOUT_S -- COMMAND...", file=sys.stderr)
         return 2
     path, timeout_s, command = Path(args[1]), float(args[2]), args[4:]
     rank = os.environ.get("OMPI_COMM_WORLD_RANK", "?")

@@ -203,13 +203,13 @@ def with_nvidia_layouts(
     adapters: tuple[PlannedAdapter, ...], root: Path, revisions: Mapping[Path, str]
 ) -> tuple[PlannedAdapter, ...]:
     """The adapters with NVIDIA's request layout made once per adapter revision (backend tensorrtllm) under
-    `<root>/lora/<name>/<revision>-float16/` (`trtllm_truss.lora_weights`); `revisions`: adapter folder ->
+    `<root>/lora/<name>/<revision>-float16/` (`trtllm_truss.artifacts.lora_weights`); `revisions`: adapter folder ->
     its resolved revision (commit sha or content fingerprint)."""
     import dataclasses
     import os
     import shutil
 
-    from trtllm_truss.lora_weights import convert_adapter
+    from trtllm_truss.artifacts.lora_weights import convert_adapter
 
     out = []
     for adapter in adapters:

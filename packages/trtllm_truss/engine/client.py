@@ -12,8 +12,8 @@ step already generating, so an early close also sends NVIDIA's `stop` request (t
 request id) to the engine model: that is what frees the engine slot.
 
 The engine model's own clients (token ids for the stream workers, NVIDIA's llmapi model) ride this
-one's `stream_call`: `trtllm_truss.engine_client`; what of an error a client may read:
-`trtllm_truss.rpc_errors`.
+one's `stream_call`: `trtllm_truss.engine.engine_client`; what of an error a client may read:
+`trtllm_truss.engine.rpc_errors`.
 
 Requests are built as protobuf messages with typed `contents` rather than through `InferInput`:
 the aio client's `stream_infer` cannot set `triton_enable_empty_final_response` (a reserved
@@ -38,11 +38,11 @@ from tritonclient.grpc import service_pb2
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
-from trtllm_truss.detokenize import StreamDetokenizer, TokenDecoder
+from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 from trtllm_truss.repository.models import ENSEMBLE
-from trtllm_truss.rpc_errors import describe_rpc_error, engine_message
-from trtllm_truss.stream_end import end_call
+from trtllm_truss.engine.rpc_errors import describe_rpc_error, engine_message
+from trtllm_truss.engine.stream_end import end_call
 
 logger = logging.getLogger(__name__)
 
@@ -439,7 +439,7 @@ class EnsembleClient:
         except grpc.aio.AioRpcError as exc:
             raise UpstreamError(describe_rpc_error(self.grpc_url, exc)) from exc
         finally:
-            if finished:  # close our side and let Triton end the stream (trtllm_truss.stream_end)
+            if finished:  # close our side and let Triton end the stream (trtllm_truss.engine.stream_end)
                 await end_call(call)
             # A no-op once the call has completed; otherwise this is what tells Triton to cancel.
             call.cancel()
@@ -455,7 +455,7 @@ class EnsembleClient:
             await call.write(stop_request)
             await asyncio.wait_for(call.read(), timeout=STOP_REQUEST_TIMEOUT_S)  # its one, final answer
             # Not a cancel right after that answer: it can leak the stop request in Triton, and with it
-            # the engine model at shutdown (trtllm_truss.stream_end).
+            # the engine model at shutdown (trtllm_truss.engine.stream_end).
             await end_call(call)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
             logger.debug("stop request for %s not delivered: %r", stop_request.id, exc)

@@ -8,7 +8,7 @@ import re
 
 import grpc
 
-logger = logging.getLogger("trtllm_truss.client")
+logger = logging.getLogger("trtllm_truss.engine.client")
 
 # What gRPC and the python backend put in error details that a client must not see: addresses
 # (`ipv4:127.0.0.1:41719`, `[::1]:8001`, `unix:/path`) and absolute paths (a model.py in a traceback).

@@ -26,7 +26,7 @@ from trtllm_truss.serving.core import RequestCore, serving_metrics
 from trtllm_truss.streaming.pool import StreamPool, default_worker_count
 
 if TYPE_CHECKING:
-    from trtllm_truss.plan import ServingPlan
+    from trtllm_truss.planning.plan import ServingPlan
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class LLMService:
         `progress` receives a short description of each stage as it starts.
         """
         from trtllm_truss.config.errors import install_log_redaction
-        from trtllm_truss.stack import start_stack  # imported here: the heavy part of startup
+        from trtllm_truss.runtime.stack import start_stack  # imported here: the heavy part of startup
 
         install_log_redaction()  # truss has configured logging by now: no secret value in its records
         progress = progress or (lambda _: None)
@@ -74,7 +74,7 @@ class LLMService:
             )
             return
         try:
-            from trtllm_truss.tokenizer import ensure_tokenizer_json
+            from trtllm_truss.engine.tokenizer import ensure_tokenizer_json
 
             # A sentencepiece-only tokenizer is converted once here, not by every worker.
             ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
@@ -91,7 +91,7 @@ class LLMService:
         )
         health = plan.runtime.health
         if health.enabled:
-            from trtllm_truss.health import EngineProbe
+            from trtllm_truss.engine.health import EngineProbe
 
             self._engine_probe = EngineProbe(
                 self._stack.server.grpc_url,
@@ -126,7 +126,7 @@ class LLMService:
         its probe (a hung engine reads unhealthy within runtime.health's interval + timeout)."""
         if not self._stop_signals_chained and self._pool is not None:
             # truss's first call on its event loop, i.e. its main thread (stop_signals says why)
-            from trtllm_truss.stop_signals import chain_stop_handlers
+            from trtllm_truss.runtime.stop_signals import chain_stop_handlers
 
             self._stop_signals_chained = chain_stop_handlers(self.shutdown)
         if self._stack is not None and self._stack.is_worker_node:

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from trtllm_truss.stream_end import read_to_end
+from trtllm_truss.engine.stream_end import read_to_end
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class EngineProbe:
 
             await asyncio.wait_for(first_answer(), timeout=self.timeout_s)
             # Let Triton end the call: a cancel racing its end leaks the request, and with it the
-            # engine model at shutdown (trtllm_truss.stream_end).
+            # engine model at shutdown (trtllm_truss.engine.stream_end).
             await read_to_end(stream)
         except asyncio.TimeoutError:
             error = f"{self.model_name} did not answer a one-token generation within {self.timeout_s:g} s"

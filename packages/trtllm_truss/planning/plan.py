@@ -1,7 +1,7 @@
 """The serving plan: configuration + probed facts, every default resolved, frozen.
 
 Stages after this one (artifacts, repository, supervisor, service) read only the plan.
-`make_plan` is pure given its inputs: machine facts are probed beforehand (`trtllm_truss.probe`) and
+`make_plan` is pure given its inputs: machine facts are probed beforehand (`trtllm_truss.planning.probe`) and
 passed in, and nothing is downloaded here. The plan says where every artifact will be and what must be
 fetched to put it there; `trtllm_truss.artifacts.prepare_artifacts` does the fetching and returns the
 plan with the engine's own limits filled in.
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trtllm_truss.guided_engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
-from trtllm_truss import lora
-from trtllm_truss.probe import RuntimeFacts
-from trtllm_truss.speculation import engine_build, speculation_problems
+from trtllm_truss.guides.engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
+from trtllm_truss.planning import lora
+from trtllm_truss.planning.probe import RuntimeFacts
+from trtllm_truss.planning.speculation import engine_build, speculation_problems
 
 if TYPE_CHECKING:
     from trtllm_truss.artifacts.engine_config import EngineInfo
@@ -111,7 +111,7 @@ class ServingPlan:
     speculative: Any = None
     draft_dir: Path | None = None
     # resources.node_count and each node's GPUs: a multi-node plan is one MPI world of
-    # node_count x gpus_per_node ranks (trtllm_truss.cluster places them).
+    # node_count x gpus_per_node ranks (trtllm_truss.runtime.cluster places them).
     node_count: int = 1
     gpus_per_node: int = 1
     # build.lora_adapters (name, NVIDIA task id, folder once fetched) and build.lora_configuration.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtllm_truss.tokenizer import LoadedTokenizer
+from trtllm_truss.engine.tokenizer import LoadedTokenizer
 
 
 class PreprocessingError(ValueError):

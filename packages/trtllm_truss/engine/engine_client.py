@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from trtllm_truss.client import (
+from trtllm_truss.engine.client import (
     DRAFT_STATS_OUTPUTS,
     IDS_OUTPUT,
     LOG_PROBS_OUTPUT,
@@ -29,10 +29,10 @@ from trtllm_truss.client import (
     require_input,
     text_of,
 )
-from trtllm_truss.lora_weights import add_request_inputs
+from trtllm_truss.artifacts.lora_weights import add_request_inputs
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 
-logger = logging.getLogger("trtllm_truss.client")
+logger = logging.getLogger("trtllm_truss.engine.client")
 
 
 # GenerationParams field -> NVIDIA `tensorrt_llm` input (name, Triton datatype, protobuf contents field).

@@ -215,7 +215,7 @@ def prepare_installation(binary: BinaryCandidate, work_dir: Path) -> TritonInsta
 
 def packages_dir() -> Path:
     """The directory containing the `trtllm_truss` package (put on the stub's PYTHONPATH)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def _prepend(path_list: str | None, *entries: str) -> str:
