@@ -3,6 +3,7 @@
 # system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server),
 # .venv with the pinned lock (CPU torch) and this package in editable mode,
 # .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's),
+# .venv-lint (import-linter, which checks the layers; its rich pin clashes with truss's),
 # .venv-py3.10/.venv-py3.12/.venv-py3.13 (no torch) for the suite's torch-free tests on those Pythons.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,14 @@ if [ "$(cat .venv-olah/.stamp 2>/dev/null)" != "$want" ]; then
   [ -x .venv-olah/bin/python ] || "$PYTHON" -m venv .venv-olah
   quiet_pip .venv-olah/bin/python -m pip install -q --disable-pip-version-check -r requirements/olah.txt
   echo "$want" > .venv-olah/.stamp
+fi
+
+want=$(stamp_of requirements/lint.txt)
+if [ "$(cat .venv-lint/.stamp 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing .venv-lint (import-linter: the layer contracts of pyproject.toml)"
+  [ -x .venv-lint/bin/python ] || "$PYTHON" -m venv .venv-lint
+  quiet_pip .venv-lint/bin/python -m pip install -q --disable-pip-version-check -r requirements/lint.txt
+  echo "$want" > .venv-lint/.stamp
 fi
 
 # Interpreter for another Python minor version: pyenv's (the machine image has them), else pythonX.Y on PATH.

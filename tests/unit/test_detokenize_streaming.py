@@ -21,13 +21,9 @@ from tokenizers import (
     pre_tokenizers,
     trainers,
 )
-from trtllm_truss.engine.detokenize import (
-    StreamDetokenizer,
-    PREFIX_WINDOW_TOKENS,
-    TokenDecoder,
-    UnsupportedTokenizerError,
-)
+from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder, UnsupportedTokenizerError
 from trtllm_truss.engine.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from trtllm_truss.repository.interface import PREFIX_WINDOW_TOKENS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_TOKENIZER_DIR = REPO_ROOT / "data" / "embedded-llama"

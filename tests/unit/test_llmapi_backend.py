@@ -13,8 +13,8 @@ from trtllm_truss.config import load_config
 from trtllm_truss.planning.plan import PlanError, backend_setting_problems, choose_backend
 from trtllm_truss.planning.plan import make_plan as _make_plan
 from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
-from trtllm_truss.repository.llmapi import IMAGE_MODEL_SOURCE_DIRS, find_model_source, model_yaml_document
-from trtllm_truss.repository.models import RepositoryError
+from trtllm_truss.planning.llmapi_source import IMAGE_MODEL_SOURCE_DIRS, ModelSourceError, find_model_source
+from trtllm_truss.repository.llmapi import model_yaml_document
 from trtllm_truss.repository.render import render_repository
 
 NAMES = json.loads(
@@ -162,10 +162,10 @@ def test_llmapi_without_nvidias_model_files_fails_at_plan_time_naming_the_settin
 
 def test_missing_nvidia_model_dir_names_the_setting(tmp_path):
     config = resolved(tmp_path)
-    with pytest.raises(RepositoryError, match=r"runtime\.llmapi\.model_source_dir or \$TRTLLM_LLMAPI_MODEL_DIR"):
+    with pytest.raises(ModelSourceError, match=r"runtime\.llmapi\.model_source_dir or \$TRTLLM_LLMAPI_MODEL_DIR"):
         find_model_source(config.trt_llm.runtime, environ={}, candidates=(tmp_path / "nope",))
     bad = resolved(tmp_path, f"runtime:\n  llmapi:\n    model_source_dir: {tmp_path}\n")
-    with pytest.raises(RepositoryError, match=r"model_source_dir: .*\(missing config\.pbtxt"):
+    with pytest.raises(ModelSourceError, match=r"model_source_dir: .*\(missing config\.pbtxt"):
         find_model_source(bad.trt_llm.runtime, environ={})
 
 

@@ -15,13 +15,21 @@ backend's `tensorrt_llm` model, made the way NVIDIA's `examples/hf_lora_convert.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import re
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from trtllm_truss.planning.lora import PlannedAdapter
 
 # NVIDIA's module ids (tensorrt_llm/lora_manager.py, LoraManager.LORA_MODULE_IDS) of the modules this
 # truss takes, by Hugging Face name (hf_lora_convert.py, hf_modules_to_trtllm_modules).
@@ -134,3 +142,23 @@ def add_request_inputs(request, weights: np.ndarray, config: np.ndarray, *, batc
         shape = list(array.shape) if batched else list(array.shape[1:])
         request.inputs.add(name=name, datatype=datatype, shape=shape)
         request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+
+
+def with_nvidia_layouts(
+    adapters: tuple[PlannedAdapter, ...], root: Path, revisions: Mapping[Path, str]
+) -> tuple[PlannedAdapter, ...]:
+    """The adapters with NVIDIA's request layout made once per adapter revision (backend tensorrtllm) under
+    `<root>/lora/<name>/<revision>-float16/` (`convert_adapter`); `revisions`: adapter folder ->
+    its resolved revision (commit sha or content fingerprint)."""
+    out = []
+    for adapter in adapters:
+        revision = re.sub(r"[^A-Za-z0-9]+", "", revisions.get(adapter.dir, "unknown"))[:16] or "unknown"
+        dest = root / "lora" / re.sub(r"[^A-Za-z0-9._-]+", "-", adapter.name) / f"{revision}-float16"
+        if not (dest / "model.lora_config.npy").is_file():
+            scratch = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+            shutil.rmtree(scratch, ignore_errors=True)
+            convert_adapter(adapter.dir, "float16").save(scratch)
+            shutil.rmtree(dest, ignore_errors=True)
+            os.replace(scratch, dest)
+        out.append(dataclasses.replace(adapter, nvidia_dir=dest))
+    return tuple(out)

@@ -12,7 +12,8 @@ from trtllm_truss.artifacts.engine_config import EngineVerificationError, verify
 from trtllm_truss.artifacts.fetch import DEFAULT_MAX_WORKERS, FetchResult, fetch_repository
 from trtllm_truss.artifacts.hub import resolve_hf_token
 from trtllm_truss.artifacts.sources import FetchError
-from trtllm_truss.planning.lora import check_adapters, with_nvidia_layouts
+from trtllm_truss.artifacts.lora_weights import with_nvidia_layouts
+from trtllm_truss.planning.lora import check_adapters
 from trtllm_truss.planning.plan import PlanError, ServingPlan, stand_in_limits
 from trtllm_truss.planning.speculation import engine_speculation_problem
 

@@ -273,8 +273,3 @@ def _fetch_serve_artifacts(plan, args: argparse.Namespace, started: float) -> in
     _say(f"time: {time.monotonic() - started:.1f} s")
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from trtllm_truss.cli import main
-
-    sys.exit(main(["build", *sys.argv[1:]]))

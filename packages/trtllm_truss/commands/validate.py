@@ -176,8 +176,3 @@ def kv_estimate_lines(resolved) -> list[str]:
         return [f"# KV cache: no estimate: config.json lacks what it needs ({type(exc).__name__}: {exc})"]
     return ["# " + line for line in capacity.describe()]
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from trtllm_truss.cli import main
-
-    sys.exit(main(["validate", *sys.argv[1:]]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from trtllm_truss.runtime.cluster import node_count_problem
 from trtllm_truss.config.accelerator import (
     BF16_MIN_COMPUTE_CAPABILITY,
     FP4_MIN_COMPUTE_CAPABILITY,
@@ -115,3 +114,31 @@ def hardware_problems(
     if build.dtype is Dtype.BFLOAT16 and sm < BF16_MIN_COMPUTE_CAPABILITY:
         problems.append(f"{SECTION_PATH}.build.dtype: bfloat16 needs SM >= 8.0 but {capability}; use float16")
     return problems, warnings
+
+
+def node_count_problem(world_size: int, node_count: int, gpus_per_node: int | None, *, key: str) -> str | None:
+    """Why `node_count` nodes of `gpus_per_node` GPUs cannot hold a world of `world_size` ranks (None: they do).
+
+    A multi-node world must fill every node: each node runs gpus_per_node ranks."""
+    if node_count <= 1:
+        return None
+    if gpus_per_node is None:
+        return (
+            f"resources.node_count: {node_count} nodes need resources.accelerator (e.g. H100:8) to know each"
+            " node's GPUs"
+        )
+    nodes_needed = -(-world_size // gpus_per_node)
+    if world_size == node_count * gpus_per_node:
+        return None
+    if nodes_needed < node_count:
+        fits = "one node" if nodes_needed == 1 else f"{nodes_needed} nodes"
+        return (
+            f"resources.node_count: {node_count} nodes of {gpus_per_node} GPUs hold {node_count * gpus_per_node}"
+            f" ranks but {key} gives a world of {world_size}, which fits on {fits}; set resources.node_count:"
+            f" {nodes_needed}, or raise the parallel counts to {node_count * gpus_per_node} ranks"
+        )
+    return (
+        f"resources.node_count: {node_count} nodes x {gpus_per_node} GPUs = {node_count * gpus_per_node} ranks"
+        f" but {key} gives a world of {world_size}; the world must fill every node"
+        f" (nodes x GPUs per node = tensor x pipeline parallel)"
+    )

@@ -10,22 +10,14 @@ import enum
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BeforeValidator, Field, model_validator
+
+from trtllm_truss.config.fields import NonEmptyStr, StrictModel, field_problem
+from trtllm_truss.config.speculative import SpeculativeConfig
 
 # A prompt plus its output beyond this many tokens is certainly a typo (the largest production
 # context windows are ~1M tokens); the engine would try to reserve memory for it.
 MAX_SEQUENCE_LEN = 1 << 20
-
-
-def field_problem(field: str, detail: str) -> PydanticCustomError:
-    """A cross-field error attributed to `field` (dotted, relative to the model that raises it), so
-    the message names the key the user has to change rather than the enclosing section."""
-    return PydanticCustomError("field_problem", "{detail}", {"field": field, "detail": detail})
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 # --- enums with every accepted spelling ---------------------------------------------------------
@@ -198,9 +190,6 @@ BaichuanVersionName = Annotated[BaichuanModelVersion, _enum_parser(BaichuanModel
 AwqFormatName = Annotated[AwqFormat, _enum_parser(AwqFormat)]
 DeviceName = Annotated[Device, _enum_parser(Device)]
 
-# Strict: YAML reads an unquoted `12345` or `1e3` as a number; a repository or revision given that way is
-# an error naming the key, never silently coerced into a different string ("1000.0").
-NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
 SequenceLen = Annotated[int, Field(ge=1, le=MAX_SEQUENCE_LEN)]
 ParallelCount = Annotated[int, Field(ge=1, le=64)]
 
@@ -655,8 +644,6 @@ class RuntimeConfig(StrictModel):
 
 
 # --- the section --------------------------------------------------------------------------------
-
-from trtllm_truss.config.speculative import SpeculativeConfig  # noqa: E402  (it builds on the types above)
 
 
 class TrtLlmConfig(StrictModel):

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from trtllm_truss.config.schema import NonEmptyStr, StrictModel, field_problem
+from trtllm_truss.config.fields import NonEmptyStr, StrictModel, field_problem
 
 
 class SpeculativeMode(str, enum.Enum):

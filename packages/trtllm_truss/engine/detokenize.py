@@ -38,9 +38,6 @@ from typing import Any
 
 from trtllm_truss.engine.tokenizer import LoadedTokenizer
 
-# How many preceding tokens the engine sends with each response (`prefix_ids`).
-PREFIX_WINDOW_TOKENS = 8
-
 _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 

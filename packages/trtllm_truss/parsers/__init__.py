@@ -8,6 +8,7 @@ Which parsers a deployment uses: `runtime.tool_call_parser` / `runtime.reasoning
 from __future__ import annotations
 
 from trtllm_truss.parsers.base import (
+    PART_TEXT,
     REASONING_PARSERS,
     TOOL_PARSERS,
     Part,
@@ -16,7 +17,6 @@ from trtllm_truss.parsers.base import (
 )
 from trtllm_truss.parsers.reasoning import gpt_oss, think  # noqa: F401 - registers the families
 from trtllm_truss.parsers.tool_calls import deepseek_v3, guided, hermes, llama3_json, mistral  # noqa: F401
-from trtllm_truss.streaming.protocol import PART_TEXT
 
 AUTO, NONE = "auto", "none"
 

@@ -1,6 +1,6 @@
 """Output parsers run in a stream worker on a chat answer's text, as it is decoded: a reasoning
 parser splits the model's thinking from its answer, a tool-call parser finds the calls in the
-answer. Both are streaming: `feed(text)` returns the parts that are decided (`streaming.protocol`:
+answer. Both are streaming: `feed(text)` returns the parts that are decided (the kinds below:
 ("text", s), ("reasoning", s), ("tool", index, id, name, arguments)), `finish()` the rest.
 
 A call is reported only once it is complete and parses (arguments a JSON object); text that
@@ -17,7 +17,10 @@ import string
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from trtllm_truss.streaming.protocol import PART_REASONING, PART_TEXT, PART_TOOL
+# Kinds of the parts of a parsed update (the stream workers send them to the request core as they are).
+PART_TEXT = "text"
+PART_REASONING = "reasoning"
+PART_TOOL = "tool"
 
 TOOL_PARSERS: dict[str, type[ToolCallParser]] = {}
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {}

@@ -199,32 +199,6 @@ def lora_build_flags(build: Any) -> list[str]:
     ]
 
 
-def with_nvidia_layouts(
-    adapters: tuple[PlannedAdapter, ...], root: Path, revisions: Mapping[Path, str]
-) -> tuple[PlannedAdapter, ...]:
-    """The adapters with NVIDIA's request layout made once per adapter revision (backend tensorrtllm) under
-    `<root>/lora/<name>/<revision>-float16/` (`trtllm_truss.artifacts.lora_weights`); `revisions`: adapter folder ->
-    its resolved revision (commit sha or content fingerprint)."""
-    import dataclasses
-    import os
-    import shutil
-
-    from trtllm_truss.artifacts.lora_weights import convert_adapter
-
-    out = []
-    for adapter in adapters:
-        revision = re.sub(r"[^A-Za-z0-9]+", "", revisions.get(adapter.dir, "unknown"))[:16] or "unknown"
-        dest = root / "lora" / re.sub(r"[^A-Za-z0-9._-]+", "-", adapter.name) / f"{revision}-float16"
-        if not (dest / "model.lora_config.npy").is_file():
-            scratch = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
-            shutil.rmtree(scratch, ignore_errors=True)
-            convert_adapter(adapter.dir, "float16").save(scratch)
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(scratch, dest)
-        out.append(dataclasses.replace(adapter, nvidia_dir=dest))
-    return tuple(out)
-
-
 def stand_in_parameter(adapters: tuple[PlannedAdapter, ...]) -> str:
     """The stand-in's `lora_adapters` parameter: JSON {task id: {"name", "dir"}}."""
     return json.dumps({str(a.task_id): {"name": a.name, "dir": str(a.dir)} for a in adapters}, sort_keys=True)

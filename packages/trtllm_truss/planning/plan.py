@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trtllm_truss.guides.engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.planning import lora
+from trtllm_truss.planning.llmapi_source import ModelSourceError, find_model_source
 from trtllm_truss.planning.probe import RuntimeFacts
 from trtllm_truss.planning.speculation import engine_build, speculation_problems
 
 if TYPE_CHECKING:
-    from trtllm_truss.artifacts.engine_config import EngineInfo
+    from trtllm_truss.planning.engine_info import EngineInfo
     from trtllm_truss.config import ResolvedConfig, RuntimeConfig
 
 # tensorrtllm: a TensorRT engine behind NVIDIA's C++ backend (ensemble layout); llmapi: NVIDIA's LLM API
@@ -425,12 +426,9 @@ def make_plan(
             return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters), **limits, **common)
         if backend == "llmapi":
             if check_backend_files:
-                from trtllm_truss.repository.llmapi import find_model_source
-                from trtllm_truss.repository.models import RepositoryError
-
                 try:
                     find_model_source(runtime, environ)
-                except RepositoryError as exc:
+                except ModelSourceError as exc:
                     raise PlanError(str(exc)) from None
             # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
             model = dataclasses.replace(checkpoint, role="model")

@@ -235,7 +235,9 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
 )
 # `ensemble_ids` (ours): the ensemble's inputs, the engine's token outputs under the engine's names.
 IDS_ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(t for t in ENGINE_OUTPUTS if t.name in ("output_ids", "sequence_length"))
-# Up to PREFIX_WINDOW_TOKENS ids that precede this response's output_ids (ours, not NVIDIA's).
+# How many preceding tokens the engine sends with each response (`prefix_ids`: up to that many ids that
+# precede this response's output_ids; ours, not NVIDIA's).
+PREFIX_WINDOW_TOKENS = 8
 PREFIX_IDS_OUTPUT = Tensor("prefix_ids", INT32, (-1,))
 
 

@@ -16,7 +16,6 @@ tests/data/trtllm_flags/ and contract-tested.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trtllm_truss.repository.models import RepositoryError
+from trtllm_truss.planning.llmapi_source import ModelSourceError, find_model_source
 from trtllm_truss.planning.speculation import llmapi_speculative_config
+from trtllm_truss.repository.models import RepositoryError
 
 if TYPE_CHECKING:
     from trtllm_truss.config.schema import BuildConfig, RuntimeConfig
@@ -33,17 +33,6 @@ if TYPE_CHECKING:
     from trtllm_truss.planning.plan import ServingPlan
 
 MODEL_NAME = "tensorrt_llm"  # NVIDIA's name for the llmapi model
-MODEL_SOURCE_ENV = "TRTLLM_LLMAPI_MODEL_DIR"
-# Where NVIDIA's llmapi model directory may be inside an image: tensorrtllm_backend's checkout under /app
-# (older trtllm-python-py3 images) and TensorRT-LLM's own triton_backend/ (after the move, #745).
-# Not every image ships either (tensorrtllm_backend issue 739), hence the setting.
-IMAGE_MODEL_SOURCE_DIRS = (
-    Path("/app/all_models/llmapi/tensorrt_llm"),
-    Path("/app/tensorrt_llm/triton_backend/all_models/llmapi/tensorrt_llm"),
-    Path("/opt/tritonserver/tensorrtllm_backend/all_models/llmapi/tensorrt_llm"),
-)
-# The files of NVIDIA's model directory that must be there; model.yaml is replaced by ours.
-REQUIRED_SOURCE_FILES = ("config.pbtxt", "1/model.py")
 _POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
@@ -121,42 +110,14 @@ def render_model_yaml(
     return header + yaml.safe_dump(document, sort_keys=False)
 
 
-def find_model_source(
-    runtime: RuntimeConfig, environ: Mapping[str, str] | None = None, candidates: tuple[Path, ...] = IMAGE_MODEL_SOURCE_DIRS
-) -> Path:
-    """NVIDIA's llmapi model directory to copy, or a RepositoryError naming the setting to give."""
-    env = os.environ if environ is None else environ
-    configured = runtime.llmapi.model_source_dir or env.get(MODEL_SOURCE_ENV) or None
-    if configured:
-        where = (
-            "model_metadata.trt_llm.runtime.llmapi.model_source_dir"
-            if runtime.llmapi.model_source_dir
-            else f"${MODEL_SOURCE_ENV}"
-        )
-        source = Path(configured).expanduser()
-        missing = [name for name in REQUIRED_SOURCE_FILES if not (source / name).is_file()]
-        if missing:
-            raise RepositoryError(
-                f"{where}: {source} is not NVIDIA's llmapi model directory (missing {', '.join(missing)}); point it at"
-                " triton_backend/all_models/llmapi/tensorrt_llm of the installed TensorRT-LLM version"
-            )
-        return source
-    for candidate in candidates:
-        if all((candidate / name).is_file() for name in REQUIRED_SOURCE_FILES):
-            return candidate
-    raise RepositoryError(
-        "backend llmapi needs NVIDIA's llmapi Triton model (triton_backend/all_models/llmapi/tensorrt_llm of the"
-        " installed TensorRT-LLM, e.g. from a checkout of NVIDIA/TensorRT-LLM at the matching v1.x tag); none was found"
-        f" at {', '.join(str(c) for c in candidates)}: set model_metadata.trt_llm.runtime.llmapi.model_source_dir"
-        f" or ${MODEL_SOURCE_ENV}"
-    )
-
-
 def write_llmapi_repository(repo: Path, plan: ServingPlan, environ: Mapping[str, str] | None = None) -> None:
     """Write `<repo>/tensorrt_llm/` NVIDIA's way: their config.pbtxt and model code, our model.yaml."""
     if plan.build is None or plan.model_dir is None:
         raise RepositoryError("plan: backend llmapi needs the build section and the checkpoint folder (model_dir)")
-    source = find_model_source(plan.runtime, environ)
+    try:
+        source = find_model_source(plan.runtime, environ)
+    except ModelSourceError as exc:
+        raise RepositoryError(str(exc)) from None
     target = repo / MODEL_NAME
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "model.yaml"))
     (target / "1").mkdir(exist_ok=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_truss.planning import lora
-from trtllm_truss.engine.detokenize import PREFIX_WINDOW_TOKENS
 from trtllm_truss.guides.engines import XGRAMMAR
 from trtllm_truss.repository import interface as nv
+from trtllm_truss.repository.interface import PREFIX_WINDOW_TOKENS
 from trtllm_truss.repository.model_config import (
     DynamicBatching,
     EnsembleStep,

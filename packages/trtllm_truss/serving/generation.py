@@ -24,7 +24,7 @@ from trtllm_truss.serving.request import (
     ToolCallDelta,
 )
 from trtllm_truss.streaming.pool import ResponseStream
-from trtllm_truss.streaming.protocol import PART_REASONING, PART_TEXT
+from trtllm_truss.parsers.base import PART_REASONING, PART_TEXT
 
 logger = logging.getLogger(__name__)
 

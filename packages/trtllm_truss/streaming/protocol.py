@@ -29,11 +29,6 @@ _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
 
 
-# Kinds of the parts of a parsed update (see the module docstring).
-PART_TEXT = "text"
-PART_REASONING = "reasoning"
-PART_TOOL = "tool"
-
 
 @dataclass(frozen=True)
 class GenerationSpec:

@@ -19,7 +19,7 @@ from trtllm_truss.parsers.base import (
     register_reasoning_parser,
     register_tool_parser,
 )
-from trtllm_truss.streaming.protocol import PART_REASONING, PART_TEXT, PART_TOOL
+from trtllm_truss.parsers.base import PART_REASONING, PART_TEXT, PART_TOOL
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
