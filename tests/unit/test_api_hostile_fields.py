@@ -11,14 +11,9 @@ from fastapi import HTTPException
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import PredictRequest
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
-from trtllm_truss.api.sampling import (
-    FP32_MIN_NORMAL,
-    INT32_MAX,
-    UINT64_MAX,
-    check_prompt_bytes,
-    to_generation_params,
-)
-from trtllm_truss.serving.core import parse_request
+from trtllm_truss.api.sampling import FP32_MIN_NORMAL, INT32_MAX, UINT64_MAX, to_generation_params
+from trtllm_truss.serving import chat, completions, native
+from trtllm_truss.serving.core import RequestCore, check_prompt_bytes, parse_request
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 LONE = "\ud800"
@@ -145,25 +140,37 @@ def test_body_bound_covers_a_prompt_at_the_bound_fully_escaped():
     assert len(worst_case) <= limits.max_body_bytes
 
 
+def _bounded(req, dialect, limits):
+    """What the request core checks of a dialect's request before anything is queued."""
+    if dialect is completions:  # each prompt of a batch, under its own field
+        for field, prompt in completions.prompt_fields(req):
+            if isinstance(prompt, str):
+                check_prompt_bytes(field, prompt, limits)
+    core = RequestCore()
+    core.attach(None, limits)  # type: ignore[arg-type]
+    core.spec(dialect.generation_request(req))
+
+
 @pytest.mark.parametrize(
-    "model, body, field",
+    "model, dialect, body, field",
     [
-        (PredictRequest, {"prompt": "ab" * 17}, "prompt"),
-        (PredictRequest, {"messages": [{"role": "user", "content": "a" * 20}, {"role": "user", "content": "b" * 20}]}, "messages"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 33}]}]}, "messages"),
-        (CompletionRequest, {"prompt": ["y" * 33]}, "prompt[0]"),
-        (CompletionRequest, {"prompt": ["y", "y" * 33]}, "prompt[1]"),
+        (PredictRequest, native, {"prompt": "ab" * 17}, "prompt"),
+        (PredictRequest, native, {"messages": [{"role": "user", "content": "a" * 20}, {"role": "user", "content": "b" * 20}]}, "messages"),
+        (ChatCompletionRequest, chat, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 33}]}]}, "messages"),
+        (CompletionRequest, completions, {"prompt": ["y" * 33]}, "prompt[0]"),
+        (CompletionRequest, completions, {"prompt": ["y", "y" * 33]}, "prompt[1]"),
     ],
 )
-def test_generation_params_refuse_a_prompt_over_the_byte_bound(model, body, field):
+def test_the_core_refuses_a_prompt_over_the_byte_bound(model, dialect, body, field):
     limits = RequestLimits(max_input_len=4, max_output_len=4, max_token_bytes=8)  # 32 bytes
     req = parse_request(model, body)
     with pytest.raises(HTTPException) as caught:
-        to_generation_params(req, text_input="", max_tokens=2, limits=limits)
+        _bounded(req, dialect, limits)
     assert caught.value.status_code == 400 and f"{field}: the prompt is" in caught.value.detail
 
 
-def test_generation_params_accept_a_prompt_at_the_byte_bound():
+def test_the_core_accepts_a_prompt_at_the_byte_bound():
     limits = RequestLimits(max_input_len=4, max_output_len=4, max_token_bytes=8)
     req = parse_request(CompletionRequest, {"prompt": "é" * 16})
+    _bounded(req, completions, limits)
     assert to_generation_params(req, text_input="", max_tokens=2, limits=limits).max_tokens == 2

@@ -144,10 +144,12 @@ def test_completion_prompt_forms(prompt, prompts, batched):
     assert req.prompts() == prompts and req.batched() is batched
 
 
-def test_the_byte_bound_measures_the_longest_prompt_of_a_batch():
+def test_each_prompt_of_a_batch_is_named_by_its_index():
+    from trtllm_truss.serving.completions import prompt_fields
+
     req = CompletionRequest.model_validate({"prompt": ["a", "bbb", "cc"]})
-    assert req.prompt_for_bound() == ("prompt[1]", "bbb")
-    assert CompletionRequest.model_validate({"prompt": [[5, 6]]}).prompt_for_bound() is None
+    assert prompt_fields(req) == [("prompt[0]", "a"), ("prompt[1]", "bbb"), ("prompt[2]", "cc")]
+    assert prompt_fields(CompletionRequest.model_validate({"prompt": [5, 6]})) == [("prompt", [5, 6])]
 
 
 def test_log_prob_answers_follow_openais_schemas():

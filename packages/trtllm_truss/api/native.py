@@ -64,11 +64,6 @@ class PredictRequest(SamplingFields):
             raise ValueError("beam_width: beam search (beam_width > 1) needs stream=false")
         return self
 
-    def prompt_for_bound(self) -> tuple[str, str] | None:
-        if self.prompt is not None:
-            return "prompt", self.prompt
-        return "messages", "".join(message.text() for message in self.messages or [])
-
 
 class Usage(StrictModel):
     prompt_tokens: int

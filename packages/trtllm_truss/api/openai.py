@@ -137,9 +137,6 @@ class ChatCompletionRequest(_OpenAIRequest):
     def wants_log_probs(self) -> bool:
         return bool(self.logprobs)
 
-    def prompt_for_bound(self) -> tuple[str, str] | None:
-        return "messages", "".join(message.text() for message in self.messages)
-
     def requested_max_tokens(self) -> tuple[str, int | None]:
         if self.max_completion_tokens is not None:
             return "max_completion_tokens", self.max_completion_tokens
@@ -200,13 +197,6 @@ class CompletionRequest(_OpenAIRequest):
 
     def wants_log_probs(self) -> bool:
         return self.logprobs is not None
-
-    def prompt_for_bound(self) -> tuple[str, str] | None:
-        texts = [(i, p) for i, p in enumerate(self.prompts()) if isinstance(p, str)]
-        if not texts:
-            return None
-        i, longest = max(texts, key=lambda item: len(item[1]))
-        return (f"prompt[{i}]" if self.batched() else "prompt"), longest
 
 
 # --- responses ------------------------------------------------------------------------------------

@@ -85,11 +85,6 @@ class SamplingFields(StrictModel):
     )
     ignore_eos: bool = Field(False, description="keep generating past the end token until max_tokens")
 
-    def prompt_for_bound(self) -> tuple[str, str] | None:
-        """(field, text) of the client's prompt text, for the cheap byte bound; the request
-        schemas say where their prompt is."""
-        return None
-
 
 def resolve_max_tokens(field: str, requested: int | None, default: int, limits: RequestLimits) -> int:
     if requested is None:
@@ -97,20 +92,6 @@ def resolve_max_tokens(field: str, requested: int | None, default: int, limits: 
     if requested > limits.max_output_len:
         raise field_error(field, f"{requested} is above this deployment's max_output_len ({limits.max_output_len})")
     return requested
-
-
-def check_prompt_bytes(field: str, text: str, limits: RequestLimits) -> None:
-    """The cheap bound, before any tokenization: a prompt longer in UTF-8 than `max_input_len`
-    tokens of the longest token can cover cannot fit, whatever the tokenizer makes of it."""
-    if len(text) * 4 <= limits.max_prompt_bytes:  # 4 bytes per character at most: no need to encode
-        return
-    size = len(text.encode("utf-8"))
-    if size > limits.max_prompt_bytes:
-        raise field_error(
-            field,
-            f"the prompt is {size} bytes, more than this deployment's max_input_len ({limits.max_input_len} "
-            f"tokens) can hold (at most {limits.max_prompt_bytes} bytes)",
-        )
 
 
 def to_generation_params(
@@ -128,9 +109,6 @@ def to_generation_params(
 
     `default_top_p`: sent when the request sets neither `top_p` nor `top_k` (the OpenAI routes send
     OpenAI's 1.0; with neither, TensorRT-LLM decodes greedily whatever the temperature)."""
-    prompt = sampling.prompt_for_bound()
-    if prompt is not None:
-        check_prompt_bytes(*prompt, limits)
     if sampling.min_tokens is not None and sampling.min_tokens > max_tokens:
         raise field_error("min_tokens", f"{sampling.min_tokens} is above max_tokens ({max_tokens})")
     if beam_width is not None and beam_width > limits.max_beam_width:

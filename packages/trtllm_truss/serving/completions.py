@@ -25,7 +25,7 @@ from trtllm_truss.api.openai import (
     sse_event,
 )
 from trtllm_truss.api.sse import ChunkTemplate
-from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, check_prompt_bytes, parse_request
 from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import openai_error, refuse_what_the_engine_cannot_do, request_guide, usage_of
 from trtllm_truss.serving.request import Failure, Finish, GenerationRequest, TextDelta
@@ -51,15 +51,23 @@ def generation_request(req: CompletionRequest) -> GenerationRequest:
     )
 
 
+def prompt_fields(req: CompletionRequest) -> list[tuple[str, str | list[int]]]:
+    """(field, prompt) of each prompt of the request: `prompt[i]` when it is a batch."""
+    prompts = req.prompts()
+    return [(f"prompt[{i}]" if req.batched() else "prompt", prompt) for i, prompt in enumerate(prompts)]
+
+
 async def _completions(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_request(CompletionRequest, body)
     refuse_what_the_engine_cannot_do(req)
     request = generation_request(req)
-    prompts = req.prompts()
+    prompts = prompt_fields(req)
+    for field, prompt in prompts:
+        if isinstance(prompt, str):
+            check_prompt_bytes(field, prompt, core.limits)
     base = await core.prepare(request)
     per_prompt = []
-    for i, prompt in enumerate(prompts):
-        field = f"prompt[{i}]" if req.batched() else "prompt"
+    for field, prompt in prompts:
         if isinstance(prompt, str):
             per_prompt.append(dataclasses.replace(base, prompt=prompt, prompt_field=field))
         else:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from trtllm_truss.api import structured
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
-from trtllm_truss.api.sampling import UINT64_MAX, check_prompt_bytes, resolve_max_tokens, to_generation_params
+from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.tools import tool_guide
 from trtllm_truss.streaming.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
@@ -157,6 +157,20 @@ async def unless_disconnected(work: Awaitable[T], http_request: Request | None, 
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def check_prompt_bytes(field: str, text: str, limits: RequestLimits) -> None:
+    """The cheap bound, before any tokenization: a prompt longer in UTF-8 than `max_input_len`
+    tokens of the longest token can cover cannot fit, whatever the tokenizer makes of it."""
+    if len(text) * 4 <= limits.max_prompt_bytes:  # 4 bytes per character at most: no need to encode
+        return
+    size = len(text.encode("utf-8"))
+    if size > limits.max_prompt_bytes:
+        raise field_error(
+            field,
+            f"the prompt is {size} bytes, more than this deployment's max_input_len ({limits.max_input_len} "
+            f"tokens) can hold (at most {limits.max_prompt_bytes} bytes)",
+        )
 
 
 class RequestCore:
