@@ -87,7 +87,7 @@ def _private_metrics(monkeypatch):
     """The service's metrics on a registry of this test's own, not the process's default one."""
     from prometheus_client import CollectorRegistry
 
-    from trtllm_truss.streaming.metrics import ServingMetrics
+    from trtllm_truss.serving.metrics import ServingMetrics
     from trtllm_truss.serving import core
 
     monkeypatch.setattr(core, "_METRICS", ServingMetrics(CollectorRegistry()))

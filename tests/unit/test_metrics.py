@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtllm_truss.streaming.metrics import ITL_BUCKETS, TTFT_BUCKETS, ItlAccumulator, ItlSummary, ServingMetrics
+from trtllm_truss.serving.metrics import TTFT_BUCKETS, ServingMetrics
+from trtllm_truss.streaming.itl import ITL_BUCKETS, ItlAccumulator, ItlSummary
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

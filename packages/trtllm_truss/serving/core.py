@@ -32,7 +32,7 @@ from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.tools import tool_guide
-from trtllm_truss.streaming.metrics import ServingMetrics
+from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool

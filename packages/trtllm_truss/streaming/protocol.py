@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 
 from trtllm_truss.engine.client import GenerationParams
-from trtllm_truss.streaming.metrics import ItlSummary
+from trtllm_truss.streaming.itl import ItlSummary
 
 _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30

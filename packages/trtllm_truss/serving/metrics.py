@@ -34,11 +34,11 @@ addition. A list of gaps is accepted as well and bucketed with numpy in one call
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
+
+from trtllm_truss.streaming.itl import ITL_BUCKETS, ItlSummary
 
 PREFIX = "trtllm_"
 
@@ -47,45 +47,12 @@ TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )
-ITL_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)
 E2E_BUCKETS: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
     960.0, 1920.0, 7680.0,
 )
 
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-@dataclass(frozen=True)
-class ItlSummary:
-    """One request's inter-token gaps, bucketed by `ITL_BUCKETS` (+Inf last): what a worker sends."""
-
-    counts: tuple[int, ...]  # per bucket, not cumulative; len(ITL_BUCKETS) + 1
-    total_s: float
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-
-class ItlAccumulator:
-    """Bucket counts of one request's gaps, built as they happen (in the stream worker)."""
-
-    __slots__ = ("_counts", "_total")
-
-    def __init__(self) -> None:
-        self._counts = [0] * (len(ITL_BUCKETS) + 1)
-        self._total = 0.0
-
-    def add(self, gap_s: float) -> None:
-        # bisect_left: a gap equal to a bound falls in that bucket (Prometheus `le`).
-        self._counts[bisect_left(ITL_BUCKETS, gap_s)] += 1
-        self._total += gap_s
-
-    def summary(self) -> ItlSummary:
-        return ItlSummary(tuple(self._counts), self._total)
 
 
 class _Histogram:
