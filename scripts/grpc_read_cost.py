@@ -227,7 +227,7 @@ def main() -> None:
     server = None
     url = args.url
     if url is None:
-        from trtllm_truss.config.schema import RuntimeConfig
+        from trtllm_truss.config.runtime import RuntimeConfig
         from trtllm_truss.planning.plan import ServingPlan
         from trtllm_truss.repository import render_repository
         from trtllm_truss.runtime.supervisor import TritonServer

@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--merge-responses", action="store_true")
     args = parser.parse_args()
 
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
     from trtllm_truss.planning.plan import ServingPlan
     from trtllm_truss.repository import render_repository
     from trtllm_truss.runtime.supervisor import TritonServer

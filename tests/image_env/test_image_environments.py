@@ -32,9 +32,9 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from trtllm_truss.artifacts.build import TrtllmVersion, convert_script_relpath
+from trtllm_truss.artifacts.build_recipes import TrtllmVersion, convert_script_relpath
 from trtllm_truss.artifacts.engine_builder import EXAMPLES_DIR_CANDIDATES, EXAMPLES_DIR_ENV, find_examples_dir
-from trtllm_truss.config.schema import Architecture
+from trtllm_truss.config.enums import Architecture
 from trtllm_truss.runtime.tritonserver_install import OPT_TRITONSERVER, locate_tritonserver, prepare_installation
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from trtllm_truss.repository.render import TRITON_MODELS_DIR
 try:
     from trtllm_truss.config import RuntimeConfig
 except ImportError:  # the config package's public names are still being written
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_MODEL_DIR = REPO_ROOT / "data" / "embedded-llama"

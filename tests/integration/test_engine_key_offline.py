@@ -10,7 +10,7 @@ import pytest
 from fixtures_hubs import HubServer, hub_fixture  # noqa: F401 - session fixture
 from trtllm_truss.artifacts.engine_builder import EngineBuilder
 from trtllm_truss.artifacts.hub import HubUnreachableError
-from trtllm_truss.config.schema import BuildConfig
+from trtllm_truss.config.build import BuildConfig
 from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 
 FACTS = RuntimeFacts(gpus=(GpuInfo("NVIDIA H100 80GB HBM3", "9.0"),), trtllm_version="0.16.0", trtllm_unavailable_reason=None)

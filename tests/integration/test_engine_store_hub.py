@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the f
 from fakes.fake_trtllm_build import write_fake_engine  # noqa: E402
 from fixtures_hubs import PRIVATE_ORG, HubServer, hub_fixture  # noqa: E402,F401 - session fixture
 
-from trtllm_truss.artifacts.cache import ENGINE_SUBDIR, MANIFEST_NAME, EngineCache, HubEngineStore  # noqa: E402
+from trtllm_truss.artifacts.cache import EngineCache  # noqa: E402
+from trtllm_truss.artifacts.cache_manifest import ENGINE_SUBDIR, MANIFEST_NAME  # noqa: E402
+from trtllm_truss.artifacts.hub_engine_store import HubEngineStore  # noqa: E402
 
 KEY = "3" * 64
 

@@ -29,7 +29,7 @@ from trtllm_truss.runtime.cluster import (
     ClusterError,
 )
 from trtllm_truss.runtime.stack import start_stack
-from trtllm_truss.runtime.supervisor import _session_members
+from trtllm_truss.runtime.process_tree import _session_members
 
 pytestmark = [
     pytest.mark.triton,

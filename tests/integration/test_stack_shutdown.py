@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from test_supervisor_serve import _truss_with
-from trtllm_truss.runtime.supervisor import choose_free_ports
+from trtllm_truss.runtime.launch import choose_free_ports
 from trtllm_truss.fronts.truss_server import build_server_root, start_truss_server
 from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
 

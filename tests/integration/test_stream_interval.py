@@ -15,7 +15,7 @@ from conftest import _plan, _serve
 from engine_wire import Stream, engine_inputs
 from tokenizers import Tokenizer
 from trtllm_truss.engine.client import GenerationParams
-from trtllm_truss.config.schema import RuntimeConfig
+from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.repository import render_repository
 from trtllm_truss.streaming.environment import worker_environment
 from trtllm_truss.streaming.generation import WorkerSettings

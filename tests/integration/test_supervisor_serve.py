@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trtllm_truss.runtime.supervisor import choose_free_ports
+from trtllm_truss.runtime.launch import choose_free_ports
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]  # serves the embedded default (stand-in engine)
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trtllm_truss.runtime.process_tree import _session_members
 from trtllm_truss.runtime.supervisor import (
     RestartPolicy,
     ServerExit,
     TritonServer,
     TritonStartupError,
-    _session_members,
 )
 from trtllm_truss.runtime.tritonserver_install import TritonInstallError, locate_tritonserver
 

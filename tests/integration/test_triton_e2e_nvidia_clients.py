@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import _plan, _serve
-from trtllm_truss.config.schema import RuntimeConfig
+from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.repository import render_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]

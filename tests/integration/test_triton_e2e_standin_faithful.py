@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import _plan, _serve
 from engine_wire import Stream, engine_inputs, request_error
-from trtllm_truss.config.schema import RuntimeConfig
+from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.repository import render_repository
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]

@@ -19,7 +19,7 @@ from trtllm_truss.repository import render_repository
 try:
     from trtllm_truss.config import RuntimeConfig
 except ImportError:
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from trtllm_flags_check import FLAGS_DIR, flag_problems, load_flags
-from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, BuildStep, plan_build
+from trtllm_truss.artifacts.build import BuildPlan, BuildStep, plan_build
+from trtllm_truss.artifacts.build_recipes import BuildPlanError
 from trtllm_truss.artifacts.target import IMAGE_TRTLLM_VERSIONS as IMAGE_TRTLLM_VERSION
-from trtllm_truss.config.schema import (
+from trtllm_truss.config.build import BuildConfig
+from trtllm_truss.config.enums import (
     Architecture,
     BaichuanModelVersion,
-    BuildConfig,
     ChatglmModelVersion,
     Quantization,
 )
@@ -191,8 +192,8 @@ def test_chatglm_rejects_pipeline_parallel() -> None:
 
 
 def test_example_dir_found_in_the_release_wins_over_the_version_rule(tmp_path: Path) -> None:
-    from trtllm_truss.artifacts.build import TrtllmVersion as V
-    from trtllm_truss.artifacts.build import convert_script_relpath
+    from trtllm_truss.artifacts.build_recipes import TrtllmVersion as V
+    from trtllm_truss.artifacts.build_recipes import convert_script_relpath
 
     assert convert_script_relpath(Architecture.FALCON, V.parse("0.16.0")) == "falcon/convert_checkpoint.py"
     assert convert_script_relpath(Architecture.FALCON, V.parse("0.21.0")) == "models/contrib/falcon/convert_checkpoint.py"

@@ -20,9 +20,10 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS_DIR))
 
-from trtllm_truss.artifacts.build import BuildStepError, plan_build, run_build_plan  # noqa: E402
+from trtllm_truss.artifacts.build import plan_build  # noqa: E402
+from trtllm_truss.artifacts.build_runner import BuildStepError, run_build_plan  # noqa: E402
 from trtllm_truss.artifacts.engine_builder import EngineBuilder  # noqa: E402
-from trtllm_truss.config.schema import BuildConfig  # noqa: E402
+from trtllm_truss.config.build import BuildConfig  # noqa: E402
 
 EMBEDDED = TESTS_DIR.parent / "data" / "embedded-llama"
 
@@ -310,7 +311,7 @@ def test_cli_builds_then_reuses(tmp_path: Path, fake_toolchain, monkeypatch, cap
 def test_missing_examples_fail_only_when_a_build_must_run_and_name_the_setting(tmp_path: Path, fake_toolchain) -> None:
     """An image without NVIDIA's examples/ (Triton 24.12, tensorrtllm_backend issue 739) cannot build on
     0.x: the error names TRTLLM_EXAMPLES_DIR. An engine already in the cache starts without them."""
-    from trtllm_truss.artifacts.build import BuildPlanError
+    from trtllm_truss.artifacts.build_recipes import BuildPlanError
     from trtllm_truss.artifacts.engine_builder import EXAMPLES_DIR_CANDIDATES
     from trtllm_truss.config import load_config
     from trtllm_truss.planning.plan import make_plan

@@ -14,12 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the f
 
 from fakes.fake_trtllm_build import write_fake_engine  # noqa: E402
 
-from trtllm_truss.artifacts.cache import (  # noqa: E402
-    COMPLETE_MARKER,
-    EngineCache,
-    EngineCacheError,
-    decide_remote_use,
-)
+from trtllm_truss.artifacts.cache import EngineCache  # noqa: E402
+from trtllm_truss.artifacts.cache_manifest import COMPLETE_MARKER, EngineCacheError  # noqa: E402
+from trtllm_truss.artifacts.hub_engine_store import decide_remote_use  # noqa: E402
 
 
 def builder(calls: list[Path], **engine_kwargs):

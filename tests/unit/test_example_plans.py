@@ -196,7 +196,7 @@ def test_0_16_plans_of_the_llama_script_family_use_only_recorded_flags(architect
     from pydantic import ValidationError
 
     from trtllm_truss.artifacts.build import plan_build
-    from trtllm_truss.config.schema import BuildConfig
+    from trtllm_truss.config.build import BuildConfig
 
     try:
         config = BuildConfig(base_model_architecture=architecture, huggingface_ckpt_repository="o/m",

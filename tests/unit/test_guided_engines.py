@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.openai import ChatCompletionRequest
-from trtllm_truss.config.schema import RuntimeConfig
+from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.guides.engines import (
     TOKENIZER_INFO_FILE,
     guided_decoding_problems,

@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 from trtllm_flags_check import flag_problems, load_flags
 from trtllm_truss.artifacts.build import plan_build
-from trtllm_truss.config.schema import LORA_MODULES, BuildConfig
+from trtllm_truss.config.build import LORA_MODULES, BuildConfig
 from trtllm_truss.artifacts.lora_weights import HF_MODULE_IDS, LoraConversionError, convert_adapter
 
 ROOT = Path(__file__).resolve().parents[2]

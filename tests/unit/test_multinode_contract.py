@@ -18,11 +18,11 @@ from trtllm_truss.artifacts.target import target_facts
 from trtllm_truss.cli import main
 from trtllm_truss.runtime.cluster import planned_cluster, rank_env_args, rank_wrapper
 from trtllm_truss.config import ConfigError, load_config
-from trtllm_truss.config.schema import RuntimeConfig
+from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.planning.plan import ServingPlan, make_plan
 from trtllm_truss.repository.models import repository_configs
 from trtllm_truss.runtime.stack import _prepare_world
-from trtllm_truss.runtime.supervisor import LaunchSpec, TritonPorts, build_launch_command
+from trtllm_truss.runtime.launch import LaunchSpec, TritonPorts, build_launch_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NVIDIA = json.loads((REPO_ROOT / "tests" / "data" / "multinode" / "nvidia_multinode.json").read_text())

@@ -212,7 +212,7 @@ def test_auto_detects_the_family_from_the_chat_template(template, tools, reasoni
 
 
 def test_every_registered_parser_is_documented_and_configurable():
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
 
     documented = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     tool_names = set(RuntimeConfig.model_fields["tool_call_parser"].annotation.__args__) - {"auto", "none"}

@@ -25,7 +25,7 @@ from trtllm_truss.repository import (
 try:
     from trtllm_truss.config import RuntimeConfig
 except ImportError:
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
 
 NVIDIA_VERSION = "v0.19.0"
 NVIDIA_SOURCE = "triton-inference-server/tensorrtllm_backend@v0.19.0:inflight_batcher_llm/src/model_instance_state.cc"

@@ -22,7 +22,7 @@ from trtllm_truss.repository.render import MARKER_FILE, TRITON_MODELS_DIR
 try:
     from trtllm_truss.config import RuntimeConfig
 except ImportError:
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "repository_tensorrtllm"
 UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN") == "1"  # regenerate after an intended change, then review the diff

@@ -17,9 +17,12 @@ import yaml
 from pydantic import ValidationError
 from test_repository_nvidia_contract import NVIDIA_TENSORRTLLM_PARAMETERS, _accepts
 from trtllm_flags_check import FLAGS_DIR, flag_problems, load_flags
-from trtllm_truss.artifacts.build import BuildPlanError, LlmApiSpec, plan_build
+from trtllm_truss.artifacts.build import LlmApiSpec, plan_build
+from trtllm_truss.artifacts.build_recipes import BuildPlanError
 from trtllm_truss.cli import main
-from trtllm_truss.config.schema import BuildConfig, RuntimeConfig, TrtLlmConfig
+from trtllm_truss.config.build import BuildConfig
+from trtllm_truss.config.runtime import RuntimeConfig
+from trtllm_truss.config.schema import TrtLlmConfig
 from trtllm_truss.config.speculative import lookahead_max_draft_len
 from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import repository_configs

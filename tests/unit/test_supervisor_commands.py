@@ -9,15 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from trtllm_truss.runtime.supervisor import (
+from trtllm_truss.runtime.launch import (
     LaunchSpec,
-    RestartPolicy,
     TritonPorts,
     build_launch_command,
     choose_free_ports,
-    log_level_of,
-    triton_error_lines,
 )
+from trtllm_truss.runtime.supervisor import RestartPolicy
+from trtllm_truss.runtime.triton_logs import log_level_of, triton_error_lines
 from trtllm_truss.runtime.tritonserver_install import (
     TritonInstallation,
     TritonInstallError,
@@ -282,7 +281,7 @@ def test_restart_backoff_doubles_up_to_the_cap():
 
 
 def test_startup_error_context_drops_tritons_option_tables_but_keeps_failed_models():
-    from trtllm_truss.runtime.supervisor import _without_tables
+    from trtllm_truss.runtime.triton_logs import _without_tables
 
     lines = [
         "+----------+-------+",

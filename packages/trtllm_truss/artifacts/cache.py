@@ -19,74 +19,32 @@ process that dies releases them and its entry becomes evictable again.
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import logging
 import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 from filelock import FileLock, Timeout
 
+from trtllm_truss.artifacts.cache_manifest import (
+    CACHE_FORMAT_VERSION,
+    COMPLETE_MARKER,
+    ENGINE_SUBDIR,
+    MANIFEST_NAME,
+    CacheManifest,
+    EngineCacheError,
+    _fsync_path,
+    _fsync_tree_and_describe,
+    _sha256_file,
+    _write_synced,
+    validate_key,
+)
+
 logger = logging.getLogger(__name__)
-
-CACHE_FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-COMPLETE_MARKER = "COMPLETE"
-ENGINE_SUBDIR = "engine"
-_KEY_ALPHABET = frozenset("0123456789abcdefghijklmnopqrstuvwxyz-_.")
-
-
-class EngineCacheError(RuntimeError):
-    """A cache operation failed (bad key, build failed, lock timeout)."""
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # relative to the engine directory, '/'-separated
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class CacheManifest:
-    key: str
-    format_version: int
-    created_at: float
-    source: str  # "built" or "remote"
-    files: tuple[ManifestFile, ...]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "key": self.key,
-                "format_version": self.format_version,
-                "created_at": self.created_at,
-                "source": self.source,
-                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
-            },
-            indent=2,
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> "CacheManifest":
-        raw = json.loads(text)
-        return cls(
-            key=raw["key"],
-            format_version=int(raw["format_version"]),
-            created_at=float(raw["created_at"]),
-            source=str(raw.get("source", "built")),
-            files=tuple(ManifestFile(f["path"], int(f["size"]), f["sha256"]) for f in raw["files"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -122,61 +80,8 @@ class _Lease:
     fd: int
 
 
-def validate_key(key: str) -> str:
-    if not key or len(key) > 128 or not set(key) <= _KEY_ALPHABET or key.startswith("."):
-        raise EngineCacheError(
-            f"cache key {key!r} is not usable as a directory name: use 1-128 characters from "
-            "[0-9a-z-_.], e.g. a sha256 hex digest"
-        )
-    return key
-
-
 def _scratch_key(scratch: Path) -> str:
     return scratch.name.rsplit(".", 2)[0]  # scratch dirs are named <key>.<pid>.<nonce>
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree_and_describe(engine_dir: Path) -> tuple[ManifestFile, ...]:
-    """fsync every file and directory below `engine_dir`; return the file list for the manifest."""
-    files: list[ManifestFile] = []
-    for dirpath, dirnames, filenames in os.walk(engine_dir):
-        dirnames.sort()
-        for name in sorted(filenames):
-            file_path = Path(dirpath) / name
-            if file_path.is_symlink():
-                raise EngineCacheError(f"{file_path}: symlinks are not cached (copy the file instead)")
-            _fsync_path(file_path)
-            files.append(
-                ManifestFile(
-                    path=file_path.relative_to(engine_dir).as_posix(),
-                    size=file_path.stat().st_size,
-                    sha256=_sha256_file(file_path),
-                )
-            )
-        _fsync_path(Path(dirpath))
-    return tuple(files)
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 class EngineCache:
@@ -541,87 +446,3 @@ class EngineCache:
                 os.close(lease_fd)
         finally:
             lock.release()
-
-
-# ---- sharing finished builds through a Hugging Face hub repo -----------------------------------
-
-
-@dataclass(frozen=True)
-class RemoteDecision:
-    look_up_remote: bool
-    publish_after_build: bool
-    reason: str
-
-
-def decide_remote_use(publish_repository: str | None, *, local_hit: bool) -> RemoteDecision:
-    """Whether to consult / feed the fleet's shared store; pure so the policy is testable."""
-    if not publish_repository:
-        return RemoteDecision(False, False, "no publish_repository configured")
-    if local_hit:
-        return RemoteDecision(False, False, "engine already in the local cache")
-    return RemoteDecision(True, True, f"look in {publish_repository} before building, publish after")
-
-
-@dataclass
-class HubEngineStore:
-    """Finished engines kept in a hub repo under `<prefix>/<key>/` (one folder per cache key)."""
-
-    repository: str
-    token: str | None = field(default=None, repr=False)  # never printed
-    revision: str = "main"
-    prefix: str = "engines"
-    repo_type: str = "model"
-    endpoint: str | None = None  # HF_ENDPOINT (a mirror); None: huggingface.co
-
-    def _folder(self, key: str) -> str:
-        return f"{self.prefix}/{validate_key(key)}"
-
-    def has(self, key: str) -> bool:
-        from huggingface_hub import HfApi
-
-        api = HfApi(endpoint=self.endpoint, token=self.token)
-        marker = f"{self._folder(key)}/{MANIFEST_NAME}"
-        return api.file_exists(self.repository, marker, repo_type=self.repo_type, revision=self.revision)
-
-    def download(self, key: str, dest: Path) -> None:
-        from huggingface_hub import snapshot_download
-
-        folder = self._folder(key)
-        staging = dest.parent / "remote-download"
-        snapshot_download(
-            self.repository,
-            repo_type=self.repo_type,
-            revision=self.revision,
-            allow_patterns=[f"{folder}/*", f"{folder}/**"],
-            local_dir=staging,
-            token=self.token,
-            endpoint=self.endpoint,
-        )
-        source = staging / folder / ENGINE_SUBDIR
-        for item in source.iterdir():
-            os.replace(item, dest / item.name)
-        shutil.rmtree(staging, ignore_errors=True)
-
-    def publish(self, key: str, engine_dir: Path) -> None:
-        from huggingface_hub import HfApi
-
-        api = HfApi(endpoint=self.endpoint, token=self.token)
-        folder = self._folder(key)
-        api.upload_folder(
-            repo_id=self.repository,
-            folder_path=str(engine_dir),
-            path_in_repo=f"{folder}/{ENGINE_SUBDIR}",
-            repo_type=self.repo_type,
-            revision=self.revision,
-            commit_message=f"engine cache entry {key}",
-        )
-        # The manifest goes last: its presence is what `has` treats as "published".
-        manifest = engine_dir.parent / MANIFEST_NAME
-        api.upload_file(
-            path_or_fileobj=str(manifest),
-            path_in_repo=f"{folder}/{MANIFEST_NAME}",
-            repo_id=self.repository,
-            repo_type=self.repo_type,
-            revision=self.revision,
-            commit_message=f"engine cache entry {key} (manifest)",
-        )

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from trtllm_truss.artifacts.build import BuildPlan, BuildPlanError, LineSink, engine_create_fn, plan_build
-from trtllm_truss.artifacts.cache import EngineCache, HubEngineStore, decide_remote_use
+from trtllm_truss.artifacts.build import BuildPlan, plan_build
+from trtllm_truss.artifacts.build_recipes import BuildPlanError
+from trtllm_truss.artifacts.build_runner import LineSink, engine_create_fn
+from trtllm_truss.artifacts.cache import EngineCache
+from trtllm_truss.artifacts.hub_engine_store import HubEngineStore, decide_remote_use
 from trtllm_truss.artifacts.engine_config import write_build_record
 from trtllm_truss.config.child_env import child_environment
 from trtllm_truss.planning.plan import ServingPlan, engine_cache_key_inputs

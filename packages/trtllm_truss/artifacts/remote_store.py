@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtllm_truss.artifacts.cache import ENGINE_SUBDIR, MANIFEST_NAME, validate_key
+from trtllm_truss.artifacts.cache_manifest import ENGINE_SUBDIR, MANIFEST_NAME, validate_key
 from trtllm_truss.artifacts.s3 import S3Error, _client
 
 logger = logging.getLogger(__name__)

@@ -58,7 +58,8 @@ def _say(text: str, file: TextIO | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtllm_truss.artifacts.build import BuildPlanError, BuildStepError
+    from trtllm_truss.artifacts.build_recipes import BuildPlanError
+    from trtllm_truss.artifacts.build_runner import BuildStepError
     from trtllm_truss.artifacts.engine_builder import EngineBuilder
     from trtllm_truss.artifacts.prepare import prepare_artifacts
     from trtllm_truss.artifacts.sources import FetchError

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def requested_ports(http: int | None, grpc: int | None, metrics: int | None):
     """Ports given on the command line; the others free ones. None when none was given."""
-    from trtllm_truss.runtime.supervisor import TritonPorts, choose_free_ports
+    from trtllm_truss.runtime.launch import TritonPorts, choose_free_ports
 
     if http is None and grpc is None and metrics is None:
         return None

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
     """Plan for the deployment's machine (no download, no build): refusals -> exit 1, else print the plan."""
-    from trtllm_truss.artifacts.build import BuildPlanError
+    from trtllm_truss.artifacts.build_recipes import BuildPlanError
     from trtllm_truss.commands.build import describe_target_plan, plan_for_target
     from trtllm_truss.config.errors import redact
     from trtllm_truss.planning.plan import PlanError

@@ -4,29 +4,23 @@ See docs/configuration.md for every key, its default and the override scheme.
 """
 
 from trtllm_truss.config.accelerator import GPU_COMPUTE_CAPABILITY, Accelerator, parse_accelerator
-from trtllm_truss.config.errors import ConfigError
-from trtllm_truss.config.loader import ResolvedConfig, load_config
-from trtllm_truss.config.locations import RepositoryLocation, is_hub_repo_id, resolve_repository
-from trtllm_truss.config.schema import (
+from trtllm_truss.config.build import AwqOptions, BuildConfig, PluginConfiguration, SmoothQuantOptions
+from trtllm_truss.config.enums import (
     Architecture,
     AwqFormat,
-    AwqOptions,
     Backend,
     BaichuanModelVersion,
     BatchSchedulerPolicy,
-    BuildConfig,
     ChatglmModelVersion,
     Device,
     Dtype,
-    PluginConfiguration,
-    PytorchEngineConfig,
     Quantization,
-    RuntimeConfig,
-    ServeConfig,
-    SmoothQuantOptions,
-    SyntheticEngineConfig,
-    TrtLlmConfig,
 )
+from trtllm_truss.config.errors import ConfigError
+from trtllm_truss.config.loader import ResolvedConfig, load_config
+from trtllm_truss.config.locations import RepositoryLocation, is_hub_repo_id, resolve_repository
+from trtllm_truss.config.runtime import PytorchEngineConfig, RuntimeConfig, SyntheticEngineConfig
+from trtllm_truss.config.schema import ServeConfig, TrtLlmConfig
 from trtllm_truss.config.sources import DJL_ALIASES, Source, env_name
 
 __all__ = [

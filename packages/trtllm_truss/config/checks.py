@@ -9,8 +9,9 @@ from trtllm_truss.config.accelerator import (
     Accelerator,
     gpus_with_compute_capability,
 )
+from trtllm_truss.config.enums import AwqFormat, Backend, Dtype, Quantization
 from trtllm_truss.config.errors import SECTION_PATH
-from trtllm_truss.config.schema import AwqFormat, Backend, Dtype, Quantization, TrtLlmConfig
+from trtllm_truss.config.schema import TrtLlmConfig
 
 
 def hardware_problems(

@@ -1,5 +1,5 @@
 """The building blocks every model of the section is made of: the strict base model, the error that names
-a key, the strict non-empty string (`schema` and `speculative` both build on them)."""
+a key, the strict non-empty string (every module of the section builds on them)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from trtllm_truss.config.accelerator import Accelerator, parse_accelerator
+from trtllm_truss.config.build import BuildConfig
 from trtllm_truss.config.checks import hardware_problems
 from trtllm_truss.config.errors import (
     SECTION_PATH,
@@ -23,12 +24,8 @@ from trtllm_truss.config.errors import (
     show_value,
 )
 from trtllm_truss.config.locations import RepositoryLocation, resolve_repository
-from trtllm_truss.config.schema import (
-    BuildConfig,
-    RuntimeConfig,
-    ServeConfig,
-    TrtLlmConfig,
-)
+from trtllm_truss.config.runtime import RuntimeConfig
+from trtllm_truss.config.schema import ServeConfig, TrtLlmConfig
 from trtllm_truss.config.secrets import declared_secret_names, secret_values
 from trtllm_truss.config.sources import (
     DEFAULT,

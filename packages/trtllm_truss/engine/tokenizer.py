@@ -27,7 +27,7 @@ class TokenizerLoadError(RuntimeError):
     """The tokenizer directory cannot be used; the message names the file and key."""
 
 
-# The config key that allows running a tokenizer's own Python code (config/schema.py RuntimeConfig).
+# The config key that allows running a tokenizer's own Python code (config/runtime.py RuntimeConfig).
 TRUST_REMOTE_CODE_KEY = "model_metadata.trt_llm.runtime.trust_remote_code"
 
 

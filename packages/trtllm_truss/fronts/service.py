@@ -170,7 +170,7 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
     """The stream workers `plan.runtime` asks for, on the engine (or the text ensemble)."""
     import os
 
-    from trtllm_truss.config.schema import DetokenizeIn
+    from trtllm_truss.config.enums import DetokenizeIn
     from trtllm_truss.repository.models import ENGINE, ENSEMBLE
     from trtllm_truss.streaming.environment import worker_environment
     from trtllm_truss.streaming.generation import WorkerSettings, worker_lora_weights

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trtllm_truss.config.schema import RuntimeConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
 
 MODEL_SOURCE_ENV = "TRTLLM_LLMAPI_MODEL_DIR"
 # Where NVIDIA's llmapi model directory may be inside an image: tensorrtllm_backend's checkout under /app

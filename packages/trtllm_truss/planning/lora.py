@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_truss.config.schema import LORA_MODULES, LoraConfiguration
+from trtllm_truss.config.build import LORA_MODULES, LoraConfiguration
 
 SECTION = "model_metadata.trt_llm.build"
 HF_TO_NVIDIA = {hf: nvidia for nvidia, hf in LORA_MODULES.items()}

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trtllm_truss.config.schema import Architecture, BuildConfig
+from trtllm_truss.config.build import BuildConfig
+from trtllm_truss.config.enums import Architecture
 from trtllm_truss.config.speculative import SpeculativeConfig, SpeculativeMode
 
 SECTION = "model_metadata.trt_llm.speculative"

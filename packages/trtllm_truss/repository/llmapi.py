@@ -28,7 +28,8 @@ from trtllm_truss.planning.speculation import llmapi_speculative_config
 from trtllm_truss.repository.models import RepositoryError
 
 if TYPE_CHECKING:
-    from trtllm_truss.config.schema import BuildConfig, RuntimeConfig
+    from trtllm_truss.config.build import BuildConfig
+    from trtllm_truss.config.runtime import RuntimeConfig
     from trtllm_truss.config.speculative import SpeculativeConfig
     from trtllm_truss.planning.plan import ServingPlan
 

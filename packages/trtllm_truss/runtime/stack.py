@@ -17,11 +17,10 @@ from typing import TypeVar
 from trtllm_truss.runtime.cluster import ClusterPlan
 from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.planning.probe import RuntimeFacts
+from trtllm_truss.runtime.launch import TritonPorts, choose_free_ports
 from trtllm_truss.runtime.supervisor import (
     ServerExit,
-    TritonPorts,
     TritonServer,
-    choose_free_ports,
 )
 from trtllm_truss.runtime.tritonserver_install import locate_tritonserver
 

@@ -14,13 +14,10 @@ stop() (SIGKILL, OOM killer, a test timeout) does not leave tritonserver running
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -31,9 +28,17 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import TypeVar
 
 from trtllm_truss.config import child_env
+from trtllm_truss.runtime.launch import LaunchSpec, TritonPorts, build_launch_command, choose_free_ports
+from trtllm_truss.runtime.process_tree import (
+    _children_of,
+    _kill_session,
+    _kill_session_and_wait,
+    _remove_shm_regions,
+)
+from trtllm_truss.runtime.triton_logs import LogForwarder, _without_tables, triton_error_lines
 from trtllm_truss.runtime.tritonserver_install import (
     BinaryCandidate,
     TritonInstallation,
@@ -47,24 +52,16 @@ from trtllm_truss.runtime.tritonserver_install import (
 logger = logging.getLogger(__name__)
 # `typing.Self` is Python 3.11+; the package supports 3.10.
 _ServerT = TypeVar("_ServerT", bound="TritonServer")
-triton_log = logging.getLogger("trtllm_truss.tritonserver")
 
 LOOPBACK = "127.0.0.1"
-ENGINE_MODEL = "tensorrt_llm"
 DEFAULT_READY_MODELS = ("ensemble",)
 
 __all__ = [
-    "LaunchSpec",
-    "LogForwarder",
     "RestartPolicy",
     "ServerExit",
     "TritonInstallError",
-    "TritonPorts",
     "TritonServer",
     "TritonStartupError",
-    "build_launch_command",
-    "choose_free_ports",
-    "tritonserver_rank_args",
 ]
 
 
@@ -75,267 +72,6 @@ class TritonStartupError(RuntimeError):
         super().__init__(message)
         self.returncode = returncode
         self.log_tail = list(log_tail)
-
-
-# ---------------------------------------------------------------------------------------------- ports
-
-
-@dataclass(frozen=True)
-class TritonPorts:
-    http: int
-    grpc: int
-    metrics: int
-
-    def __post_init__(self) -> None:
-        values = (self.http, self.grpc, self.metrics)
-        if len(set(values)) != 3 or not all(0 < p < 65536 for p in values):
-            raise ValueError(f"tritonserver ports must be three distinct ports in 1..65535, got {self}")
-
-
-def choose_free_ports() -> TritonPorts:
-    """Three distinct ports the kernel reports free right now (all three held open while choosing)."""
-    sockets = []
-    try:
-        for _ in range(3):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("", 0))  # Triton binds 0.0.0.0, so check the same address
-            sockets.append(s)
-        http, grpc, metrics = (s.getsockname()[1] for s in sockets)
-    finally:
-        for s in sockets:
-            s.close()
-    return TritonPorts(http=http, grpc=grpc, metrics=metrics)
-
-
-# ----------------------------------------------------------------------------------- command lines
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything that determines the tritonserver command line."""
-
-    binary: Path
-    repository: Path
-    backend_dir: Path
-    ports: TritonPorts
-    world_size: int = 1
-    # Unique per server: several servers on one host must not share python backend shm regions.
-    shm_prefix: str = "trtllm_truss_"
-    engine_model: str = ENGINE_MODEL
-    log_verbose: int = 0
-    exit_timeout_s: int = 10
-    # By name, not by absolute path: Open MPI treats `/usr/bin/mpirun` like `--prefix /usr` and puts
-    # /usr/bin first on the ranks' PATH, so the python backend would embed the system python3.
-    mpirun: str = "mpirun"
-    oversubscribe: bool = True  # more ranks than cores is fine (CPU tests, SLURM-style hosts)
-    extra_args: tuple[str, ...] = ()
-    # util-linux `setpriv`, to give each process a parent-death signal (None: launched without one).
-    # tritonserver (every rank) gets SIGTERM, so it shuts down gracefully; mpirun gets SIGKILL, because
-    # its own SIGTERM handling holds the ranks for a while and then SIGKILLs them, and Open MPI's ranks
-    # outlive a killed mpirun, which is why each rank carries its own.
-    setpriv: str | None = None
-    # Several nodes (trtllm_truss.runtime.cluster): mpirun's global options placing the ranks (hostfile, launch
-    # agent), and what every rank's app context starts with: its options (`-x` forwarding) and the argv
-    # it starts through (a wrapper that waits for its node's repository).
-    mpi_args: tuple[str, ...] = ()
-    rank_prefix: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-
-
-def _parent_death(spec: LaunchSpec, signal_name: str) -> list[str]:
-    return [spec.setpriv, "--pdeathsig", signal_name, "--"] if spec.setpriv else []
-
-
-def tritonserver_rank_args(spec: LaunchSpec, rank: int) -> list[str]:
-    """The tritonserver argv of one rank (rank 0 is the only one for world size 1)."""
-    args = [
-        *_parent_death(spec, "TERM"),
-        str(spec.binary),
-        f"--model-repository={spec.repository}",
-        f"--backend-directory={spec.backend_dir}",
-    ]
-    if rank == 0:
-        args += [
-            f"--grpc-port={spec.ports.grpc}",
-            f"--http-port={spec.ports.http}",
-            f"--metrics-port={spec.ports.metrics}",
-        ]
-    else:
-        # As NVIDIA's launcher: ranks > 0 load only the engine model, which joins rank 0's executor.
-        args += ["--model-control-mode=explicit", f"--load-model={spec.engine_model}"]
-        # NVIDIA gives every rank the same ports; that works on GPUs only because the TensorRT-LLM backend
-        # never returns from a worker rank's model load. Worker ranks serve nothing, so they open no ports
-        # at all, which also keeps a python-backend engine model (the CPU stand-in) from clashing on them.
-        args += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
-    args += [
-        "--disable-auto-complete-config",
-        f"--backend-config=python,shm-region-prefix-name={spec.shm_prefix}prefix{rank}_",
-        f"--exit-timeout-secs={spec.exit_timeout_s}",
-    ]
-    if spec.log_verbose:
-        args.append(f"--log-verbose={spec.log_verbose}")
-    args += list(spec.extra_args)
-    return args
-
-
-def build_launch_command(spec: LaunchSpec) -> list[str]:
-    """tritonserver itself for world size 1; `mpirun ... -n 1 <rank 0> : -n 1 <rank 1> ...` otherwise."""
-    if spec.world_size == 1:
-        return tritonserver_rank_args(spec, 0)
-    command = [*_parent_death(spec, "KILL"), spec.mpirun, "--allow-run-as-root"]
-    if spec.oversubscribe:
-        command.append("--oversubscribe")
-    command += spec.mpi_args
-    for rank in range(spec.world_size):
-        if rank:
-            command.append(":")
-        command += ["-n", "1", *spec.rank_prefix, *tritonserver_rank_args(spec, rank)]
-    return command
-
-
-# --------------------------------------------------------------------------------------------- logs
-
-# Triton logs in glog format: `E1122 01:51:11.479672 12841 server.cc:241] "message"`.
-_GLOG_LINE = re.compile(r"^(?P<severity>[IWEF])\d{4} \d{2}:\d{2}:\d{2}\.\d+ +\d+ ")
-_SEVERITY_LEVEL = {"I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR, "F": logging.CRITICAL}
-# What every Triton prints on a machine without a GPU; there it is not worth a warning and never the cause
-# of a failure. On a GPU host the same lines mean a real driver problem, so they keep their level there.
-_HARMLESS_WITHOUT_GPU = (
-    "CudaDriverHelper has not been initialized",
-    "CUDA driver version is insufficient",
-    "Unable to allocate pinned system memory",
-    "Failed to initialize NVML",
-    "DCGM unable to start",
-    "Unable to get number of GPUs",
-    "CUDA memory pool disabled",
-    "Collecting metrics for GPU",
-)
-
-
-HOST_HAS_GPU = any(Path("/dev").glob("nvidia[0-9]*"))
-
-
-def log_level_of(line: str, *, gpu_host: bool = HOST_HAS_GPU) -> int:
-    """logging level for one Triton log line."""
-    if not gpu_host and any(marker in line for marker in _HARMLESS_WITHOUT_GPU):
-        return logging.DEBUG
-    match = _GLOG_LINE.match(line)
-    if match:
-        return _SEVERITY_LEVEL[match.group("severity")]
-    if line.startswith("error:") or "Traceback (most recent call last)" in line:
-        return logging.ERROR
-    return logging.INFO
-
-
-def triton_error_lines(lines: Iterable[str], *, gpu_host: bool = HOST_HAS_GPU) -> list[str]:
-    """Triton's own error lines (E/F glog lines, `error: ...` of the launcher), minus GPU-less noise."""
-    return [line for line in lines if log_level_of(line, gpu_host=gpu_host) >= logging.ERROR]
-
-
-def _without_tables(lines: Sequence[str]) -> list[str]:
-    """Log lines minus Triton's startup tables (options, backends), keeping rows that report failures."""
-    kept = []
-    for line in lines:
-        stripped = line.strip()
-        if not stripped or stripped.startswith("+-"):
-            continue
-        if stripped.startswith("|") and "UNAVAILABLE" not in stripped:
-            continue
-        kept.append(line)
-    return kept
-
-
-class LogForwarder(threading.Thread):
-    """Reads the child's merged stdout/stderr into `logging` with a prefix; keeps a bounded tail."""
-
-    def __init__(self, stream: IO[bytes], prefix: str, *, tail_lines: int = 400, log: logging.Logger = triton_log):
-        super().__init__(name=f"{prefix}-log", daemon=True)
-        self._stream = stream
-        self._prefix = prefix
-        self._log = log
-        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self._lock = threading.Lock()
-
-    def run(self) -> None:
-        try:
-            for raw in iter(self._stream.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                with self._lock:
-                    self._tail.append(line)
-                self._log.log(log_level_of(line), "[%s] %s", self._prefix, line)
-        except (OSError, ValueError):  # pipe closed under us during shutdown
-            pass
-        finally:
-            self._stream.close()
-
-    def tail(self, n: int | None = None) -> list[str]:
-        with self._lock:
-            lines = list(self._tail)
-        return lines if n is None else lines[-n:]
-
-
-# ----------------------------------------------------------------------------------------- processes
-
-
-def _live_processes() -> list[tuple[int, int, int]]:
-    """(pid, ppid, session id) of every process that is not a zombie (Linux /proc)."""
-    processes = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        # Fields after the command name (which may contain spaces): state ppid pgrp session ...
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 3 and fields[0] != "Z":
-            processes.append((int(entry.name), int(fields[1]), int(fields[3])))
-    return processes
-
-
-def _session_members(session_id: int) -> list[int]:
-    """PIDs whose session is `session_id`. The child is a session leader, so this is its whole tree."""
-    return [pid for pid, _, session in _live_processes() if session == session_id]
-
-
-def _children_of(pid: int) -> list[int]:
-    return [child for child, parent, _ in _live_processes() if parent == pid]
-
-
-def _kill_session(session_id: int, sig: signal.Signals) -> int:
-    """Send `sig` to every process of the session; returns how many were signalled."""
-    count = 0
-    for pid in _session_members(session_id):
-        try:
-            os.kill(pid, sig)
-            count += 1
-        except ProcessLookupError:
-            pass
-    return count
-
-
-def _kill_session_and_wait(session_id: int, timeout_s: float = 5.0) -> None:
-    """SIGKILL the session and wait until none of it is left (orphans are reaped by init)."""
-    deadline = time.monotonic() + timeout_s
-    while _kill_session(session_id, signal.SIGKILL) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _remove_shm_regions(prefix: str) -> None:
-    """Python backend shm regions a killed server could not unlink."""
-    shm = Path("/dev/shm")
-    if not shm.is_dir():
-        return
-    for region in shm.glob(f"{prefix}*"):
-        try:
-            region.unlink()
-        except OSError:
-            pass
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,225 @@
+"""`model_metadata.trt_llm.runtime`: how the engine is served (RuntimeConfig and its sub-models: the
+pytorch stand-in, the llmapi model source, the health probe)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trtllm_truss.config.enums import (
+    Backend,
+    BackendName,
+    BatchSchedulerPolicy,
+    DetokenizeIn,
+    DetokenizeInName,
+    Device,
+    DeviceName,
+    SchedulerPolicyName,
+)
+from trtllm_truss.config.fields import NonEmptyStr, StrictModel, field_problem
+
+
+# --- runtime ------------------------------------------------------------------------------------
+
+
+class SyntheticEngineConfig(StrictModel):
+    """Tokens without a model, to measure the stack's own cost (`trtllm-truss bench`)."""
+
+    step_time_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Sleep per engine step (0: as fast as possible).")
+
+
+class PytorchEngineConfig(StrictModel):
+    """The stand-in engine (backend pytorch): a Hugging Face causal LM run with PyTorch."""
+
+    model: NonEmptyStr | None = Field(
+        None, description="Checkpoint to run instead of build.huggingface_ckpt_repository (path or hub id)."
+    )
+    device: DeviceName = Field(Device.AUTO, description="auto: cuda when available, else cpu.")
+    num_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads (None: torch default).")
+    synthetic: SyntheticEngineConfig | None = Field(None, description="Set to emit tokens at no model cost.")
+    instance_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Engine instances (Triton stub processes, each with its own engine and a share of "
+        "max_batch_size). None: 1 for a model; for the synthetic engine one per 2 CPU cores (1..8).",
+    )
+    sender_threads: int = Field(
+        1,
+        ge=1,
+        le=32,
+        description="Response sender threads per instance. Keep 1: with 2, tritonserver 2.51's python backend "
+        "crashed (SIGSEGV) now and then; raise instance_count for more responses/s instead.",
+    )
+    merge_responses: bool = Field(
+        False,
+        description="false (as NVIDIA's engine): one response per token per step, queued in order when the "
+        "sender falls behind; true: merge the tokens waiting for a request into one response.",
+    )
+
+
+class LlmApiRuntimeConfig(StrictModel):
+    """Backend llmapi: where NVIDIA's `llmapi` Triton model comes from (it is not part of this package)."""
+
+    model_source_dir: NonEmptyStr | None = Field(
+        None,
+        description="NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm directory (config.pbtxt, 1/model.py,"
+        " 1/helpers.py) of the TensorRT-LLM version installed (None: $TRTLLM_LLMAPI_MODEL_DIR, then the image's"
+        " known locations).",
+    )
+    decoupled: bool = Field(True, description="Triton decoupled mode (needed for streaming responses).")
+
+
+class HealthProbeConfig(StrictModel):
+    """A one-token generation sent straight to the engine model, so a hung engine reads unhealthy."""
+
+    enabled: bool = Field(True, description="Probe the engine model on an interval.")
+    interval_s: float = Field(10.0, gt=0.0, le=3600.0, description="Seconds between probes.")
+    timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="A probe not answered within this is a failure.")
+
+
+class RuntimeConfig(StrictModel):
+    backend: BackendName = Field(
+        Backend.AUTO,
+        description="auto: llmapi (NVIDIA's LLM API) for build mode on TensorRT-LLM >= 1.0, tensorrtllm (an engine)"
+        " on older versions and for serve mode, else the pytorch stand-in (our Hugging Face engine, no GPU needed).",
+    )
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        0.9, gt=0.0, le=1.0, description="Share of free GPU memory for the KV cache."
+    )
+    max_tokens_in_paged_kv_cache: int | None = Field(
+        None, ge=1, description="Cap on KV-cache tokens (None: by fraction)."
+    )
+    kv_cache_host_memory_bytes: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 44,
+        description="Host (CPU) memory for KV-cache blocks offloaded from the GPU, in bytes (None: no offload)."
+        " tensorrtllm: kv_cache_host_memory_bytes; llmapi: kv_cache_config.host_cache_size.",
+    )
+    kv_cache_onboard_blocks: bool | None = Field(
+        None,
+        description="Bring offloaded blocks back to the GPU before reuse (NVIDIA's default true)."
+        " tensorrtllm: kv_cache_onboard_blocks; llmapi: kv_cache_config.onboard_blocks.",
+    )
+    lora_cache_optimal_adapter_size: int | None = Field(
+        None, ge=1, le=1024, description="NVIDIA's lora_cache_optimal_adapter_size: the adapter size (rank) cache pages are sized for."
+    )
+    lora_cache_max_adapter_size: int | None = Field(
+        None, ge=1, le=1024, description="NVIDIA's lora_cache_max_adapter_size: the largest adapter size the cache takes."
+    )
+    lora_cache_gpu_memory_fraction: float | None = Field(
+        None, gt=0.0, le=1.0, description="NVIDIA's lora_cache_gpu_memory_fraction: share of the GPU memory left after the engine loads."
+    )
+    lora_cache_host_memory_bytes: int | None = Field(
+        None, ge=1, le=1 << 44, description="NVIDIA's lora_cache_host_memory_bytes: host memory for cached adapters."
+    )
+    served_model_name: NonEmptyStr | None = Field(
+        None,
+        description="The base model's name in a request's `model` (Baseten's name), besides \"model\" and an absent or"
+        " empty one. Set, or with build.lora_adapters, any other `model` that names no adapter is a 404.",
+    )
+    max_num_sequences: int | None = Field(None, ge=1, description="Sequences the batch manager keeps state for.")
+    batch_scheduler_policy: SchedulerPolicyName = Field(
+        BatchSchedulerPolicy.GUARANTEED_NO_EVICT,
+        description="guaranteed_no_evict reserves KV cache for a whole request up front.",
+    )
+    enable_kv_cache_reuse: bool = Field(False, description="Reuse KV cache of shared prompt prefixes.")
+    enable_chunked_context: bool = Field(False, description="Split long prompts across engine steps.")
+    exclude_input_in_output: bool = Field(
+        False,
+        description="Default for requests that do not send exclude_input_in_output: false (NVIDIA's default) "
+        "returns the prompt before the generated tokens of a non-streamed response. The truss proxy always sends it.",
+    )
+    decoupled_mode: bool = Field(
+        True,
+        description="NVIDIA's decoupled_mode: true renders tensorrt_llm (and so the ensembles) decoupled, "
+        "needed for streaming and by the truss proxy; false serves NVIDIA's unary clients (HTTP, gRPC ModelInfer), "
+        "one response per request, no streaming.",
+    )
+    preprocessing_instance_count: int = Field(2, ge=1, le=64, description="Tokenizer instances (each costs a CPU).")
+    postprocessing_instance_count: int = Field(
+        2, ge=1, le=64, description="Detokenizer instances of the text `ensemble` (each costs a CPU)."
+    )
+    detokenize_in: DetokenizeInName = Field(
+        DetokenizeIn.PROXY,
+        description="proxy: the truss proxy streams token ids from `ensemble_ids` and decodes them (no "
+        "python-backend hop per token); postprocessing: it streams text from `ensemble`.",
+    )
+    tool_call_parser: Literal["auto", "none", "hermes", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"] = Field(
+        "auto",
+        description="How tool calls are read from chat answers (the model family's format); auto: detected from"
+        " the chat template's markers (<tool_call>: hermes, [TOOL_CALLS]: mistral, ...); none: tools are refused.",
+    )
+    guided_decoding_backend: Literal["auto", "xgrammar", "none"] = Field(
+        "auto",
+        description="What enforces structured output (response_format, tool_choice required/named, guided_*):"
+        " auto: xgrammar on backend tensorrtllm from TensorRT-LLM 0.19 (its tokenizer info is written at load),"
+        " llguidance on the pytorch stand-in, and guided requests answered 400 where the engine path has none"
+        " (older engines, backend llmapi); xgrammar: required (a config error where it cannot run); none: off,"
+        " guided requests get 400.",
+    )
+    reasoning_parser: Literal["auto", "none", "deepseek_r1", "qwen3", "gpt_oss"] = Field(
+        "auto",
+        description="How a reasoning model's thinking is split from its answer into reasoning_content; auto:"
+        " detected from the chat template (<think>, harmony channels); none: the answer is returned as it is.",
+    )
+    stream_workers: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Stream-worker processes that tokenize, stream from the engine and detokenize, off truss's"
+        " event loop (None: half the CPU cores, 1 to 8).",
+    )
+    max_stream_chunks_per_s: float = Field(
+        10_000.0,
+        gt=0,
+        le=1e7,
+        description="HTTP stream chunks per second over all streams that truss's single thread is asked to"
+        " write: with more open streams than this allows one chunk per token, a stream's next chunk waits"
+        " open streams / this seconds after its last one and carries every token that arrived meanwhile.",
+    )
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Decode steps per streamed engine response (TensorRT-LLM's LLM API `stream_interval`): a"
+        " request's first token comes at once, then one response every this many steps with the tokens made"
+        " meanwhile, and the last with the final flag. Above 1 the engine, Triton and the stream workers handle"
+        " that many times fewer responses per token. Backends llmapi and pytorch; NVIDIA's C++ backend"
+        " (tensorrtllm) sends every step and has no such setting.",
+    )
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="Requests admitted beyond the engine's batch (max_batch_size) before new ones get HTTP 429"
+        " with Retry-After (None: 2 x max_batch_size).",
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the tokenizer code a checkpoint ships (tokenizer_config.json auto_map.AutoTokenizer,"
+        " e.g. ChatGLM, Baichuan, InternLM v1) when it has no tokenizer.json. Off: such a tokenizer is refused"
+        " with an error naming this key.",
+    )
+    max_queue_delay_microseconds: int = Field(0, ge=0, le=60_000_000, description="Dynamic-batching wait.")
+    max_queue_size: int | None = Field(
+        None, ge=1, description="Requests queued before Triton rejects (None: unbounded)."
+    )
+    startup_timeout_s: float = Field(600.0, gt=0, le=86_400, description="How long tritonserver may take to be ready.")
+    tritonserver_path: NonEmptyStr | None = Field(
+        None, description="tritonserver binary (None: found on PATH / pytriton)."
+    )
+    pytorch: PytorchEngineConfig = Field(default_factory=PytorchEngineConfig)
+    llmapi: LlmApiRuntimeConfig = Field(default_factory=lambda: LlmApiRuntimeConfig())
+    health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
+
+    @model_validator(mode="after")
+    def _lora_cache_sizes(self) -> RuntimeConfig:
+        optimal, largest = self.lora_cache_optimal_adapter_size, self.lora_cache_max_adapter_size
+        if optimal is not None and largest is not None and optimal > largest:
+            raise field_problem(
+                "lora_cache_optimal_adapter_size", f"{optimal} is above lora_cache_max_adapter_size {largest}"
+            )
+        return self
