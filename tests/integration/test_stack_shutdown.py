@@ -36,7 +36,7 @@ CONCURRENT = 3  # stacks stopped side by side: less wall time, and a busier mach
 # TritonServer's stop_timeout_s: tritonserver gets --exit-timeout-secs of 5 s less, then the session is
 # swept. Everything must be gone within it.
 EXIT_TIMEOUT_S = 15.0
-ORPHAN_DEADLINE_S = 30.0  # a stub whose tritonserver vanished (stub_watch.HANG_S + margin)
+ORPHAN_DEADLINE_S = 30.0  # a stub whose tritonserver vanished (runtime.stub_watch.HANG_S + margin)
 STREAMS = 2
 EXIT_TIMEOUT_MESSAGE = "Exit timeout expired"  # tritonserver's, when a model never finished unloading
 
@@ -232,7 +232,7 @@ def test_restarted_tritonserver_leaves_no_stub_of_the_old_one(tmp_path: Path) ->
     from trtllm_truss.runtime.stack import start_stack
 
     marker = uuid.uuid4().hex
-    os.environ[MARKER] = marker  # tritonserver's environment is this process's (child_env)
+    os.environ[MARKER] = marker  # tritonserver's environment is this process's (config.child_env)
     try:
         stack = start_stack(_truss_with(tmp_path))
     finally:

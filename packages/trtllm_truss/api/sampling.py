@@ -21,7 +21,7 @@ from trtllm_truss.engine.client import GenerationParams
 IGNORE_EOS_END_ID = -1
 MAX_WORDS = 32
 
-# What the ensemble's input tensors hold (client.py builds INT32, UINT64 and FP32 tensors).
+# What the ensemble's input tensors hold (engine/client.py builds INT32, UINT64 and FP32 tensors).
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
 FP32_MAX = 3.4028234663852886e38

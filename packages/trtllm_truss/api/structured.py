@@ -21,7 +21,7 @@ Bounds (checked on the event loop, cheap): a guide's text at most `MAX_GUIDE_BYT
 nesting at most `MAX_GUIDE_DEPTH`. `strict: true` refuses any keyword the compiler would not enforce
 (unknown keys, OpenAPI's `nullable`, draft-7 `additionalItems`, `minProperties` ...): llguidance
 itself refuses the keywords it knows but does not implement (`not`, `if`, `uniqueItems`, ...) and
-ignores keys it does not know. Compiling (`guided.check_guide`) runs in a small thread pool with a
+ignores keys it does not know. Compiling (`guides.guide.check_guide`) runs in a small thread pool with a
 timeout (`CHECK_TIMEOUT_S`): a slow guide delays only its own request. Results, failures included,
 are kept in an LRU keyed by the guide's hash, so a repeated guide costs one dictionary lookup.
 """
@@ -54,7 +54,7 @@ CACHE_ENTRIES = 512
 
 @dataclass(frozen=True)
 class Guide:
-    """A guided-decoding constraint in TensorRT-LLM's terms: `type` one of `guided.GUIDE_TYPES`
+    """A guided-decoding constraint in TensorRT-LLM's terms: `type` one of `guides.guide.GUIDE_TYPES`
     ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag"), `guide` its text (None for
     "json"), sent as the engine inputs `guided_decoding_guide_type` / `guided_decoding_guide`.
     `field`: the request field it came from, named in errors."""

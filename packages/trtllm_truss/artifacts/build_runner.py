@@ -63,7 +63,7 @@ def run_build_plan(
     """Run each step with its output streamed line by line (prefixed); stop at the first failure.
 
     `secrets` (and every secret value load_config remembered) are replaced by '***' in every forwarded
-    line and in the error's log tail; the steps' environment has no credential (child_env).
+    line and in the error's log tail; the steps' environment has no credential (config.child_env).
     """
     emit = sink or _stderr_sink(sys.stderr)
     base_env = child_environment(os.environ if env is None else env, secrets=secrets)

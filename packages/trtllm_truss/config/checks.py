@@ -1,4 +1,5 @@
-"""Checks of the section against the hardware named in `resources.accelerator` (no probing)."""
+"""Checks of the section against the hardware named in `resources.accelerator` and the nodes of
+`resources.node_count` (no probing)."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ class Delta:
 
     `token_count` is the number of tokens behind `text` when the ensemble reports it, else None.
     `final` marks the request's last response. The finish reason is not here: telling "length"
-    from "stop" needs the request's max_tokens, which the service knows (`service.Generation`).
+    from "stop" needs the request's max_tokens, which the service knows (`serving.generation.Generation`).
     """
 
     text: str

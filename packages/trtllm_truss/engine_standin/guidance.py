@@ -3,7 +3,7 @@ enforced where tokens are chosen, as TensorRT-LLM's guided decoder masks the log
 
 It uses llguidance, the compiler the request path checks guides with (`trtllm_truss.guides.guide`), so a guide
 the API accepted is a guide the engine enforces.
-- `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guided.compile_matcher`) on a small thread pool, never on the
+- `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guides.guide.compile_matcher`) on a small thread pool, never on the
   decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
   compiled grammar and lexer). A guide that fails to compile, or is still compiling after the timeout,
   fails the requests waiting for it with the reason and leaves nothing cached.

@@ -1,6 +1,6 @@
 """The serving plan: configuration + probed facts, every default resolved, frozen.
 
-Stages after this one (artifacts, repository, supervisor, service) read only the plan.
+Stages after this one (artifacts, repository, runtime, engine, streaming, serving, fronts) read only the plan.
 `make_plan` is pure given its inputs: machine facts are probed beforehand (`trtllm_truss.planning.probe`) and
 passed in, and nothing is downloaded here. The plan says where every artifact will be and what must be
 fetched to put it there; `trtllm_truss.artifacts.prepare_artifacts` does the fetching and returns the
@@ -121,14 +121,14 @@ class ServingPlan:
 
     @property
     def guided_decoding_off(self) -> str | None:
-        """None when this deployment's engine path enforces guides, else why not (guided_engines)."""
+        """None when this deployment's engine path enforces guides, else why not (guides.engines)."""
         setting = getattr(self.runtime, "guided_decoding_backend", "auto")
         version = self.facts.trtllm_version
         return guided_decoding_off(setting, self.backend, _version_tuple(version), version)
 
     @property
     def guide_types(self) -> tuple[str, ...] | None:
-        """The guide types the engine path takes (None: all of guided.GUIDE_TYPES the stand-in compiles)."""
+        """The guide types the engine path takes (None: all of guides.guide.GUIDE_TYPES the stand-in compiles)."""
         return engine_guide_types(self.backend)
 
     @property

@@ -108,7 +108,7 @@ def postprocessing_config(plan: ServingPlan) -> ModelConfig:
 def tensorrtllm_engine_config(plan: ServingPlan, xgrammar_tokenizer_info: Path | None = None) -> ModelConfig:
     """NVIDIA's C++ backend; parameter names/values as read by its model_instance_state.cc.
     `xgrammar_tokenizer_info`: where the renderer writes NVIDIA's tokenizer info for xgrammar
-    (guided_engines); required when this deployment enforces guides."""
+    (guides.engines); required when this deployment enforces guides."""
     if plan.engine_dir is None:
         raise RepositoryError("plan.engine_dir: required for backend 'tensorrtllm' (the built engine directory)")
     runtime = plan.runtime

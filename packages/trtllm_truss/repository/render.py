@@ -96,7 +96,7 @@ def _write(
         return
     tokenizer_info = None
     if plan.backend == "tensorrtllm" and plan.guided_decoding_off is None:
-        # NVIDIA's C++ backend reads xgrammar's tokenizer info from a JSON file (guided_engines):
+        # NVIDIA's C++ backend reads xgrammar's tokenizer info from a JSON file (guides.engines):
         # written beside the engine's config.pbtxt, named by its final path.
         write_xgrammar_tokenizer_info(plan.tokenizer_dir, repo / ENGINE / TOKENIZER_INFO_FILE)
         tokenizer_info = final_repo / ENGINE / TOKENIZER_INFO_FILE

@@ -61,7 +61,7 @@ SLURM_NODEID = "SLURM_NODEID"
 SLURMD_NODENAME = "SLURMD_NODENAME"
 
 # Variables mpirun forwards to every rank (`-x NAME`; mpirun's own environment supplies the value).
-# Names only, never values: the launch environment is already free of credentials (child_env).
+# Names only, never values: the launch environment is already free of credentials (config.child_env).
 # PATH, PYTHONPATH and LD_LIBRARY_PATH always: the launcher adds to them after this list is made.
 FORWARDED_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 FORWARDED_NAMES = ("HOME", "HF_HOME", "TMPDIR", WORLD_ADDRESS_ENV, NODE_WAIT_ENV)

@@ -155,7 +155,7 @@ class TritonServer:
         self.log_prefix = log_prefix
         self._binary_setting = binary
         self._env_overrides = dict(env or {})
-        self._secret_values = tuple(secrets)  # besides those load_config remembered; see child_env
+        self._secret_values = tuple(secrets)  # besides those load_config remembered; see config.child_env
         self._ports = ports
         self._work_dir = work_dir
         self._owns_work_dir = work_dir is None

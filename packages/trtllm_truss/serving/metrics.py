@@ -1,7 +1,7 @@
 """Serving metrics on truss's `/metrics` (Prometheus text format).
 
 truss 0.18.35's server mounts `prometheus_client.make_asgi_app()` at `/metrics`, which serves the
-default `REGISTRY` (truss_server.py `create_application`; it unregisters the process/platform/gc
+default `REGISTRY` (truss/templates/server/truss_server.py `create_application`; it unregisters the process/platform/gc
 collectors and disables `_created` series). A collector registered there is on `/metrics` with no
 route of ours.
 

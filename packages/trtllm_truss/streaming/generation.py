@@ -23,7 +23,7 @@ from trtllm_truss.api.stops import StopSequenceTrimmer
 from trtllm_truss.engine.client import EnsembleClient, UpstreamError
 from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder
 from trtllm_truss.engine.engine_client import LLMAPI_UNSUPPORTED, EngineClient, LlmApiClient
-from trtllm_truss.planning.lora import worker_lora_weights  # noqa: F401 - what service.stream_pool passes here
+from trtllm_truss.planning.lora import worker_lora_weights  # noqa: F401 - what fronts.service.stream_pool passes here
 from trtllm_truss.streaming.itl import ItlAccumulator
 from trtllm_truss.engine.preprocess import word_list_tensor
 from trtllm_truss.streaming.lora_tasks import LoraTasks, generate_with_lora

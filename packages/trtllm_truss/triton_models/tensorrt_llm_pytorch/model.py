@@ -214,7 +214,7 @@ class TritonPythonModel:
         self._watcher = threading.Thread(target=self._watch_loop, name="tensorrt_llm-watch", daemon=True)
         self._watcher.start()
         self._stop_relay = StopRelay(args["model_name"], self.instance_index, self.instance_count, self._stop_local)
-        self._parent_watch = watch_parent(instance_name)  # ends this stub if tritonserver goes (stub_watch.py)
+        self._parent_watch = watch_parent(instance_name)  # ends this stub if tritonserver goes (runtime/stub_watch.py)
         log.info(
             "PyTorch stand-in instance %d/%d ready (%s, %d sequence slots, %d sender threads, %s)",
             self.instance_index + 1,
@@ -356,7 +356,7 @@ class TritonPythonModel:
 
     def _watch_loop(self) -> None:
         """Now and then: refresh the gauges, only when the engine changed. Each metric call is an IPC
-        round trip that blocks for good if tritonserver vanishes meanwhile (see stub_watch.py), so an
+        round trip that blocks for good if tritonserver vanishes meanwhile (see runtime/stub_watch.py), so an
         idle instance makes none."""
         last = None
         while not self._stopping.wait(CANCEL_CHECK_PERIOD_S):
