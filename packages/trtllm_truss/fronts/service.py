@@ -97,7 +97,7 @@ class LLMService:
                 self._stack.server.grpc_url,
                 health.interval_s,
                 health.timeout_s,
-                interface="text" if plan.backend == "llmapi" else "tokens",
+                interface="tokens",
             )
             self._engine_probe.start()
         # Everything loaded so far lives as long as the process; left to the collector, each full
