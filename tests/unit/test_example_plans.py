@@ -75,7 +75,7 @@ def test_example_plan_uses_only_flags_of_its_images_release(example: Path, comma
     if config.get("runtime", {}).get("backend") == "llmapi":  # no build: the model.yaml, in 1.0's names
         assert commands == [] and "(llmapi): no engine build" in out
         document = yaml.safe_load(out.split("model.yaml of the Triton repository:\n", 1)[1].split("\n# KV cache")[0])
-        assert set(document) - {"triton_config"} <= set(LLMAPI_NAMES["llm_args"])
+        assert set(document) <= set(LLMAPI_NAMES["llm_args"])
         speculative = document.get("speculative_config")
         if speculative is not None:
             record = json.loads((REPO / "tests" / "data" / "trtllm_flags" / "1.0.0" / "speculative_config.json").read_text())
@@ -157,11 +157,9 @@ def test_validate_prints_the_llmapi_model_yaml_with_only_names_of_the_1_0_interf
     assert "# backend llmapi: " in out
     text = out.split("/1/model.yaml of the Triton repository:\n", 1)[1]
     document = yaml.safe_load(text)
-    triton = document.pop("triton_config")
     assert set(document) <= set(LLMAPI_NAMES["llm_args"]), set(document) - set(LLMAPI_NAMES["llm_args"])
     assert set(document["kv_cache_config"]) <= set(LLMAPI_NAMES["kv_cache_config_fields"])
     assert set(document["scheduler_config"]) <= set(LLMAPI_NAMES["scheduler_config_fields"])
-    assert set(triton) <= set(LLMAPI_NAMES["triton_config_keys"]["required"] + LLMAPI_NAMES["triton_config_keys"]["optional"])
     assert (document["tensor_parallel_size"], document["max_seq_len"], document["enable_chunked_prefill"]) == (4, 32768, True)
     assert document["kv_cache_config"]["free_gpu_memory_fraction"] == 0.85
 

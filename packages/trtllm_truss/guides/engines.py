@@ -14,9 +14,10 @@ installed TensorRT-LLM:
   time from the tokenizer (`transformers` only: no xgrammar or GPU needed to make it). The C++
   backend ignores `tokenizer_dir` for guided decoding (it says so in its log), so none is rendered.
   Older engines: no guided decoding.
-- llmapi (NVIDIA's LLM-API Triton model): its inputs carry no guide (`helpers.
-  get_sampling_params_from_request` builds SamplingParams from `sampling_param_*` inputs only), so a
-  guide cannot reach the LLM API there; `xgrammar` is refused at validate time.
+- llmapi (our LLM-API Triton model, triton_models/tensorrt_llm_llmapi): NVIDIA's guide inputs become
+  `SamplingParams(guided_decoding=GuidedDecodingParams(...))`, enforced by the LLM API's
+  `guided_decoding_backend: xgrammar` (model.yaml); on a machine without TensorRT-LLM its LLM-API double
+  enforces them with the stand-in's llguidance.
 A request with a guide on a deployment that cannot enforce it is a 400 naming the field
 (`RequestLimits.guided_decoding_off`), never an unconstrained answer.
 """
@@ -48,10 +49,7 @@ def guided_decoding_off(setting: str, backend: str, version: tuple[int, int], ve
     if backend == "pytorch":
         return None
     if backend == "llmapi":
-        return (
-            "backend llmapi cannot enforce it: NVIDIA's llmapi Triton model has no guided-decoding input"
-            " (its SamplingParams come from sampling_param_* inputs only); serve with backend tensorrtllm"
-        )
+        return None
     if version < GUIDED_DECODING_SINCE:
         return (
             f"TensorRT-LLM {version_text or '(version unknown)'} has no guided decoding"
