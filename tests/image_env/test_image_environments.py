@@ -291,6 +291,13 @@ def test_image_environment_resolves_imports_plans_and_renders(image: Path, tmp_p
     assert {name for name, _ in would_install} >= {"tritonclient", "boto3"}  # the resolver did run
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "packages")}
+    if "llmapi_model_dir" in data:
+        # NVIDIA's llmapi model files where the image keeps them (placeholders: they come with TensorRT-LLM)
+        nvidia_model = tmp_path / "image" / data["llmapi_model_dir"].lstrip("/")
+        (nvidia_model / "1").mkdir(parents=True)
+        (nvidia_model / "config.pbtxt").write_text("# stands for NVIDIA's llmapi config.pbtxt\n")
+        (nvidia_model / "1" / "model.py").write_text("# stands for NVIDIA's llmapi model.py\n")
+        env["TRTLLM_LLMAPI_MODEL_DIR"] = str(nvidia_model)
     run = subprocess.run(
         [str(python), str(PLAN_SCRIPT), str(example), data["trtllm_version"]],
         capture_output=True,
