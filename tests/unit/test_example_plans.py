@@ -129,7 +129,7 @@ def test_validate_reports_plan_refusals_with_their_keys(tmp_path: Path, capsys) 
         trt["runtime"]["max_num_sequences"] = 64
         trt["build"]["plugin_configuration"]["multi_block_mode"] = True
 
-    truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
+    truss = _example_copy(tmp_path, "legacy-llama3-8b-fp8-engine-h100", edit)
     code, out, err = _run(capsys, "validate", str(truss))
     assert code == 1
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
@@ -149,7 +149,7 @@ def test_validate_prints_the_llmapi_model_yaml_with_only_names_of_the_1_0_interf
     def edit(trt):
         trt["runtime"] = {"backend": "auto", "kv_cache_free_gpu_mem_fraction": 0.85, "enable_chunked_context": True,
                           "enable_kv_cache_reuse": True}
-        del trt["build"]["plugin_configuration"]  # engine build options: refused with llmapi (test below)
+        trt["build"].pop("plugin_configuration", None)  # engine build options: refused with llmapi (test below)
 
     truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
     code, out, err = _run(capsys, "validate", str(truss), "--trtllm-version", "1.0.0")
@@ -166,7 +166,10 @@ def test_validate_prints_the_llmapi_model_yaml_with_only_names_of_the_1_0_interf
 
 def test_validate_refuses_settings_llmapi_would_ignore(tmp_path: Path, capsys) -> None:
     def edit(trt):
-        trt["runtime"]["backend"] = "auto"  # the example keeps preprocessing/postprocessing_instance_count
+        trt["runtime"]["backend"] = "auto"
+        # settings of the C++ engine path (as a truss moved from a 0.x image keeps them)
+        trt["runtime"]["preprocessing_instance_count"] = 8
+        trt["build"]["plugin_configuration"] = {"use_paged_context_fmha": True}
 
     truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
     code, _, err = _run(capsys, "validate", str(truss), "--trtllm-version", "1.0.0")
