@@ -90,6 +90,15 @@ def serving_metrics() -> ServingMetrics:
     return _METRICS
 
 
+def use_serving_metrics(metrics: ServingMetrics) -> None:
+    """Make `metrics` the process's request metrics (the direct front's, on shared memory); before any
+    request, in place of the default set."""
+    global _METRICS
+    if _METRICS is not None:
+        _METRICS.unregister()
+    _METRICS = metrics
+
+
 class _MetricsListener:
     """Reports each stream's start (first output) and outcome; the truss thread does this once per
     request, never per token (inter-token gaps come bucketed from the worker)."""
