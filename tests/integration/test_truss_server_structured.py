@@ -24,7 +24,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import serve_truss
+from truss_serving import FRONTS, serve_front
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
@@ -47,9 +47,9 @@ CITY = {
 CITY_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server_structured"), {})
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request, tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server_structured"), {})
 
 
 @pytest.fixture(scope="module")

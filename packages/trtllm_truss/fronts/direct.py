@@ -334,3 +334,27 @@ def _shm_dir() -> str | None:
     """/dev/shm where it is writable (the shared file stays in memory), else the temporary directory."""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def start_direct_server(
+    truss_dir: Path, log_path: Path, env: Mapping[str, str] | None = None, port: int | None = None
+) -> Any:
+    """`trtllm-truss serve TRUSS_DIR --front direct` as a child process in its own session, with the same
+    handle as truss's server run locally (`fronts.truss_server.TrussServer`: wait_ready, descendants,
+    stop); for the bench and the tests."""
+    from trtllm_truss.fronts.truss_server import TrussServer, free_port
+
+    port = port or free_port()
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGES_DIR), child_env.get("PYTHONPATH", "")) if p)
+    # The stub of Triton's python backend embeds the first python3 on PATH: make it this interpreter's.
+    child_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{child_env.get('PATH', '')}"
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trtllm_truss.cli", "serve", str(truss_dir), "--front", "direct",
+         "--host", "127.0.0.1", "--port", str(port)],
+        env=child_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True,  # one process group: stop() reaches everything
+    )
+    log.close()
+    return TrussServer(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
