@@ -62,13 +62,18 @@ def default_frontend_count(cpu_count: int | None = None) -> int:
     return max(1, min(16, cpus // 4))
 
 
-def http_implementation() -> tuple[str, str]:
+def http_implementation(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
     """uvicorn's HTTP parser and event loop: httptools and uvloop where installed (measured faster:
-    docs/performance.md, "Direct front"), else h11 and asyncio."""
+    docs/performance.md, "Direct front"), else h11 and asyncio. TRTLLM_TRUSS_DIRECT_HTTP (h11, httptools)
+    and TRTLLM_TRUSS_DIRECT_LOOP (asyncio, uvloop) choose them, for measuring."""
     import importlib.util
 
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    environ = os.environ if environ is None else environ
+    http = environ.get("TRTLLM_TRUSS_DIRECT_HTTP") or ("httptools" if importlib.util.find_spec("httptools") else "h11")
+    loop = environ.get("TRTLLM_TRUSS_DIRECT_LOOP") or ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
+    if http not in ("h11", "httptools") or loop not in ("asyncio", "uvloop"):
+        raise DirectFrontError(f"TRTLLM_TRUSS_DIRECT_HTTP={http!r} / TRTLLM_TRUSS_DIRECT_LOOP={loop!r}: expected"
+                               " h11|httptools and asyncio|uvloop")
     return http, loop
 
 
@@ -182,7 +187,7 @@ class DirectFront:
         server = self.stack.server
         server.add_exit_listener(self._tritonserver_exited)
         self.state.stack_ready = True
-        http, loop = http_implementation()
+        http, loop = http_implementation(self._environ)
         self._settings = [
             FrontendSettings(
                 index=i, launcher_pid=os.getpid(), socket_fd=self._socket.fileno(), state_path=str(self.state.path),

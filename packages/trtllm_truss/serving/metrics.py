@@ -29,6 +29,10 @@ Per-token work stays out of the truss process: a stream worker accumulates a req
 `ItlAccumulator` (one `bisect` per gap) and sends the `ItlSummary` (bucket counts and sum, a few
 dozen ints) with the request's end; `ServingMetrics.request_finished` adds it in one numpy
 addition. A list of gaps is accepted as well and bucketed with numpy in one call.
+
+Every value is one float64 of one array (`STATE_SIZE`); the direct front's processes each write their
+own array in shared memory and read all of them, so `/metrics` of any of them is the replica's sum
+(`fronts.replica_state`; what prometheus_client's multiprocess mode does with one file per process).
 """
 
 from __future__ import annotations
