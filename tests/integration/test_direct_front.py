@@ -99,7 +99,7 @@ def test_sdks_send_the_key_and_health_stays_open(server: TrussServer):
         openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
     anthropic = pytest.importorskip("anthropic")
     claude = anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0)  # sends x-api-key
-    assert claude.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "Hi"}]).content
+    assert claude.messages.create(model="embedded", max_tokens=4, messages=[{"role": "user", "content": "Hi"}]).content
     for path in ("/health/ready", "/health/live", "/v1/models/model", "/metrics"):  # probes carry no key
         assert httpx.get(server.url + path, timeout=10).status_code == 200, path
 

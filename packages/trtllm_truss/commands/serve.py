@@ -176,8 +176,8 @@ def _run_direct(args: argparse.Namespace, console) -> int:
             console.print(f"[bold red]trtllm-truss serve: {type(exc).__name__}[/]")
             console.print(_describe(exc), markup=False, soft_wrap=True)
             return EXIT_INTERRUPTED_STARTUP if stop_requested.is_set() else EXIT_STARTUP_FAILED
-        if stop_requested.is_set():
-            return EXIT_INTERRUPTED_STARTUP
+        if stop_requested.is_set():  # while the last frontends started: the first ones were serving
+            return 0
         server = front.stack.server
         console.print(f"[bold green]ready[/]: {front.url} ({len(front.frontend_pids)} frontend processes);"
                       f" tritonserver gRPC {server.grpc_url}. Ctrl-C stops the server.")
