@@ -186,7 +186,6 @@ class DirectFront:
         self._start_probe(plan)
         server = self.stack.server
         server.add_exit_listener(self._tritonserver_exited)
-        self.state.stack_ready = True
         http, loop = http_implementation(self._environ)
         self._settings = [
             FrontendSettings(
@@ -200,6 +199,9 @@ class DirectFront:
         progress(f"starting {frontends} frontend process(es), {per_frontend} stream worker(s) each")
         self._frontends = [self._spawn(settings) for settings in self._settings]
         self._wait_frontends(range(frontends))
+        # Ready only now: a frontend up before the others would otherwise answer ready while a stop
+        # could still find the launcher starting.
+        self.state.stack_ready = bool(server.alive and server.ready())
         logger.info("direct front on %s: %d frontends (%s, %s), %d stream workers each, up to %d requests in flight",
                     self.url, frontends, http, loop, per_frontend, self.state.max_in_flight)
 
