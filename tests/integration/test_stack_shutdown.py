@@ -1,5 +1,5 @@
-"""Nothing the stack starts outlives it (issue 24): the embedded default under truss's own server and
-`trtllm-truss serve`, stopped with streams open, over and over (the leftovers were intermittent); a
+"""Nothing the stack starts outlives it (issue 24): the embedded default under truss's own server, the
+direct front (issue 31) and `trtllm-truss serve`, stopped with streams open, over and over (the leftovers were intermittent); a
 tritonserver the supervisor restarts; a server killed without a word.
 
 Every process of one stack carries an environment marker (tritonserver, its python-backend stubs, the
@@ -25,6 +25,7 @@ import httpx
 import pytest
 from test_supervisor_serve import _truss_with
 from trtllm_truss.runtime.launch import choose_free_ports
+from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import build_server_root, start_truss_server
 from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
 
@@ -172,6 +173,42 @@ def test_killed_server_and_tritonserver_leave_no_stub(server_root: Path, tmp_pat
         assert_all_gone(marker, ORPHAN_DEADLINE_S, "stubs of a killed tritonserver")
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------------------------ the direct front
+
+
+def _direct_stop_cycle(work: Path, round_: int) -> tuple[int, float]:
+    """As `_truss_stop_cycle`, for `serve --front direct` with two frontends (each with a stream worker)."""
+    marker = uuid.uuid4().hex
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", MARKER: marker, "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "2"}
+    server = start_direct_server(REPO_ROOT, work / f"direct-{round_}.log", env=env)
+    try:
+        server.wait_ready(STARTUP_TIMEOUT_S)
+        # launcher, two frontends, their workers, tritonserver, stubs
+        assert len(stack_processes(marker)) >= 7, stack_processes(marker)
+        open_at_signal = OpenStreams(_completion_stream(server.url), STREAMS).wait_open()
+        if round_ % 2:
+            os.killpg(server.process.pid, signal.SIGINT)
+        else:
+            server.process.send_signal(signal.SIGTERM)
+        gone_after = assert_all_gone(marker, EXIT_TIMEOUT_S, f"stop {round_} of the direct front")
+        assert server.process.wait(timeout=5) == 0, server.log_tail()
+    except BaseException:
+        print(server.log_tail(80))
+        raise
+    finally:
+        server.stop()
+    assert EXIT_TIMEOUT_MESSAGE not in server.log_tail(100_000), f"stop {round_} waited out the exit timeout"
+    return open_at_signal, gone_after
+
+
+@pytest.mark.timeout(900)
+def test_direct_front_stopped_with_streams_open_leaves_no_process(tmp_path: Path) -> None:
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        results = list(pool.map(lambda r: _direct_stop_cycle(tmp_path, r), range(REPEATS)))
+    assert sum(open_ for open_, _ in results) > 0, "no stream was still open at any stop"
+    print("direct front: all gone after (s):", sorted(round(t, 1) for _, t in results))
 
 
 # ---------------------------------------------------------------------------- trtllm-truss serve

@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import serve_truss
+from truss_serving import FRONTS, serve_front, serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
@@ -35,9 +35,9 @@ GREEDY = {"temperature": 0}
 GREEDY_ANTHROPIC = {"extra_body": GREEDY}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server_agent_apis"), {})
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request, tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server_agent_apis"), {})
 
 
 @pytest.fixture(scope="module")

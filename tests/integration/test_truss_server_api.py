@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import poll, serve_truss
+from truss_serving import FRONTS, poll, serve_front
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
@@ -35,13 +35,13 @@ ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
 CANCELLED_REQUESTS_METRIC = "trtllm_standin_cancelled_requests_total"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server"), {})
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request, tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server"), {})
 
 
-@pytest.fixture(scope="module")
-def slow_server(tmp_path_factory) -> Iterator[TrussServer]:
+@pytest.fixture(scope="module", params=FRONTS)
+def slow_server(request, tmp_path_factory) -> Iterator[TrussServer]:
     """The synthetic engine at 20 ms a step: a full-length generation lasts seconds, so a request seen
     running after the client left can only be freed by cancellation."""
     env = {
@@ -49,7 +49,7 @@ def slow_server(tmp_path_factory) -> Iterator[TrussServer]:
         # batch 32 + 4 queued: the 37th request in flight is refused with 429
         "TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": str(QUEUED_BEYOND_BATCH),
     }
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server_slow"), env)
+    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server_slow"), env)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import REPO_ROOT, poll, serve_truss
+from truss_serving import FRONTS, REPO_ROOT, poll, serve_front
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
@@ -29,9 +29,9 @@ CHAT = [{"role": "user", "content": "Tell me about the sea"}]
 PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "Dear diary,"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server_openai"), {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"})
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request, tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server_openai"), {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"})
 
 
 @pytest.fixture(scope="module")
@@ -238,10 +238,14 @@ def test_a_bad_prompt_in_a_batch_refuses_the_request_naming_it(oai: openai.OpenA
 # --------------------------------------------------------------------------------- /v1/models
 
 
-def test_models_list_is_not_routed_by_truss(oai: openai.OpenAI, server: TrussServer):
-    """truss 0.18.35 routes no `GET /v1/models` to a model (docs/api.md): the client gets a 404."""
-    with pytest.raises(openai.NotFoundError):
-        oai.models.list()
+def test_models_list_is_served_by_the_direct_front_only(oai: openai.OpenAI, server: TrussServer):
+    """truss 0.18.35 routes no `GET /v1/models` to a model (docs/api.md): the client gets a 404. The
+    direct front lists the served name and the LoRA adapters."""
+    if server.front == "truss":
+        with pytest.raises(openai.NotFoundError):
+            oai.models.list()
+    else:
+        assert [model.id for model in oai.models.list()] == ["embedded", "pirate"]
     assert httpx.get(server.url + "/v1/models/model", timeout=10).json() == {}  # truss's readiness route
 
 

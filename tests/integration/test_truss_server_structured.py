@@ -24,7 +24,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import serve_truss
+from truss_serving import serve_front
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
@@ -48,11 +48,12 @@ CITY_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": 
 
 
 # The same SDK tests on the tensor stand-in and on backend llmapi (our LLM-API model, on the LLM-API double
-# here: TensorRT-LLM cannot run on this machine).
+# here: TensorRT-LLM cannot run on this machine), under truss's server; the direct front runs the same
+# request core, so the front-specific suites (api, openai, agent_apis) cover it.
 @pytest.fixture(scope="module", params=["pytorch", "llmapi"])
 def server(request, tmp_path_factory) -> Iterator[TrussServer]:
     env = {"TRTLLM_RUNTIME__BACKEND": request.param}
-    yield from serve_truss(tmp_path_factory.mktemp(f"truss_server_structured_{request.param}"), env)
+    yield from serve_front("truss", tmp_path_factory.mktemp(f"truss_server_structured_{request.param}"), env)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""What the tests against truss's own server share: serving the repository's truss, and polling."""
+"""What the tests against truss's own server share: serving the repository's truss (under truss's server
+or the direct front), and polling."""
 
 from __future__ import annotations
 
@@ -6,16 +7,38 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import TrussServer, build_server_root, start_truss_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 240
+FRONTS = ("truss", "direct")
+# The direct front's processes in the tests: two, so every guarantee is seen across processes.
+DIRECT_FRONTENDS = "2"
 
 
 def serve_truss(work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
     """This repository's truss under truss's real server (one thread per numeric library)."""
     fs_root = build_server_root(REPO_ROOT, work)
     proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env})
+    try:
+        proc.wait_ready(STARTUP_TIMEOUT_S)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def serve_front(front: str, work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
+    """This repository's truss under truss's server (`truss`) or the direct front (`direct`)."""
+    if front == "truss":
+        for proc in serve_truss(work, env):
+            proc.front = front
+            yield proc
+        return
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": DIRECT_FRONTENDS,
+           **env}
+    proc = start_direct_server(REPO_ROOT, work / "direct.log", env=env)
+    proc.front = front
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
         yield proc

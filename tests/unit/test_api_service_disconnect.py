@@ -66,6 +66,7 @@ class _Pool:
 
     def __init__(self) -> None:
         self.open_streams = 0
+        self.admission = None  # the pool's own bound (no replica-wide one)
         self.forgotten: list[ResponseStream] = []
         self.pool = self  # ResponseStream reads worker.pool
         self.stream: ResponseStream | None = None

@@ -29,6 +29,7 @@ class _Pool:
     """Test double of the pool side a ResponseStream reports to."""
 
     open_streams = 1
+    admission = None  # the pool's own bound (no replica-wide one)
 
     def __init__(self) -> None:
         self.pool = self

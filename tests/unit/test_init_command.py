@@ -111,3 +111,24 @@ def test_refuses_a_non_empty_folder_without_force(tmp_path: Path, capsys):
     assert "not empty" in capsys.readouterr().err
     assert main(["init", str(tmp_path), "--force"]) == 0
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_init_front_direct_writes_a_docker_server_truss_that_truss_validates_and_builds(tmp_path: Path):
+    truss_dir = tmp_path / "direct"
+    assert main(["init", str(truss_dir), "--front", "direct"]) == 0
+    _truss_validates(truss_dir)
+    written = yaml.safe_load((truss_dir / "config.yaml").read_text())
+    server = written["docker_server"]
+    assert server["server_port"] != 8080  # Baseten's proxy holds 8080
+    assert "--front direct" in server["start_command"] and f"--port {server['server_port']}" in server["start_command"]
+    assert (server["readiness_endpoint"], server["liveness_endpoint"]) == ("/health/ready", "/health/live")
+    assert server["predict_endpoint"] == "/v1/models/model:predict"
+    names = {r.split("==")[0] for r in written["requirements"]}
+    assert {"fastapi", "uvicorn", "httptools", "uvloop", "tritonclient[grpc]"} <= names
+    load_config(truss_dir, environ={})  # model_metadata.trt_llm untouched and valid
+    # truss's own image build context for a docker_server truss: supervisord runs our start_command
+    from truss.contexts.image_builder.serving_image_builder import ServingImageBuilderContext
+
+    build_dir = tmp_path / "build"
+    ServingImageBuilderContext.run(truss_dir).prepare_image_build_dir(build_dir)
+    assert server["start_command"] in (build_dir / "supervisord.conf").read_text()

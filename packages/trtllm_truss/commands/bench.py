@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "on the same requests; the JSON gets their output tokens/s ratio as \"ratio\"")
     what.add_argument("--full-target", choices=("ensemble", "http"), default="http",
                       help="the full path of --compare (default: http, i.e. truss server -> ensemble -> engine)")
+    what.add_argument("--front", choices=("truss", "direct"), default="truss",
+                      help="what serves HTTP when this command starts it: truss's model server (default) or the"
+                           " direct front (`trtllm-truss serve --front direct`, runtime.direct_front.processes)")
     what.add_argument("--url", help="URL of the measured target (with --compare: of the full path); "
                                     "host:port for gRPC targets, http://host:port for http")
     what.add_argument("--grpc-url", help="Triton gRPC address (host:port) for the engine/ensemble targets")
@@ -426,7 +429,17 @@ def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: A
 
 
 def _start_truss_server(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any) -> tuple[str, int]:
-    """truss's own model server on the truss directory (which starts tritonserver in model.load())."""
+    """truss's own model server on the truss directory (which starts tritonserver in model.load()), or with
+    --front direct `trtllm-truss serve --front direct` (which starts tritonserver and the frontends)."""
+    if args.front == "direct":
+        from trtllm_truss.fronts.direct import start_direct_server
+
+        work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trtllm-bench-")))
+        with err.status("starting the direct front (and tritonserver)..."):
+            server = start_direct_server(args.truss_dir.resolve(), work_dir / "direct-front.log")
+            cleanup.callback(server.stop)
+            server.wait_ready(args.startup_timeout)
+        return server.url, server.process.pid
     try:
         from trtllm_truss.fronts.truss_server import build_server_root, start_truss_server
     except ImportError:

@@ -57,6 +57,40 @@ class InitError(Exception):
     """A choice that cannot make a valid truss; the message names the flag."""
 
 
+# `--front direct`: truss's docker_server runs our own HTTP server (`trtllm-truss serve --front direct`).
+# The command works from the truss folder itself (a local run) and in the image, where truss puts
+# config.yaml and data/ under /app and packages/ at /packages; supervisord runs it without a shell.
+DIRECT_PORT = 8000  # any but 8080, which Baseten's proxy holds
+DIRECT_START_COMMAND = (
+    "/bin/sh -c 'if [ -f config.yaml ] && [ -d packages/trtllm_truss ]; then d=$PWD; else d=/app; fi;"
+    ' export PYTHONPATH="$d/packages:/packages${PYTHONPATH:+:$PYTHONPATH}";'
+    f' exec python3 -m trtllm_truss.cli serve "$d" --front direct --port {DIRECT_PORT}' "'"
+)
+# What a docker_server image must install itself (truss's server brings these for the Model class path),
+# pinned as in requirements/lock.txt.
+DIRECT_REQUIREMENTS = (
+    "fastapi==0.124.4", "uvicorn==0.54.0", "httptools==0.9.0", "uvloop==0.23.0", "prometheus_client==0.26.0",
+    "rich==13.9.4",
+)
+
+
+def direct_front(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` served by the direct front: truss's docker_server section and the server's requirements."""
+    config["docker_server"] = {
+        "start_command": DIRECT_START_COMMAND,
+        "server_port": DIRECT_PORT,
+        "predict_endpoint": "/v1/models/model:predict",
+        "readiness_endpoint": "/health/ready",
+        "liveness_endpoint": "/health/live",
+    }
+    requirements = list(config.get("requirements") or [])
+    names = {str(r).split("==")[0].split("[")[0].lower() for r in requirements}
+    requirements += [r for r in DIRECT_REQUIREMENTS if r.split("==")[0].lower() not in names]
+    config["requirements"] = requirements
+    config.get("runtime", {}).pop("predict_concurrency", None)  # truss's server setting; none serves here
+    return config
+
+
 def available_examples() -> list[str]:
     return sorted(p.parent.name for p in EXAMPLES_DIR.glob("*/config.yaml"))
 
@@ -78,6 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accelerator", help="resources.accelerator, e.g. H100, H100:2, A100:4")
     parser.add_argument("--name", help="model_name (default: the folder's name)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty folder")
+    parser.add_argument("--front", choices=("truss", "direct"), default="truss",
+                        help="truss: truss's server runs model/model.py (default); direct: truss's docker_server runs"
+                             f" `trtllm-truss serve --front direct` on port {DIRECT_PORT} (N processes, runtime.direct_front)")
 
 
 def _example_config(name: str) -> dict[str, Any]:
@@ -165,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = build_config(args)
+        if getattr(args, "front", "truss") == "direct":
+            config = direct_front(config)
         files = write_truss(args.truss_dir, config, force=args.force)
     except InitError as exc:
         print(f"trtllm-truss init: {exc}", file=sys.stderr)

@@ -3,6 +3,10 @@
 Prints the gRPC / HTTP / metrics endpoints of Triton (NVIDIA's clients work against them unchanged) and
 runs until Ctrl-C or SIGTERM, then stops tritonserver cleanly. The supervisor restarts a tritonserver
 that dies meanwhile; if it cannot, serve exits non-zero.
+
+`--front direct` also serves the API (every dialect, `/v1/models`, readiness, liveness, `/metrics`) on
+`--port` from `runtime.direct_front.processes` processes (`trtllm_truss.fronts.direct`): what a truss with
+`docker_server` runs (`trtllm-truss init DIR --front direct`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--startup-timeout", type=float, help="seconds (default: runtime.startup_timeout_s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tritonserver's own log")
+    parser.add_argument("--front", choices=("none", "direct"), default="none",
+                        help="direct: also serve the HTTP API from runtime.direct_front.processes processes on --port"
+                             " (default: none, tritonserver only)")
+    parser.add_argument("--host", default="0.0.0.0", help="--front direct: address to listen on (default: 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8000, help="--front direct: port to listen on (default: 8000; 0: a free one)")
 
 
 def requested_ports(http: int | None, grpc: int | None, metrics: int | None):
@@ -91,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     # Piped output (CI logs, tests) gets long lines instead of 80 columns of wrapped log records.
     console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
     _configure_logging(console, args.verbose)
+    if args.front == "direct":
+        return _run_direct(args, console)
 
     stop_requested = threading.Event()
     # SIGTERM (docker stop, systemd) stops as cleanly as Ctrl-C.
@@ -145,3 +156,38 @@ def run(args: argparse.Namespace) -> int:
             console.print("stopping tritonserver")
             stack.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _run_direct(args: argparse.Namespace, console) -> int:
+    """The stack and the direct front until SIGTERM / Ctrl-C; exit codes as without it."""
+    from trtllm_truss.fronts.direct import DirectFront, DirectFrontError
+
+    stop_requested = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop_requested.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    front = DirectFront(
+        args.truss_dir, host=args.host, port=args.port, repository_dir=args.repository_dir,
+        ports=requested_ports(args.http_port, args.grpc_port, args.metrics_port), startup_timeout_s=args.startup_timeout,
+    )
+    try:
+        try:
+            with console.status("starting", spinner="dots") as status:
+                front.start(progress=lambda message: status.update(message))
+        except (*_startup_errors(), DirectFrontError) as exc:
+            console.print(f"[bold red]trtllm-truss serve: {type(exc).__name__}[/]")
+            console.print(_describe(exc), markup=False, soft_wrap=True)
+            return EXIT_INTERRUPTED_STARTUP if stop_requested.is_set() else EXIT_STARTUP_FAILED
+        if stop_requested.is_set():  # while the last frontends started: the first ones were serving
+            return 0
+        server = front.stack.server
+        console.print(f"[bold green]ready[/]: {front.url} ({len(front.frontend_pids)} frontend processes);"
+                      f" tritonserver gRPC {server.grpc_url}. Ctrl-C stops the server.")
+        if not front.monitor(stop_requested):
+            console.print(f"[bold red]tritonserver exited with code {server.failed.returncode} and could not be "
+                          f"restarted[/] (restarts so far: {server.restarts})")
+            return EXIT_SERVER_LOST
+        return 0
+    finally:
+        console.print("stopping the frontends and tritonserver")
+        front.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -67,6 +67,23 @@ class HealthProbeConfig(StrictModel):
     timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="A probe not answered within this is a failure.")
 
 
+class DirectFrontConfig(StrictModel):
+    """The direct front (`trtllm-truss serve --front direct`, truss's `docker_server`): our own HTTP server."""
+
+    processes: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="HTTP front processes sharing the port, each with its own request core, tokenizer and stream"
+        " workers (None: one per 4 CPU cores, 1 to 16).",
+    )
+    api_key_secret: NonEmptyStr | None = Field(
+        None,
+        description="Name of the truss secret (config.yaml `secrets:`) holding an API key: every API request must"
+        " then send `Authorization: Bearer <key>` (401 otherwise). None: no key is checked.",
+    )
+
+
 class RuntimeConfig(StrictModel):
     backend: BackendName = Field(
         Backend.AUTO,
@@ -201,6 +218,7 @@ class RuntimeConfig(StrictModel):
     )
     pytorch: PytorchEngineConfig = Field(default_factory=PytorchEngineConfig)
     health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
+    direct_front: DirectFrontConfig = Field(default_factory=lambda: DirectFrontConfig())
 
     @model_validator(mode="after")
     def _lora_cache_sizes(self) -> RuntimeConfig:

@@ -23,7 +23,7 @@ from fastapi import Request
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.serving import chat, completions, messages, native, responses
 from trtllm_truss.serving.core import RequestCore, serving_metrics
-from trtllm_truss.streaming.pool import StreamPool, default_worker_count
+from trtllm_truss.streaming.pool import Admission, StreamPool, default_worker_count
 
 if TYPE_CHECKING:
     from trtllm_truss.planning.plan import ServingPlan
@@ -166,8 +166,18 @@ class LLMService:
         return await messages.messages(self.core, request, http_request)
 
 
-def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
-    """The stream workers `plan.runtime` asks for, on the engine (or the text ensemble)."""
+def max_in_flight(plan: ServingPlan) -> int:
+    """Requests a replica admits at once: the engine's batch and runtime.max_queued_requests beyond it."""
+    runtime = plan.runtime
+    queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
+    return plan.max_batch_size + queued
+
+
+def stream_pool(
+    plan: ServingPlan, grpc_url: str, *, workers: int | None = None, admission: Admission | None = None
+) -> StreamPool:
+    """The stream workers `plan.runtime` asks for (or `workers`), on the engine (or the text ensemble);
+    `admission`: a bound shared with other processes (the direct front)."""
     import os
 
     from trtllm_truss.config.enums import DetokenizeIn
@@ -188,11 +198,11 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         tool_call_parser=runtime.tool_call_parser,
         reasoning_parser=runtime.reasoning_parser, lora_weights=worker_lora_weights(plan.lora_adapters),
     )
-    queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return StreamPool(
         settings,
-        workers=runtime.stream_workers or default_worker_count(),
-        max_in_flight=plan.max_batch_size + queued,
+        workers=workers or runtime.stream_workers or default_worker_count(),
+        max_in_flight=max_in_flight(plan),
         environment=worker_environment(os.environ),
         chunk_rate=runtime.max_stream_chunks_per_s,
+        admission=admission,
     )

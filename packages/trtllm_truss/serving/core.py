@@ -90,6 +90,15 @@ def serving_metrics() -> ServingMetrics:
     return _METRICS
 
 
+def use_serving_metrics(metrics: ServingMetrics) -> None:
+    """Make `metrics` the process's request metrics (the direct front's, on shared memory); before any
+    request, in place of the default set."""
+    global _METRICS
+    if _METRICS is not None:
+        _METRICS.unregister()
+    _METRICS = metrics
+
+
 class _MetricsListener:
     """Reports each stream's start (first output) and outcome; the truss thread does this once per
     request, never per token (inter-token gaps come bucketed from the worker)."""
@@ -308,12 +317,12 @@ class RequestCore:
             while not await stream.wait_for_text(DISCONNECT_POLL_S):
                 if http_request is not None and await http_request.is_disconnected():
                     raise Refused(499, "client disconnected while waiting for the first token")
-            first = await stream.next_parts()
+            first = await _first_output(stream)
         except BaseException:
             stream.close()
             raise
         end = stream.end
-        if first is None and end is not None and end.error is not None:
+        if first[0] is None and end is not None and end.error is not None:
             stream.close()
             raise Refused(end.status or 503, end.error, counted=True)
         return _generation(stream, first, spec)
@@ -358,13 +367,13 @@ class RequestCore:
                 except Refused as exc:
                     raise (busy if exc.status == 429 else exc) from None  # taken meanwhile by other arrivals
             firsts = await unless_disconnected(
-                asyncio.gather(*(stream.next_parts() for stream in streams)), http_request, "the first token"
+                asyncio.gather(*(_first_output(stream) for stream in streams)), http_request, "the first token"
             )
         except BaseException:
             for stream in streams:
                 stream.close()
             raise
-        for stream, first in zip(streams, firsts):
+        for stream, (first, _) in zip(streams, firsts):
             end = stream.end
             if first is None and end is not None and end.error is not None:
                 for other in streams:
@@ -393,10 +402,18 @@ class RequestCore:
         return answers
 
 
-def _generation(stream: ResponseStream, first: list | None, spec: GenerationSpec) -> Generation:
+async def _first_output(stream: ResponseStream) -> tuple[list | None, list]:
+    """The first parts and, taken in the same step, their log probs: what arrives later belongs to later
+    chunks (taken after another await, the first chunk's log probs would cover tokens it has no text of)."""
+    parts = await stream.next_parts()
+    return parts, stream.take_log_probs()
+
+
+def _generation(stream: ResponseStream, first: tuple[list | None, list], spec: GenerationSpec) -> Generation:
     """A generation of `spec`: its stream's updates are parts when the worker parses its output."""
     parsed = spec.tool_parser is not None or spec.reasoning_parser is not None
-    return Generation(stream, first, parsed, bool(spec.params.return_log_probs))
+    parts, log_probs = first
+    return Generation(stream, parts, parsed, bool(spec.params.return_log_probs), first_log_probs=log_probs)
 
 
 def choice_specs(n: int, seed: int | None, prompts: list[GenerationSpec]) -> list[GenerationSpec]:

@@ -36,11 +36,15 @@ class GenerationFailed(Exception):
 class Generation:
     """One engine request handed to a worker, its first output already read."""
 
-    __slots__ = ("stream", "_first", "_parsed", "_logprobs")
+    __slots__ = ("stream", "_first", "_first_log_probs", "_parsed", "_logprobs")
 
-    def __init__(self, stream: ResponseStream, first: list | None, parsed: bool, logprobs: bool) -> None:
+    def __init__(
+        self, stream: ResponseStream, first: list | None, parsed: bool, logprobs: bool,
+        first_log_probs: list | None = None,
+    ) -> None:
         self.stream = stream
         self._first = first
+        self._first_log_probs = first_log_probs  # taken with `first` (None: whatever is waiting then)
         self._parsed = parsed
         self._logprobs = logprobs
 
@@ -53,12 +57,17 @@ class Generation:
         stream = self.stream
         try:
             parts, self._first = self._first, None
+            first_entries, self._first_log_probs = self._first_log_probs, None
             while True:
                 if parts is None:
                     parts = await stream.next_parts()
                     if parts is None:
                         break
-                entries = stream.take_log_probs() if self._logprobs else None
+                    entries = stream.take_log_probs() if self._logprobs else None
+                elif self._logprobs:  # the first parts, read by the core
+                    entries = first_entries if first_entries is not None else stream.take_log_probs()
+                else:
+                    entries = None
                 if not self._parsed:
                     yield TextDelta(parts[0] if len(parts) == 1 else "".join(parts), entries)
                 else:

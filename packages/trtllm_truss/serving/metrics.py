@@ -29,6 +29,10 @@ Per-token work stays out of the truss process: a stream worker accumulates a req
 `ItlAccumulator` (one `bisect` per gap) and sends the `ItlSummary` (bucket counts and sum, a few
 dozen ints) with the request's end; `ServingMetrics.request_finished` adds it in one numpy
 addition. A list of gaps is accepted as well and bucketed with numpy in one call.
+
+Every value is one float64 of one array (`STATE_SIZE`); the direct front's processes each write their
+own array in shared memory and read all of them, so `/metrics` of any of them is the replica's sum
+(`fronts.replica_state`; what prometheus_client's multiprocess mode does with one file per process).
 """
 
 from __future__ import annotations
@@ -56,18 +60,27 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 class _Histogram:
-    """Bucket counts (not cumulative) and a sum, with bulk adds."""
+    """Bucket counts (not cumulative) and a sum, with bulk adds: views of `state` from `offset` on
+    (len(bounds) + 1 counts, then the sum), so the whole of ServingMetrics is one array."""
 
-    __slots__ = ("bounds", "counts", "total")
+    __slots__ = ("bounds", "counts", "_sum")
 
-    def __init__(self, bounds: Sequence[float]) -> None:
+    def __init__(self, bounds: Sequence[float], state: np.ndarray, offset: int) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
-        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)
-        self.total = 0.0
+        self.counts = state[offset:offset + len(bounds) + 1]
+        self._sum = state[offset + len(bounds) + 1:offset + len(bounds) + 2]
+
+    @staticmethod
+    def size(bounds: Sequence[float]) -> int:
+        return len(bounds) + 2
+
+    @property
+    def total(self) -> float:
+        return float(self._sum[0])
 
     def observe(self, value: float) -> None:
         self.counts[int(np.searchsorted(self.bounds, value, side="left"))] += 1
-        self.total += value
+        self._sum[0] += value
 
     def observe_many(self, values: Sequence[float]) -> None:
         array = np.asarray(values, dtype=np.float64)
@@ -75,18 +88,13 @@ class _Histogram:
             return
         index = np.searchsorted(self.bounds, array, side="left")
         self.counts += np.bincount(index, minlength=self.counts.size)
-        self.total += float(array.sum())
+        self._sum[0] += float(array.sum())
 
     def add_counts(self, counts: Sequence[int], total: float) -> None:
         if len(counts) != self.counts.size:
             raise ValueError(f"expected {self.counts.size} bucket counts (the ITL_BUCKETS and +Inf), got {len(counts)}")
-        self.counts += np.asarray(counts, dtype=np.int64)
-        self.total += total
-
-    def buckets(self) -> list[tuple[str, float]]:
-        cumulative = np.cumsum(self.counts)
-        labels = [_float_label(b) for b in self.bounds] + ["+Inf"]
-        return list(zip(labels, (float(c) for c in cumulative)))
+        self.counts += np.asarray(counts, dtype=np.float64)
+        self._sum[0] += total
 
 
 def _float_label(value: float) -> str:
@@ -96,28 +104,53 @@ def _float_label(value: float) -> str:
     return floatToGoString(value)
 
 
+# The state array: the four histograms, then these counters and gauges, the finish reasons, and one
+# error counter per HTTP status 100..599 (plus one for a status that is not a number).
+_HISTOGRAMS = (
+    ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+    ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+    ("time_per_output_token_seconds", "Histogram of time per output token in seconds.", ITL_BUCKETS),
+    ("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", E2E_BUCKETS),
+)
+_HISTOGRAMS_SIZE = sum(_Histogram.size(bounds) for _, _, bounds in _HISTOGRAMS)
+_PROMPT, _GENERATION, _DRAFT, _ACCEPTED, _RUNNING, _WAITING = range(_HISTOGRAMS_SIZE, _HISTOGRAMS_SIZE + 6)
+_SUCCESS = _HISTOGRAMS_SIZE + 6
+_FIRST_CODE, _LAST_CODE = 100, 599
+_ERRORS = _SUCCESS + len(FINISH_REASONS)
+_OTHER_ERROR = _ERRORS + _LAST_CODE - _FIRST_CODE + 1
+STATE_SIZE = _OTHER_ERROR + 1  # float64 values of one ServingMetrics
+
+
 class ServingMetrics:
     """The proxy's request metrics, registered with a Prometheus registry (default: the one truss
     serves on `/metrics`). All methods are cheap and thread-safe; call them once per request event,
-    never per token."""
+    never per token.
 
-    def __init__(self, registry=None, *, model_name: str = "model") -> None:
+    The values live in one float64 array of STATE_SIZE (`state`, default a private one). Processes that
+    serve one replica (the direct front) each write their own array in shared memory and pass all of
+    them as `peers`: every process's `/metrics` then shows their sum."""
+
+    def __init__(
+        self,
+        registry=None,
+        *,
+        model_name: str = "model",
+        state: np.ndarray | None = None,
+        peers: Sequence[np.ndarray] = (),
+    ) -> None:
         from prometheus_client import REGISTRY
 
         self.model_name = model_name
         self._lock = threading.Lock()
-        self._ttft = _Histogram(TTFT_BUCKETS)
-        self._itl = _Histogram(ITL_BUCKETS)
-        self._tpot = _Histogram(ITL_BUCKETS)
-        self._e2e = _Histogram(E2E_BUCKETS)
-        self._prompt_tokens = 0
-        self._generation_tokens = 0
-        self._draft_tokens = 0
-        self._accepted_draft_tokens = 0
-        self._running = 0
-        self._waiting = 0
-        self._success = dict.fromkeys(FINISH_REASONS, 0)
-        self._errors: dict[str, int] = {}
+        self._state = np.zeros(STATE_SIZE, dtype=np.float64) if state is None else state
+        if self._state.shape != (STATE_SIZE,) or self._state.dtype != np.float64:
+            raise ValueError(f"state: expected {STATE_SIZE} float64 values, got {self._state.shape} {self._state.dtype}")
+        self._sources = list(peers) or [self._state]
+        offset, self._histograms = 0, []
+        for _, _, bounds in _HISTOGRAMS:
+            self._histograms.append(_Histogram(bounds, self._state, offset))
+            offset += _Histogram.size(bounds)
+        self._ttft, self._itl, self._tpot, self._e2e = self._histograms
         self._registry = REGISTRY if registry is None else registry
         self._collector = _Collector(self)
         self._registry.register(self._collector)  # ValueError if these names are registered already
@@ -125,18 +158,24 @@ class ServingMetrics:
     def unregister(self) -> None:
         self._registry.unregister(self._collector)
 
+    def reset_gauges(self) -> None:
+        """Running and waiting back to 0 (a restarted process takes over its predecessor's array: the
+        counters go on, the requests it had are gone)."""
+        with self._lock:
+            self._state[_RUNNING] = self._state[_WAITING] = 0
+
     # --- request events ----------------------------------------------------------------------
 
     def request_queued(self) -> None:
         """Admitted, waiting for a stream worker / the engine."""
         with self._lock:
-            self._waiting += 1
+            self._state[_WAITING] += 1
 
     def request_started(self) -> None:
         """Sent to the engine (was queued)."""
         with self._lock:
-            self._waiting -= 1
-            self._running += 1
+            self._state[_WAITING] -= 1
+            self._state[_RUNNING] += 1
 
     def request_finished(
         self,
@@ -156,21 +195,22 @@ class ServingMetrics:
         gauge it leaves, `running`, `waiting` (ended before it started) or `none` (refused before
         it was queued, e.g. a 429)."""
         gaps_are_summary = isinstance(itl_gaps_s, ItlSummary)
+        state = self._state
         with self._lock:
             if was == "running":
-                self._running -= 1
+                state[_RUNNING] -= 1
             elif was == "waiting":
-                self._waiting -= 1
+                state[_WAITING] -= 1
             elif was != "none":
                 raise ValueError(f"was: expected running, waiting or none, got {was!r}")
-            if status in self._success:
-                self._success[status] += 1
+            if status in FINISH_REASONS:
+                state[_SUCCESS + FINISH_REASONS.index(status)] += 1
             else:
-                self._errors[status] = self._errors.get(status, 0) + 1
-            self._prompt_tokens += max(prompt_tokens, 0)
-            self._generation_tokens += max(completion_tokens, 0)
-            self._draft_tokens += max(draft_tokens, 0)
-            self._accepted_draft_tokens += max(accepted_draft_tokens, 0)
+                state[_error_index(status)] += 1
+            state[_PROMPT] += max(prompt_tokens, 0)
+            state[_GENERATION] += max(completion_tokens, 0)
+            state[_DRAFT] += max(draft_tokens, 0)
+            state[_ACCEPTED] += max(accepted_draft_tokens, 0)
             if ttft_s is not None:
                 self._ttft.observe(ttft_s)
             if gaps_are_summary:
@@ -190,47 +230,54 @@ class ServingMetrics:
         labels = ["model_name"]
         values = [self.model_name]
         with self._lock:
-            histograms = [
-                ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", self._ttft),
-                ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self._itl),
-                ("time_per_output_token_seconds", "Histogram of time per output token in seconds.", self._tpot),
-                ("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", self._e2e),
-            ]
-            for name, doc, histogram in histograms:
-                family = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
-                family.add_metric(values, histogram.buckets(), histogram.total)
-                yield family
-            for name, doc, value in (
-                ("prompt_tokens", "Number of prompt (input) tokens of finished requests.", self._prompt_tokens),
-                ("generation_tokens", "Number of generation (output) tokens of finished requests.", self._generation_tokens),
-                ("spec_decode_num_draft_tokens", "Draft tokens proposed by speculative decoding.", self._draft_tokens),
-                ("spec_decode_num_accepted_tokens", "Draft tokens accepted by speculative decoding.",
-                 self._accepted_draft_tokens),
-            ):
-                family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
-                family.add_metric(values, value)
-                yield family
-            for name, doc, value in (
-                ("num_requests_running", "Number of requests streaming from the engine.", self._running),
-                ("num_requests_waiting", "Number of admitted requests not yet started.", self._waiting),
-            ):
-                family = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
-                family.add_metric(values, value)
-                yield family
-            success = CounterMetricFamily(
-                PREFIX + "request_success", "Count of finished requests by finish reason.",
-                labels=[*labels, "finished_reason"],
-            )
-            for reason, count in self._success.items():
-                success.add_metric([*values, reason], count)
-            yield success
-            errors = CounterMetricFamily(
-                PREFIX + "request_error", "Total request errors, labeled by HTTP status code.",
-                labels=[*labels, "http_code"],
-            )
-            for code, count in sorted(self._errors.items()):
-                errors.add_metric([*values, code], count)
-            yield errors
+            total = self._sources[0].copy()
+        for source in self._sources[1:]:  # other processes' arrays: read as they are (each value whole)
+            total += source
+        offset = 0
+        for name, doc, bounds in _HISTOGRAMS:
+            counts = np.cumsum(total[offset:offset + len(bounds) + 1])
+            buckets = list(zip([_float_label(b) for b in bounds] + ["+Inf"], (float(c) for c in counts)))
+            family = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
+            family.add_metric(values, buckets, float(total[offset + len(bounds) + 1]))
+            offset += _Histogram.size(bounds)
+            yield family
+        for name, doc, index in (
+            ("prompt_tokens", "Number of prompt (input) tokens of finished requests.", _PROMPT),
+            ("generation_tokens", "Number of generation (output) tokens of finished requests.", _GENERATION),
+            ("spec_decode_num_draft_tokens", "Draft tokens proposed by speculative decoding.", _DRAFT),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted by speculative decoding.", _ACCEPTED),
+        ):
+            family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            family.add_metric(values, float(total[index]))
+            yield family
+        for name, doc, index in (
+            ("num_requests_running", "Number of requests streaming from the engine.", _RUNNING),
+            ("num_requests_waiting", "Number of admitted requests not yet started.", _WAITING),
+        ):
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            family.add_metric(values, float(total[index]))
+            yield family
+        success = CounterMetricFamily(
+            PREFIX + "request_success", "Count of finished requests by finish reason.",
+            labels=[*labels, "finished_reason"],
+        )
+        for i, reason in enumerate(FINISH_REASONS):
+            success.add_metric([*values, reason], float(total[_SUCCESS + i]))
+        yield success
+        errors = CounterMetricFamily(
+            PREFIX + "request_error", "Total request errors, labeled by HTTP status code.",
+            labels=[*labels, "http_code"],
+        )
+        for index in np.flatnonzero(total[_ERRORS:_OTHER_ERROR + 1]):
+            code = "other" if _ERRORS + index == _OTHER_ERROR else str(_FIRST_CODE + int(index))
+            errors.add_metric([*values, code], float(total[_ERRORS + index]))
+        yield errors
+
+
+def _error_index(status: str) -> int:
+    if status.isdigit() and _FIRST_CODE <= int(status) <= _LAST_CODE:
+        return _ERRORS + int(status) - _FIRST_CODE
+    return _OTHER_ERROR
 
 
 class _Collector:

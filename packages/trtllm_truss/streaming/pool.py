@@ -50,6 +50,15 @@ def default_worker_count(cpu_count: int | None = None) -> int:
     return max(1, min(8, cpus // 2))
 
 
+class Admission(Protocol):
+    """A bound on requests in flight shared beyond this pool (the direct front's processes share one per
+    replica). `take()` claims a slot, False when none is free; `give_back()` returns one."""
+
+    def take(self) -> bool: ...
+
+    def give_back(self) -> None: ...
+
+
 class StreamListener(Protocol):
     """Told when a stream's first text is read and when the HTTP side closes it (metrics)."""
 
@@ -152,7 +161,10 @@ class ResponseStream:
         if self._closed:
             return
         self._closed = True
-        self._worker.pool.open_streams -= 1
+        pool = self._worker.pool
+        pool.open_streams -= 1
+        if pool.admission is not None:
+            pool.admission.give_back()
         self._worker.forget(self)
         if self.listener is not None:
             self.listener.stream_closed(self)
@@ -309,8 +321,10 @@ class StreamPool:
         environment: Mapping[str, str],
         chunk_rate: float = 10_000.0,
         start_timeout_s: float = WORKER_START_TIMEOUT_S,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings
+        self.admission = admission  # None: max_in_flight bounds this pool's own open streams
         self.max_in_flight = max_in_flight
         self.chunk_rate = chunk_rate
         self.open_streams = 0  # streams the HTTP side still reads (submitted, not closed)
@@ -358,11 +372,12 @@ class StreamPool:
             self.stop()
             raise errors[0]
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Kill every worker (not restarted); `wait=False` only signals them (safe in a signal handler)."""
         self._stopping = True
         for worker in self._workers:
             worker.kill()
-            if worker.process is not None:
+            if wait and worker.process is not None:
                 try:
                     worker.process.wait(timeout=5)
                 except subprocess.TimeoutExpired:
@@ -373,8 +388,11 @@ class StreamPool:
 
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
         # Counted until the HTTP side closes the stream: a request is admitted until its answer is out.
-        if self.open_streams >= self.max_in_flight:
-            raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
+        if self.admission is None:
+            if self.open_streams >= self.max_in_flight:
+                raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
+        elif not self.admission.take():
+            raise PoolBusy(f"the replica's {self.max_in_flight} requests in flight are taken")
         candidates = []
         for worker in self._workers:
             if worker.running:
@@ -382,6 +400,8 @@ class StreamPool:
             else:  # died before its socket was watched (between load() and the first request)
                 self._restart_later(worker)
         if not candidates:
+            if self.admission is not None:
+                self.admission.give_back()
             raise PoolUnavailable("no stream worker is running")
         worker = min(candidates, key=lambda w: len(w.streams))
         self.open_streams += 1  # before the first await: requests arriving meanwhile see it taken
@@ -391,10 +411,15 @@ class StreamPool:
             stream = ResponseStream(rid, worker)
             worker.send(("start", rid, spec))
         except BaseException:
-            self.open_streams -= 1
+            self._release()
             raise
         worker.streams[rid] = stream
         return stream
+
+    def _release(self) -> None:
+        self.open_streams -= 1
+        if self.admission is not None:
+            self.admission.give_back()
 
     def _restart_later(self, worker: _Worker) -> None:
         if self._stopping or worker.restarting:

@@ -1,0 +1,149 @@
+"""What the direct front's processes share: one small file mapped into each of them.
+
+Layout (little-endian 8-byte values): a header (`stack_ready`, `stack_failed`, `max_in_flight`,
+`frontends`), one admission count and one pid per frontend, then each frontend's serving-metrics
+array (`serving.metrics.STATE_SIZE` float64s). The launcher creates the file and writes the header;
+frontend `i` writes only its own count, pid and metrics array, and reads everyone's.
+
+Admission is one bound for the whole replica: a frontend takes a slot by checking the sum of all
+counts and adding to its own under `flock` on the file (two system calls per request, not per token;
+the kernel drops a dead holder's lock). A frontend that is restarted zeroes its own count: the
+requests it held died with it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from trtllm_truss.serving.metrics import STATE_SIZE
+
+_HEADER = 4
+_READY, _FAILED, _MAX_IN_FLIGHT, _FRONTENDS = range(_HEADER)
+
+
+def _size(frontends: int) -> int:
+    return 8 * (_HEADER + 2 * frontends + frontends * STATE_SIZE)
+
+
+class ReplicaState:
+    """A view of the shared file (`create` in the launcher, `open` in each frontend)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+        header = np.frombuffer(os.pread(fd, 8 * _HEADER, 0), dtype=np.int64)
+        self.frontends = int(header[_FRONTENDS])
+        self._map = mmap.mmap(fd, _size(self.frontends))
+        self._ints = np.frombuffer(self._map, dtype=np.int64, count=_HEADER + 2 * self.frontends)
+        self._counts = self._ints[_HEADER:_HEADER + self.frontends]
+        self._pids = self._ints[_HEADER + self.frontends:]
+        offset = 8 * (_HEADER + 2 * self.frontends)
+        self._metrics = np.frombuffer(self._map, dtype=np.float64, offset=offset).reshape(self.frontends, STATE_SIZE)
+
+    @classmethod
+    def create(cls, path: Path, *, frontends: int, max_in_flight: int) -> ReplicaState:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, _size(frontends))
+        os.pwrite(fd, np.array([0, 0, max_in_flight, frontends], dtype=np.int64).tobytes(), 0)
+        return cls(path, fd)
+
+    @classmethod
+    def open(cls, path: Path) -> ReplicaState:
+        return cls(path, os.open(path, os.O_RDWR))
+
+    # --- the stack (launcher writes, frontends read) ----------------------------------------------
+
+    @property
+    def stack_ready(self) -> bool:
+        return bool(self._ints[_READY])
+
+    @stack_ready.setter
+    def stack_ready(self, ready: bool) -> None:
+        self._ints[_READY] = int(ready)
+
+    @property
+    def stack_failed(self) -> bool:
+        """tritonserver died and could not be restarted: liveness fails, the container is replaced."""
+        return bool(self._ints[_FAILED])
+
+    @stack_failed.setter
+    def stack_failed(self, failed: bool) -> None:
+        self._ints[_FAILED] = int(failed)
+
+    @property
+    def max_in_flight(self) -> int:
+        return int(self._ints[_MAX_IN_FLIGHT])
+
+    # --- frontends ----------------------------------------------------------------------------------
+
+    def metrics_array(self, index: int) -> np.ndarray:
+        return self._metrics[index]
+
+    def all_metrics_arrays(self) -> list[np.ndarray]:
+        return list(self._metrics)
+
+    def frontend_started(self, index: int, pid: int) -> None:
+        """Frontend `index` (re)starts: its predecessor's admitted requests are gone."""
+        with self._locked():
+            self._counts[index] = 0
+        self._pids[index] = pid
+
+    def frontend_pid(self, index: int) -> int:
+        return int(self._pids[index])
+
+    def admitted(self) -> int:
+        return int(self._counts.sum())
+
+    def admission(self, index: int) -> SharedAdmission:
+        return SharedAdmission(self, index)
+
+    def _locked(self) -> _FileLock:
+        return _FileLock(self._fd)
+
+    def close(self) -> None:
+        self._ints = self._counts = self._pids = self._metrics = None  # type: ignore[assignment]
+        try:
+            self._map.close()
+        except BufferError:  # a metrics view still held (the process is ending anyway)
+            pass
+        os.close(self._fd)
+
+
+class SharedAdmission:
+    """`streaming.pool.Admission` over the replica's counts: one bound across every frontend."""
+
+    def __init__(self, state: ReplicaState, index: int) -> None:
+        self._state = state
+        self._index = index
+        self._limit = state.max_in_flight
+
+    def take(self) -> bool:
+        state = self._state
+        with state._locked():
+            if int(state._counts.sum()) >= self._limit:
+                return False
+            state._counts[self._index] += 1
+        return True
+
+    def give_back(self) -> None:
+        state = self._state
+        with state._locked():
+            state._counts[self._index] -= 1
+
+
+class _FileLock:
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc_info: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
