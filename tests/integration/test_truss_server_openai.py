@@ -11,6 +11,7 @@ so the all-or-nothing admission of a fan-out is seen with few requests.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -62,7 +63,7 @@ def _check_completion_logprobs(text: str, logprobs, completion_tokens: int) -> N
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == completion_tokens
     assert all(isinstance(lp, float) and lp <= 0.0 for lp in logprobs.token_logprobs)
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
-    # the sampled token, which OpenAI always includes (the engine returns no alternative)
+    # greedy decoding: the sampled token, which OpenAI always includes, is the most likely one
     assert logprobs.top_logprobs == [{t: lp} for t, lp in zip(logprobs.tokens, logprobs.token_logprobs)]
 
 
@@ -107,6 +108,39 @@ def test_chat_logprobs_with_the_top_token_streamed_and_not(oai: openai.OpenAI):
     assert [e.token for e in entries] == [e.token for e in content]
 
 
+def _check_most_likely(token_bytes: bytes, logprob: float, top: list) -> None:
+    """A position's most likely tokens: largest first, a distribution's (summing to at most 1), and the
+    sampled token among them unless it is less likely than all of them."""
+    values = [t.logprob for t in top]
+    assert values == sorted(values, reverse=True) and all(v <= 0.0 for v in values)
+    assert sum(math.exp(v) for v in values) <= 1.0 + 1e-4
+    if logprob >= values[-1] + 1e-4:
+        assert token_bytes in [bytes(t.bytes) for t in top]
+    else:
+        assert logprob <= values[-1] + 1e-4
+
+
+def test_top_logprobs_5_are_the_engines_most_likely_tokens_streamed_and_not(oai: openai.OpenAI):
+    """Our num_top_log_probs output (not NVIDIA's C++ backend, which keeps the cap of 1 with greedy decoding):
+    sampling, each position lists its 5 most likely tokens, the same whole and streamed with a seed."""
+    body = {"model": "embedded", "messages": CHAT, "max_tokens": 8, "temperature": 0.9, "top_p": 1.0, "seed": 7,
+            "logprobs": True, "top_logprobs": 5, "extra_body": {"ignore_eos": True}}
+    whole = oai.chat.completions.create(**body)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 8
+    for entry in content:
+        assert len(entry.top_logprobs) == 5
+        _check_most_likely(bytes(entry.bytes), entry.logprob, entry.top_logprobs)
+    streamed = [e for c in oai.chat.completions.create(**body, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [[t.token for t in e.top_logprobs] for e in content]
+
+    completion = oai.completions.create(**greedy(prompt="The history of the", max_tokens=6, logprobs=5))
+    logprobs = completion.choices[0].logprobs
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert 5 <= len(top) <= 6 and top[token] == value == max(top.values())  # greedy: the sampled one first
+
+
 def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
     completion = oai.chat.completions.create(
         model="embedded", messages=CHAT, max_tokens=6, temperature=0.8, seed=5, logprobs=True
@@ -118,10 +152,6 @@ def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
 @pytest.mark.parametrize(
     "route, extra, field",
     [
-        ("chat", {"logprobs": True, "top_logprobs": 3, "temperature": 0}, "top_logprobs"),
-        ("chat", {"logprobs": True, "top_logprobs": 1, "temperature": 0.7}, "top_logprobs"),
-        ("completions", {"logprobs": 2, "temperature": 0}, "logprobs"),
-        ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
         ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "response_format.json_schema.schema"),
         ("completions", {"n": 2, "best_of": 3}, "best_of"),
         ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
