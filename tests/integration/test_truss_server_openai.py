@@ -36,8 +36,20 @@ def server(tmp_path_factory) -> Iterator[TrussServer]:
 
 
 @pytest.fixture(scope="module")
-def oai(server: TrussServer) -> openai.OpenAI:
+def llmapi_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """Backend llmapi (our LLM-API model, on the LLM-API double here): started only for the tests marked
+    ON_BOTH_BACKENDS, those exercising what differs there (sampling params, n, log probs, guides)."""
+    env = {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0", "TRTLLM_RUNTIME__BACKEND": "llmapi"}
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_openai_llmapi"), env)
+
+
+@pytest.fixture(scope="module")
+def oai(request) -> openai.OpenAI:
+    server = request.getfixturevalue("llmapi_server" if getattr(request, "param", None) == "llmapi" else "server")
     return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+ON_BOTH_BACKENDS = pytest.mark.parametrize("oai", ["pytorch", "llmapi"], indirect=True)
 
 
 def standin_metric(server: TrussServer, name: str) -> float:
@@ -68,6 +80,7 @@ def _check_completion_logprobs(text: str, logprobs, completion_tokens: int) -> N
 
 
 @pytest.mark.parametrize("logprobs", [0, 1])
+@ON_BOTH_BACKENDS
 def test_completion_logprobs_streamed_and_not(oai: openai.OpenAI, logprobs: int):
     body = greedy(prompt="The history of the", max_tokens=12, logprobs=logprobs)
     whole = oai.completions.create(**body)
@@ -90,6 +103,7 @@ def test_completion_logprobs_streamed_and_not(oai: openai.OpenAI, logprobs: int)
     assert values == pytest.approx(choice.logprobs.token_logprobs, abs=1e-4)
 
 
+@ON_BOTH_BACKENDS
 def test_chat_logprobs_with_the_top_token_streamed_and_not(oai: openai.OpenAI):
     body = greedy(messages=CHAT, max_tokens=10, logprobs=True, top_logprobs=1)
     whole = oai.chat.completions.create(**body)
@@ -120,6 +134,7 @@ def _check_most_likely(token_bytes: bytes, logprob: float, top: list) -> None:
         assert logprob <= values[-1] + 1e-4
 
 
+@ON_BOTH_BACKENDS
 def test_top_logprobs_5_are_the_engines_most_likely_tokens_streamed_and_not(oai: openai.OpenAI):
     """Our num_top_log_probs output (not NVIDIA's C++ backend, which keeps the cap of 1 with greedy decoding):
     sampling, each position lists its 5 most likely tokens, the same whole and streamed with a seed."""
@@ -176,6 +191,7 @@ def test_response_format_text_is_served(oai: openai.OpenAI):
 # --------------------------------------------------------------------------------- n choices
 
 
+@ON_BOTH_BACKENDS
 def test_chat_n3_choices_have_their_own_seeds_and_one_prompt_count(oai: openai.OpenAI):
     body = {"model": "embedded", "messages": CHAT, "max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "seed": 1234,
             "extra_body": {"ignore_eos": True}}
@@ -191,6 +207,7 @@ def test_chat_n3_choices_have_their_own_seeds_and_one_prompt_count(oai: openai.O
     assert three.usage.total_tokens == three.usage.prompt_tokens + 36
 
 
+@ON_BOTH_BACKENDS
 def test_chat_n3_stream_carries_each_choices_index(oai: openai.OpenAI):
     body = {"model": "embedded", "messages": CHAT, "max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 99,
             "extra_body": {"ignore_eos": True}}
@@ -223,6 +240,7 @@ def test_unseeded_choices_differ(oai: openai.OpenAI):
 # --------------------------------------------------------------------------------- batches of prompts
 
 
+@ON_BOTH_BACKENDS
 def test_a_batch_of_4_prompts_with_n2_is_indexed_prompt_major(oai: openai.OpenAI):
     singles = [oai.completions.create(**greedy(prompt=p, max_tokens=6)) for p in PROMPTS]
     batch = oai.completions.create(**greedy(prompt=PROMPTS, max_tokens=6, n=2))
@@ -432,6 +450,7 @@ def _check_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
         jsonschema.validate(json.loads(arguments), schemas[name])
 
 
+@ON_BOTH_BACKENDS
 def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: openai.OpenAI):
     """Enforced by guided decoding: even the embedded model answers with calls whose arguments
     validate against their tool's schema. One call (parallel_tool_calls: false, maxItems 1): with
