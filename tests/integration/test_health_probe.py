@@ -91,39 +91,3 @@ def test_an_unreachable_server_is_unhealthy_with_the_reason():
         wait_for(lambda: probe.probe_count >= 1, 30.0)
         assert not probe.healthy and probe.last_error
         assert "tensorrt_llm" in probe.last_error
-
-
-# NVIDIA's llmapi config.pbtxt names, types and dims for the inputs the probe sends (max_batch_size 0,
-# as model.yaml's triton_config sets it); see tests/data/trtllm_flags/1.0.0/llmapi_model.json.
-LLMAPI_CONFIG = """
-name: "tensorrt_llm"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [
-  { name: "text_input" data_type: TYPE_STRING dims: [ -1 ] },
-  { name: "streaming" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
-  { name: "sampling_param_max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }
-]
-output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
-LLMAPI_DOUBLE = Path(__file__).resolve().parent / "triton_models" / "llmapi_text_double" / "model.py"
-
-
-def test_text_probe_matches_nvidias_llmapi_interface(tmp_path):
-    from trtllm_truss.runtime.supervisor import TritonServer
-
-    model = tmp_path / "repo" / "tensorrt_llm"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(LLMAPI_CONFIG)
-    (model / "1" / "model.py").write_text(LLMAPI_DOUBLE.read_text())
-    server = TritonServer(tmp_path / "repo", startup_timeout_s=180.0)
-    server.start()
-    try:
-        server.wait_ready(180.0, models=["tensorrt_llm"])
-        with EngineProbe(server.grpc_url, interval_s=INTERVAL_S, timeout_s=TIMEOUT_S, interface="text") as probe:
-            wait_for(lambda: probe.probe_count >= 2, 30.0)
-            assert probe.healthy and probe.failure_count == 0, probe.last_error
-    finally:
-        server.stop()

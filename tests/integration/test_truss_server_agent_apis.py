@@ -41,18 +41,34 @@ def server(request, tmp_path_factory) -> Iterator[TrussServer]:
 
 
 @pytest.fixture(scope="module")
-def oai(server: TrussServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+def llmapi_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """Backend llmapi (our LLM-API model, on the LLM-API double here): started only for the tests marked
+    ON_BOTH_BACKENDS, those exercising what differs there (guides, stop sequences, sampling)."""
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_agent_apis_llmapi"), {"TRTLLM_RUNTIME__BACKEND": "llmapi"})
+
+
+def _server_for(request) -> TrussServer:
+    return request.getfixturevalue("llmapi_server" if getattr(request, "param", None) == "llmapi" else "server")
 
 
 @pytest.fixture(scope="module")
-def claude(server: TrussServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key="not-checked", max_retries=0, timeout=120.0)
+def oai(request) -> openai.OpenAI:
+    return openai.OpenAI(base_url=_server_for(request).url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+@pytest.fixture(scope="module")
+def claude(request) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=_server_for(request).url, api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+def on_both_backends(client: str):
+    return pytest.mark.parametrize(client, ["pytorch", "llmapi"], indirect=True)
 
 
 # --------------------------------------------------------------------------------- /v1/responses
 
 
+@on_both_backends("oai")
 def test_responses_streamed_and_not_agree(oai: openai.OpenAI):
     body = dict(model="embedded", input="Tell me about the sea", instructions="Answer briefly.", max_output_tokens=12, **GREEDY)
     whole = oai.responses.create(**body)
@@ -101,6 +117,7 @@ def _weather_tool_responses() -> dict:
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "weather"}])
+@on_both_backends("oai")
 def test_responses_forced_tool_call_streamed_and_not(oai: openai.OpenAI, tool_choice):
     body = dict(
         model="embedded", input="What will the weather be in Paris?", tools=[_weather_tool_responses()],
@@ -138,6 +155,7 @@ def test_responses_json_schema_text_format_streamed_and_not(oai: openai.OpenAI):
 # ---------------------------------------------------------------------------------- /v1/messages
 
 
+@on_both_backends("claude")
 def test_messages_create_and_stream_agree(claude: anthropic.Anthropic):
     body = dict(
         model="embedded", max_tokens=12, system="Answer briefly.",
@@ -158,6 +176,7 @@ def test_messages_create_and_stream_agree(claude: anthropic.Anthropic):
     )
 
 
+@on_both_backends("claude")
 def test_messages_stop_sequence_is_reported(claude: anthropic.Anthropic):
     body = dict(model="embedded", max_tokens=24, messages=[{"role": "user", "content": "Tell me about the sea"}], **GREEDY_ANTHROPIC)
     text = claude.messages.create(**body).content[0].text
@@ -168,6 +187,7 @@ def test_messages_stop_sequence_is_reported(claude: anthropic.Anthropic):
 
 
 @pytest.mark.parametrize("tool_choice", [{"type": "any"}, {"type": "tool", "name": "weather"}])
+@on_both_backends("claude")
 def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic, tool_choice):
     body = dict(
         model="embedded", max_tokens=60, messages=[{"role": "user", "content": "What will the weather be in Paris?"}],

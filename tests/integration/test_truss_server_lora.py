@@ -29,14 +29,25 @@ def server(tmp_path_factory) -> Iterator[TrussServer]:
 
 
 @pytest.fixture(scope="module")
-def oai(server: TrussServer) -> openai.OpenAI:
+def llmapi_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """Backend llmapi (our LLM-API model, on the LLM-API double here: the adapter as a LoRARequest)."""
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_lora_llmapi"), {"TRTLLM_RUNTIME__BACKEND": "llmapi"})
+
+
+@pytest.fixture(scope="module")
+def oai(request) -> openai.OpenAI:
+    server = request.getfixturevalue("llmapi_server" if getattr(request, "param", None) == "llmapi" else "server")
     return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+ON_BOTH_BACKENDS = pytest.mark.parametrize("oai", ["pytorch", "llmapi"], indirect=True)
 
 
 def complete(oai: openai.OpenAI, prompt: str, model: str, max_tokens: int = 16) -> str:
     return oai.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, **GREEDY).choices[0].text
 
 
+@ON_BOTH_BACKENDS
 def test_the_adapter_changes_greedy_output(oai: openai.OpenAI):
     for prompt in PROMPTS[:2]:
         base = complete(oai, prompt, "embedded")
@@ -51,6 +62,7 @@ def test_the_adapter_changes_greedy_output(oai: openai.OpenAI):
     assert base_chat.choices[0].message.content != pirate_chat.choices[0].message.content
 
 
+@ON_BOTH_BACKENDS
 def test_concurrent_streams_mixing_base_and_adapter_each_get_their_own_output(oai: openai.OpenAI):
     jobs = [(prompt, model) for prompt in PROMPTS for model in ("embedded", "pirate")]
     alone = {job: complete(oai, *job, max_tokens=24) for job in jobs}

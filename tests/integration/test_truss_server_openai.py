@@ -11,6 +11,7 @@ so the all-or-nothing admission of a fan-out is seen with few requests.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,8 +36,20 @@ def server(request, tmp_path_factory) -> Iterator[TrussServer]:
 
 
 @pytest.fixture(scope="module")
-def oai(server: TrussServer) -> openai.OpenAI:
+def llmapi_server(tmp_path_factory) -> Iterator[TrussServer]:
+    """Backend llmapi (our LLM-API model, on the LLM-API double here): started only for the tests marked
+    ON_BOTH_BACKENDS, those exercising what differs there (sampling params, n, log probs, guides)."""
+    env = {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0", "TRTLLM_RUNTIME__BACKEND": "llmapi"}
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_openai_llmapi"), env)
+
+
+@pytest.fixture(scope="module")
+def oai(request) -> openai.OpenAI:
+    server = request.getfixturevalue("llmapi_server" if getattr(request, "param", None) == "llmapi" else "server")
     return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+ON_BOTH_BACKENDS = pytest.mark.parametrize("oai", ["pytorch", "llmapi"], indirect=True)
 
 
 def standin_metric(server: TrussServer, name: str) -> float:
@@ -62,11 +75,12 @@ def _check_completion_logprobs(text: str, logprobs, completion_tokens: int) -> N
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == completion_tokens
     assert all(isinstance(lp, float) and lp <= 0.0 for lp in logprobs.token_logprobs)
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
-    # the sampled token, which OpenAI always includes (the engine returns no alternative)
+    # greedy decoding: the sampled token, which OpenAI always includes, is the most likely one
     assert logprobs.top_logprobs == [{t: lp} for t, lp in zip(logprobs.tokens, logprobs.token_logprobs)]
 
 
 @pytest.mark.parametrize("logprobs", [0, 1])
+@ON_BOTH_BACKENDS
 def test_completion_logprobs_streamed_and_not(oai: openai.OpenAI, logprobs: int):
     body = greedy(prompt="The history of the", max_tokens=12, logprobs=logprobs)
     whole = oai.completions.create(**body)
@@ -89,6 +103,7 @@ def test_completion_logprobs_streamed_and_not(oai: openai.OpenAI, logprobs: int)
     assert values == pytest.approx(choice.logprobs.token_logprobs, abs=1e-4)
 
 
+@ON_BOTH_BACKENDS
 def test_chat_logprobs_with_the_top_token_streamed_and_not(oai: openai.OpenAI):
     body = greedy(messages=CHAT, max_tokens=10, logprobs=True, top_logprobs=1)
     whole = oai.chat.completions.create(**body)
@@ -107,6 +122,40 @@ def test_chat_logprobs_with_the_top_token_streamed_and_not(oai: openai.OpenAI):
     assert [e.token for e in entries] == [e.token for e in content]
 
 
+def _check_most_likely(token_bytes: bytes, logprob: float, top: list) -> None:
+    """A position's most likely tokens: largest first, a distribution's (summing to at most 1), and the
+    sampled token among them unless it is less likely than all of them."""
+    values = [t.logprob for t in top]
+    assert values == sorted(values, reverse=True) and all(v <= 0.0 for v in values)
+    assert sum(math.exp(v) for v in values) <= 1.0 + 1e-4
+    if logprob >= values[-1] + 1e-4:
+        assert token_bytes in [bytes(t.bytes) for t in top]
+    else:
+        assert logprob <= values[-1] + 1e-4
+
+
+@ON_BOTH_BACKENDS
+def test_top_logprobs_5_are_the_engines_most_likely_tokens_streamed_and_not(oai: openai.OpenAI):
+    """Our num_top_log_probs output (not NVIDIA's C++ backend, which keeps the cap of 1 with greedy decoding):
+    sampling, each position lists its 5 most likely tokens, the same whole and streamed with a seed."""
+    body = {"model": "embedded", "messages": CHAT, "max_tokens": 8, "temperature": 0.9, "top_p": 1.0, "seed": 7,
+            "logprobs": True, "top_logprobs": 5, "extra_body": {"ignore_eos": True}}
+    whole = oai.chat.completions.create(**body)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 8
+    for entry in content:
+        assert len(entry.top_logprobs) == 5
+        _check_most_likely(bytes(entry.bytes), entry.logprob, entry.top_logprobs)
+    streamed = [e for c in oai.chat.completions.create(**body, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [[t.token for t in e.top_logprobs] for e in content]
+
+    completion = oai.completions.create(**greedy(prompt="The history of the", max_tokens=6, logprobs=5))
+    logprobs = completion.choices[0].logprobs
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert 5 <= len(top) <= 6 and top[token] == value == max(top.values())  # greedy: the sampled one first
+
+
 def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
     completion = oai.chat.completions.create(
         model="embedded", messages=CHAT, max_tokens=6, temperature=0.8, seed=5, logprobs=True
@@ -118,10 +167,6 @@ def test_chat_logprobs_without_top_logprobs_list_none(oai: openai.OpenAI):
 @pytest.mark.parametrize(
     "route, extra, field",
     [
-        ("chat", {"logprobs": True, "top_logprobs": 3, "temperature": 0}, "top_logprobs"),
-        ("chat", {"logprobs": True, "top_logprobs": 1, "temperature": 0.7}, "top_logprobs"),
-        ("completions", {"logprobs": 2, "temperature": 0}, "logprobs"),
-        ("completions", {"logprobs": 1, "temperature": 0.7}, "logprobs"),
         ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "response_format.json_schema.schema"),
         ("completions", {"n": 2, "best_of": 3}, "best_of"),
         ("completions", {"n": MAX_IN_FLIGHT + 1}, "n"),
@@ -146,6 +191,7 @@ def test_response_format_text_is_served(oai: openai.OpenAI):
 # --------------------------------------------------------------------------------- n choices
 
 
+@ON_BOTH_BACKENDS
 def test_chat_n3_choices_have_their_own_seeds_and_one_prompt_count(oai: openai.OpenAI):
     body = {"model": "embedded", "messages": CHAT, "max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "seed": 1234,
             "extra_body": {"ignore_eos": True}}
@@ -161,6 +207,7 @@ def test_chat_n3_choices_have_their_own_seeds_and_one_prompt_count(oai: openai.O
     assert three.usage.total_tokens == three.usage.prompt_tokens + 36
 
 
+@ON_BOTH_BACKENDS
 def test_chat_n3_stream_carries_each_choices_index(oai: openai.OpenAI):
     body = {"model": "embedded", "messages": CHAT, "max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 99,
             "extra_body": {"ignore_eos": True}}
@@ -193,6 +240,7 @@ def test_unseeded_choices_differ(oai: openai.OpenAI):
 # --------------------------------------------------------------------------------- batches of prompts
 
 
+@ON_BOTH_BACKENDS
 def test_a_batch_of_4_prompts_with_n2_is_indexed_prompt_major(oai: openai.OpenAI):
     singles = [oai.completions.create(**greedy(prompt=p, max_tokens=6)) for p in PROMPTS]
     batch = oai.completions.create(**greedy(prompt=PROMPTS, max_tokens=6, n=2))
@@ -406,6 +454,7 @@ def _check_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
         jsonschema.validate(json.loads(arguments), schemas[name])
 
 
+@ON_BOTH_BACKENDS
 def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: openai.OpenAI):
     """Enforced by guided decoding: even the embedded model answers with calls whose arguments
     validate against their tool's schema. One call (parallel_tool_calls: false, maxItems 1): with

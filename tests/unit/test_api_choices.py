@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from fastapi import HTTPException
 
+from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
 from trtllm_truss.api.sampling import UINT64_MAX
 from trtllm_truss.engine.client import GenerationParams
@@ -55,6 +56,10 @@ def test_usage_counts_each_prompt_once_and_every_choices_tokens():
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (12, 10, 22)
 
 
+CPP_BACKEND = RequestLimits(8, 8, top_logprobs_off="NVIDIA's C++ backend returns the sampled token's log prob only")
+OUR_ENGINES = RequestLimits(8, 8, top_logprobs_off=None)
+
+
 @pytest.mark.parametrize(
     "model, body, field",
     [
@@ -67,8 +72,11 @@ def test_usage_counts_each_prompt_once_and_every_choices_tokens():
 def test_what_the_engine_cannot_answer_is_400_naming_the_field(model, body, field):
     base = {"messages": CHAT} if model is ChatCompletionRequest else {"prompt": "x"}
     with pytest.raises(HTTPException) as caught:
-        _refuse_what_the_engine_cannot_do(model.model_validate({**base, **body}))
+        _refuse_what_the_engine_cannot_do(model.model_validate({**base, **body}), CPP_BACKEND)
     assert caught.value.status_code == 400 and f"{field}:" in caught.value.detail
+    assert "C++ backend" in caught.value.detail  # says why
+    # Our python engines (stand-in, llmapi model) return the most likely tokens themselves.
+    _refuse_what_the_engine_cannot_do(model.model_validate({**base, **body}), OUR_ENGINES)
 
 
 def test_json_mode_is_guided_decoding_of_any_json_object():
@@ -90,4 +98,4 @@ def test_json_mode_is_guided_decoding_of_any_json_object():
 )
 def test_what_the_engine_answers_exactly_is_served(model, body):
     base = {"messages": CHAT} if model is ChatCompletionRequest else {"prompt": "x"}
-    _refuse_what_the_engine_cannot_do(model.model_validate({**base, **body}))
+    _refuse_what_the_engine_cannot_do(model.model_validate({**base, **body}), CPP_BACKEND)

@@ -158,16 +158,32 @@ def test_log_prob_answers_follow_openais_schemas():
 
     from trtllm_truss.api.openai import chat_logprobs, completion_logprobs
 
-    entries = [(" a", -0.25, b" a"), ("", -1.5, b"\xe2\x98"), ("\u2603", -0.5, b"\x83")]
+    entries = [(" a", -0.25, b" a", ()), ("", -1.5, b"\xe2\x98", ()), ("\u2603", -0.5, b"\x83", ())]
     chat = chat_types.ChoiceLogprobs.model_validate(chat_logprobs(entries, 0).model_dump())
     assert [(c.token, c.logprob, bytes(c.bytes), c.top_logprobs) for c in chat.content] == [
-        (t, lp, raw, []) for t, lp, raw in entries
+        (t, lp, raw, []) for t, lp, raw, _ in entries
     ]
     top = chat_logprobs(entries, 1).model_dump()["content"][2]["top_logprobs"]
     assert top == [{"token": "\u2603", "logprob": -0.5, "bytes": [0x83]}]
     completion = completion_types.Logprobs.model_validate(completion_logprobs(entries, text_offset=10).model_dump())
     assert completion.tokens == [" a", "", "\u2603"] and completion.token_logprobs == [-0.25, -1.5, -0.5]
     assert completion.text_offset == [10, 12, 12] and completion.top_logprobs == [{" a": -0.25}, {"": -1.5}, {"\u2603": -0.5}]
+
+
+def test_the_engines_most_likely_tokens_fill_top_logprobs():
+    """Where the engine returned each position's most likely tokens (num_top_log_probs), chat lists the first
+    top_logprobs of them and completions the first `logprobs` plus the sampled token, in OpenAI's schemas."""
+    import openai.types.chat.chat_completion as chat_types
+    import openai.types.completion_choice as completion_types
+
+    from trtllm_truss.api.openai import chat_logprobs, completion_logprobs
+
+    likely = ((" b", -0.1, b" b"), (" a", -0.25, b" a"), (" c", -3.0, b" c"))
+    entries = [(" a", -0.25, b" a", likely), (" x", -7.0, b" x", likely)]
+    chat = chat_types.ChoiceLogprobs.model_validate(chat_logprobs(entries, 2).model_dump())
+    assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in chat.content] == [[(" b", -0.1), (" a", -0.25)]] * 2
+    completion = completion_types.Logprobs.model_validate(completion_logprobs(entries, top=2).model_dump())
+    assert completion.top_logprobs == [{" b": -0.1, " a": -0.25}, {" b": -0.1, " a": -0.25, " x": -7.0}]
 
 
 def test_limits_max_tokens():

@@ -103,3 +103,25 @@ def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
     for version in VERSIONS:
         assert set(args["lora_config"]) <= set(record(version)["lora_config_fields"])
     assert args["guided_decoding_backend"] == "xgrammar" and args["stream_interval"] == 4
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_top_logprobs_on_llmapi_follow_what_each_version_returns(version):
+    """num_top_log_probs reaches SamplingParams.logprobs only where the version's PyTorch sampler returns k
+    most likely tokens (the record's max_logprobs); elsewhere the dialects keep the cap of 1 and say why."""
+    from pathlib import Path as P
+
+    from trtllm_truss.api.limits import RequestLimits
+    from trtllm_truss.config.runtime import RuntimeConfig
+    from trtllm_truss.planning.plan import ServingPlan
+    from trtllm_truss.planning.probe import RuntimeFacts
+
+    plan = ServingPlan(
+        backend="llmapi", tokenizer_dir=P("/t"), model_dir=P("/m"), max_batch_size=4, max_input_len=8,
+        max_output_len=8, runtime=RuntimeConfig(), facts=RuntimeFacts(trtllm_version=version),
+    )
+    off = RequestLimits.from_plan(plan).top_logprobs_off
+    if record(version)["max_logprobs"] == 1:
+        assert off is not None and version in off
+    else:
+        assert off is None

@@ -350,9 +350,11 @@ def test_gpu_engine_tensors_match_nvidia() -> None:
 def test_stand_in_engine_declares_the_subset_it_implements() -> None:
     engine = repository_configs(_plan("pytorch"))["tensorrt_llm"]
     assert engine.backend == "python" and engine.decoupled is True
-    names = {t.name for t in engine.inputs}
+    # Ours beside NVIDIA's: num_top_log_probs (repository/interface.py), with its two outputs.
+    names = {t.name for t in engine.inputs} - {"num_top_log_probs"}
     assert names <= set(NVIDIA_ENGINE_INPUTS)
-    for tensor in engine.inputs:
+    assert {"output_top_log_probs", "output_top_ids"} <= {t.name for t in engine.outputs}
+    for tensor in (t for t in engine.inputs if t.name in names):
         data_type, dims, optional, _ = NVIDIA_ENGINE_INPUTS[tensor.name]
         assert (tensor.data_type.value, tensor.dims, tensor.optional) == (data_type, dims, optional)
         assert tensor.reshape is None

@@ -127,4 +127,4 @@ def test_merged_joins_the_waiting_outputs_of_each_request_in_first_seen_order() 
 
     entries = merged([(a, out([1])), (b, out([7])), (a, out([2, 3], finished=True))])
     assert [(e[0], e[1], e[2]) for e in entries] == [(a, [1, 2, 3], [-0.5] * 3), (b, [7], [-0.5])]
-    assert entries[0][3] is not None and entries[0][3].finished and entries[1][3] is None
+    assert entries[0][4] is not None and entries[0][4].finished and entries[1][4] is None

@@ -47,8 +47,13 @@ def test_extras_have_nvidias_shapes_and_dtypes():
         generation_logits=generation_logits_array([np.ones((1, 11), dtype=np.float32)] * 3, 11, streaming=False, max_new_tokens=5),
         perf=perf,
     )
-    arrays = dict(response_arrays(ENGINE_OUTPUT_NAMES, [7, 8, 9], [], 0.0, [], 3, extras))
+    tops = [([7, 1], [-0.1, -2.5]), ([8], [-0.2]), ([9, 2], [-0.3, -1.0])]
+    arrays = dict(response_arrays(ENGINE_OUTPUT_NAMES, [7, 8, 9], [], 0.0, [], 3, extras, tops))
     assert set(arrays) == ENGINE_OUTPUT_NAMES
+    # Ours (num_top_log_probs): [batch, beam, token, k], a short row padded with id -1 / -inf.
+    assert (arrays["output_top_ids"].shape, arrays["output_top_ids"].dtype) == ((1, 1, 3, 2), np.int32)
+    assert arrays["output_top_ids"][0, 0].tolist() == [[7, 1], [8, -1], [9, 2]]
+    assert arrays["output_top_log_probs"].dtype == np.float32 and np.isneginf(arrays["output_top_log_probs"][0, 0, 1, 1])
     shapes = {name: (array.shape, array.dtype) for name, array in arrays.items()}
     assert shapes["batch_index"] == ((1, 1), np.int32) and arrays["batch_index"].tolist() == [[2]]
     assert shapes["sequence_index"] == ((1, 1), np.int32) and arrays["sequence_index"].tolist() == [[1]]

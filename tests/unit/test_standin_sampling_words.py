@@ -66,7 +66,7 @@ def test_min_length_masks_end_id_and_bad_words_are_never_chosen():
     logits = torch.tensor([[0.0, 0.0, 9.0, 5.0, 1.0, 0.0, 0.0, 0.0]])
     request = GenerationRequest("r", [1], 4, end_id=2, sampling=SamplingParams(min_length=1), bad_words=[[3]])
     state = SequenceSamplingState(request, [1], VOCAB)
-    tokens, _ = select_next_tokens(logits, [state], want_log_probs=False)
+    tokens, _, _ = select_next_tokens(logits, [state], want_log_probs=False)
     assert tokens == [4]  # 2 is the end id (masked before min_length), 3 is a bad word
 
 
@@ -81,7 +81,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch_neighbours():
         chosen = []
         for _ in range(20):
             batch = torch.cat([logits, noise]) if batch_with_others else logits
-            tokens, _ = select_next_tokens(batch, [me, *others], want_log_probs=False)
+            tokens, _, _ = select_next_tokens(batch, [me, *others], want_log_probs=False)
             chosen.append(tokens[0])
         return chosen
 

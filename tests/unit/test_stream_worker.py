@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from trtllm_truss.engine.client import EngineRefusedError, GenerationParams, UpstreamError
+from trtllm_truss.engine.engine_client import ResponseLogProbs
 from trtllm_truss.streaming.generation import WorkerModel, WorkerSettings
 from trtllm_truss.streaming.protocol import (
     FrameReader,
@@ -42,7 +43,7 @@ class ScriptedEngine:
         try:
             for token in self.ids[: params.max_tokens]:
                 await asyncio.sleep(0)
-                yield [token], ([-0.5] if params.return_log_probs else None)
+                yield [token], (ResponseLogProbs([-0.5]) if params.return_log_probs else None)
             finished = True
         finally:
             self.closed_early = not finished
@@ -166,9 +167,9 @@ def test_log_probs_come_with_each_token(model: WorkerModel):
     spec = GenerationSpec(GenerationParams("", max_tokens=32, return_log_probs=True), prompt="Go")
     emitted, end = _run(model, ScriptedEngine(ids), spec, entries)
     assert len(entries) == len(ids)
-    assert "".join(token for token, _, _ in entries) == "".join(emitted) == " alpha beta gamma"
-    assert [raw for _, _, raw in entries] == [model.decoder.token_bytes([t]) for t in ids]
-    assert all(lp == -0.5 for _, lp, _ in entries) and end.completion_tokens == len(ids)
+    assert "".join(token for token, _, _, _ in entries) == "".join(emitted) == " alpha beta gamma"
+    assert [raw for _, _, raw, _ in entries] == [model.decoder.token_bytes([t]) for t in ids]
+    assert all(lp == -0.5 for _, lp, _, _ in entries) and end.completion_tokens == len(ids)
 
 
 def test_log_prob_texts_concatenate_to_the_text_when_a_character_spans_tokens(model: WorkerModel):
@@ -177,11 +178,11 @@ def test_log_prob_texts_concatenate_to_the_text_when_a_character_spans_tokens(mo
     entries: list = []
     spec = GenerationSpec(GenerationParams("", max_tokens=32, return_log_probs=True), prompt="Go")
     emitted, _ = _run(model, ScriptedEngine(ids), spec, entries)
-    assert "".join(emitted) == text == "".join(token for token, _, _ in entries)
-    assert b"".join(raw for _, _, raw in entries) == text.encode()  # each token's own bytes
+    assert "".join(emitted) == text == "".join(token for token, _, _, _ in entries)
+    assert b"".join(raw for _, _, raw, _ in entries) == text.encode()  # each token's own bytes
     assert len(entries) == len(ids)
-    if any(not token for token, _, _ in entries):  # a byte-level vocabulary splits the emoji
-        assert any(raw and not token for token, _, raw in entries)
+    if any(not token for token, _, _, _ in entries):  # a byte-level vocabulary splits the emoji
+        assert any(raw and not token for token, _, raw, _ in entries)
 
 
 def test_log_probs_stop_with_the_text_a_stop_string_cuts(model: WorkerModel):
@@ -193,7 +194,7 @@ def test_log_probs_stop_with_the_text_a_stop_string_cuts(model: WorkerModel):
     emitted, end = _run(model, ScriptedEngine(ids), spec, entries)
     returned = "".join(emitted)
     assert returned == text[: text.index(stop)]
-    tokens = "".join(token for token, _, _ in entries)
+    tokens = "".join(token for token, _, _, _ in entries)
     # every token that added returned text, the one the cut falls in included, and none after it
     assert tokens.startswith(returned) and len(tokens) - len(returned) < len(entries[-1][0])
     assert len(entries) < end.completion_tokens  # tokens of the stop string itself are not reported

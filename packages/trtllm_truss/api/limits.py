@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtllm_truss.planning.logprobs import top_logprobs_off
 from trtllm_truss.planning.plan import ServingPlan
 
 # Bytes of text one token is assumed to cover at most (a generous bound: long tokens are runs of
@@ -27,6 +28,9 @@ class RequestLimits:
     # build.lora_adapters: (name, NVIDIA lora_task_id) pairs; a request's `model` picks one.
     lora_task_ids: tuple[tuple[str, int], ...] = ()
     served_model_name: str | None = None  # runtime.served_model_name: the base model's name besides "model"
+    # Why the engine returns no most likely tokens besides the sampled one (None: it returns up to
+    # repository.interface.MAX_TOP_LOG_PROBS, our num_top_log_probs).
+    top_logprobs_off: str | None = "the engine returns the log prob of the sampled token only"
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -52,4 +56,5 @@ class RequestLimits:
             guide_types=plan.guide_types,
             lora_task_ids=tuple((adapter.name, adapter.task_id) for adapter in plan.lora_adapters),
             served_model_name=plan.runtime.served_model_name,
+            top_logprobs_off=top_logprobs_off(plan),
         )

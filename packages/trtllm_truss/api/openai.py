@@ -34,8 +34,10 @@ MAX_COMPLETION_LOGPROBS = 5
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 # One entry per generated token, as the stream workers send them: (text the token added, its log
-# prob, the token's own bytes). The texts of a choice's entries concatenate to its text.
-LogProbEntry = tuple[str, float, bytes]
+# prob, the token's own bytes, the position's most likely tokens as (text, log prob, bytes), largest
+# first: empty unless the engine returned them). The texts of a choice's entries concatenate to its text.
+Alternative = tuple[str, float, bytes]
+LogProbEntry = tuple[str, float, bytes, tuple[Alternative, ...]]
 
 
 class StreamOptions(StrictModel):
@@ -118,7 +120,8 @@ class ChatCompletionRequest(_OpenAIRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="newer name of max_tokens")
     logprobs: bool | None = Field(None, description="the log prob of each sampled token")
     top_logprobs: int | None = Field(
-        None, ge=0, le=MAX_CHAT_TOP_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
+        None, ge=0, le=MAX_CHAT_TOP_LOGPROBS,
+        description="most likely tokens per position (NVIDIA's C++ backend: 0, or 1 with greedy decoding)",
     )
     response_format: ResponseFormat | None = Field(None, description="text, json_object, json_schema (+ trtllm-serve's json, regex, ebnf)")
     tools: list[FunctionTool] | None = ToolsField
@@ -150,7 +153,8 @@ class CompletionRequest(_OpenAIRequest):
     response_format: ResponseFormat | None = Field(None, description="as on chat (vLLM and trtllm-serve accept it here)")
     echo: Literal[False] = False
     logprobs: int | None = Field(
-        None, ge=0, le=MAX_COMPLETION_LOGPROBS, description="0, or 1 with greedy decoding (the engine returns no alternatives)"
+        None, ge=0, le=MAX_COMPLETION_LOGPROBS,
+        description="most likely tokens per position (NVIDIA's C++ backend: 0, or 1 with greedy decoding)",
     )
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description="only equal to n: no choice is ranked")
     suffix: None = None
@@ -321,26 +325,37 @@ class Completion(_Envelope):
     usage: Usage | None = None
 
 
+def _most_likely(entry: LogProbEntry, count: int) -> tuple[Alternative, ...]:
+    """The `count` most likely tokens of the entry's position: the engine's (num_top_log_probs), or where it
+    returned none (NVIDIA's C++ backend, which serving allows only with count 1 and greedy decoding) the
+    sampled token, then the most likely one."""
+    token, logprob, raw, alternatives = entry
+    return alternatives[:count] if alternatives else ((token, logprob, raw),)[:count]
+
+
 def chat_logprobs(entries: Sequence[LogProbEntry], top_logprobs: int) -> ChatLogprobs:
-    """`choices[].logprobs` of a chat answer (or chunk) for these tokens. `top_logprobs` is 0 or 1;
-    1 only under greedy decoding, where the sampled token is the most likely one."""
+    """`choices[].logprobs` of a chat answer (or chunk) for these tokens, each with its position's
+    `top_logprobs` most likely tokens."""
     content = []
-    for token, logprob, raw in entries:
-        raw_list = list(raw)
-        top = [TopLogprob(token=token, logprob=logprob, bytes=raw_list)] if top_logprobs else []
-        content.append(TokenLogprob(token=token, logprob=logprob, bytes=raw_list, top_logprobs=top))
+    for entry in entries:
+        token, logprob, raw, _ = entry
+        top = [TopLogprob(token=t, logprob=v, bytes=list(b)) for t, v, b in _most_likely(entry, top_logprobs)] if top_logprobs else []
+        content.append(TokenLogprob(token=token, logprob=logprob, bytes=list(raw), top_logprobs=top))
     return ChatLogprobs(content=content)
 
 
-def completion_logprobs(entries: Sequence[LogProbEntry], text_offset: int = 0) -> CompletionLogprobs:
+def completion_logprobs(entries: Sequence[LogProbEntry], text_offset: int = 0, top: int = 1) -> CompletionLogprobs:
     """`choices[].logprobs` of a completion (or chunk): `text_offset` counts characters of the
-    choice's text before these tokens. Each `top_logprobs` entry holds the sampled token, which
-    OpenAI always includes (the engine returns no other)."""
+    choice's text before these tokens. Each `top_logprobs` entry holds the position's `top` (the
+    request's `logprobs`) most likely tokens and the sampled one, which OpenAI always includes."""
     tokens, values, tops, offsets = [], [], [], []
-    for token, logprob, _ in entries:
+    for entry in entries:
+        token, logprob, _, _ = entry
         tokens.append(token)
         values.append(logprob)
-        tops.append({token: logprob})
+        likely = {t: v for t, v, _ in _most_likely(entry, top)}
+        likely.setdefault(token, logprob)
+        tops.append(likely)
         offsets.append(text_offset)
         text_offset += len(token)
     return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)

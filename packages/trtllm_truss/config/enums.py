@@ -66,8 +66,8 @@ class Dtype(str, enum.Enum):
 
 class Backend(str, enum.Enum):
     """What runs the model. `llmapi` is NVIDIA's LLM API (its PyTorch backend, TensorRT-LLM >= 1.0) behind
-    NVIDIA's `triton_backend/all_models/llmapi` python model; `pytorch` is *our* CPU/GPU stand-in engine
-    (Hugging Face transformers), not NVIDIA's PyTorch backend."""
+    our Triton model triton_models/tensorrt_llm_llmapi (NVIDIA's token-id interface); `pytorch` is *our*
+    CPU/GPU stand-in engine (Hugging Face transformers), not NVIDIA's PyTorch backend."""
 
     AUTO = "auto"
     TENSORRTLLM = "tensorrtllm"

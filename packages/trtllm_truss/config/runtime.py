@@ -1,5 +1,5 @@
 """`model_metadata.trt_llm.runtime`: how the engine is served (RuntimeConfig and its sub-models: the
-pytorch stand-in, the llmapi model source, the health probe)."""
+pytorch stand-in, the health probe)."""
 
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ class RuntimeConfig(StrictModel):
         "auto",
         description="What enforces structured output (response_format, tool_choice required/named, guided_*):"
         " auto: xgrammar on backend tensorrtllm from TensorRT-LLM 0.19 (its tokenizer info is written at load),"
-        " llguidance on the pytorch stand-in, and guided requests answered 400 where the engine path has none"
-        " (older engines, backend llmapi); xgrammar: required (a config error where it cannot run); none: off,"
+        " llguidance on the pytorch stand-in, xgrammar in the LLM API on backend llmapi, and guided requests"
+        " answered 400 where the engine path has none (engines before 0.19); xgrammar: required (a config error where it cannot run); none: off,"
         " guided requests get 400.",
     )
     reasoning_parser: Literal["auto", "none", "deepseek_r1", "qwen3", "gpt_oss"] = Field(

@@ -109,6 +109,9 @@ class GenerationParams:
     beam_width: int | None = None
     exclude_input_in_output: bool | None = None
     return_log_probs: bool | None = None
+    # num_top_log_probs (ours, not NVIDIA's: repository/interface.py): the k most likely tokens of each
+    # position, from our python engines only (with return_log_probs).
+    top_log_probs: int | None = None
     stop_words: Sequence[str] = field(default_factory=tuple)
     bad_words: Sequence[str] = field(default_factory=tuple)
     # Guided decoding (TensorRT-LLM's GuidedDecodingParams): type "json_schema" with the schema's

@@ -10,6 +10,7 @@ import struct
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -28,6 +29,7 @@ from trtllm_truss.engine.client import (
     require_input,
 )
 from trtllm_truss.artifacts.lora_weights import add_request_inputs
+from trtllm_truss.repository.interface import TOP_IDS_OUTPUT, TOP_LOG_PROBS_INPUT, TOP_LOG_PROBS_OUTPUT
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 
 logger = logging.getLogger("trtllm_truss.engine.client")
@@ -51,7 +53,35 @@ _ENGINE_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
     "return_log_probs": ("return_log_probs", "BOOL", "bool_contents"),
     "exclude_input_in_output": ("exclude_input_in_output", "BOOL", "bool_contents"),
     "lora_task_id": ("lora_task_id", "UINT64", "uint64_contents"),
+    "top_log_probs": (TOP_LOG_PROBS_INPUT.name, "INT32", "int_contents"),
 }
+
+
+@dataclass(frozen=True)
+class ResponseLogProbs:
+    """The log probs of one response's new tokens: the sampled token's (`values`, NVIDIA's output_log_probs)
+    and, when num_top_log_probs was sent, each token's k most likely (token id, log prob), largest first."""
+
+    values: list[float]
+    top: list[list[tuple[int, float]]] | None = None
+
+    def last(self, count: int) -> ResponseLogProbs:
+        """Those of the last `count` tokens (a response's own tokens end its rows)."""
+        return ResponseLogProbs(self.values[-count:], self.top[-count:] if self.top is not None else None)
+
+
+def _top_rows(values_raw: bytes, values_shape, ids_raw: bytes) -> list[list[tuple[int, float]]]:
+    """Beam 0 of output_top_log_probs / output_top_ids ([..., beams, tokens, k]) as per-token pairs; padding
+    (id -1) dropped."""
+    if len(values_shape) < 2:
+        return []
+    tokens, k = int(values_shape[-2]), int(values_shape[-1])
+    values = np.frombuffer(values_raw, dtype="<f4", count=min(tokens * k, len(values_raw) // 4)).reshape(-1, k) if k else []
+    ids = np.frombuffer(ids_raw, dtype="<i4", count=min(tokens * k, len(ids_raw) // 4)).reshape(-1, k) if k else []
+    return [
+        [(int(t), float(v)) for t, v in zip(id_row, value_row) if t >= 0]
+        for id_row, value_row in zip(ids, values)
+    ]
 
 
 def build_engine_request(
@@ -75,6 +105,9 @@ def build_engine_request(
     request.outputs.add(name=IDS_OUTPUT)
     if params.return_log_probs:
         request.outputs.add(name=LOG_PROBS_OUTPUT)
+        if params.top_log_probs:
+            request.outputs.add(name=TOP_LOG_PROBS_OUTPUT.name)
+            request.outputs.add(name=TOP_IDS_OUTPUT.name)
     if draft_stats:
         for name in DRAFT_STATS_OUTPUTS:
             request.outputs.add(name=name)
@@ -145,9 +178,10 @@ class EngineClient:
         bad_words: np.ndarray | None = None,
         on_draft_stats: Callable[[int, int], None] | None = None,
         lora: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> AsyncIterator[tuple[list[int], list[float] | None]]:
+    ) -> AsyncIterator[tuple[list[int], ResponseLogProbs | None]]:
         """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
-        their log probabilities; leaving early cancels the request. `on_draft_stats(draft, accepted)`
+        their log probabilities (with params.top_log_probs, each token's most likely ones too); leaving
+        early cancels the request. `on_draft_stats(draft, accepted)`
         gets the request's running totals of draft and accepted draft tokens from each response
         that carries them (NVIDIA's perf outputs, speculative decoding)."""
         interface = await self.interface()
@@ -161,6 +195,7 @@ class EngineClient:
                 ids: list[int] = []
                 count: int | None = None
                 log_probs: list[float] | None = None
+                top_raw: dict[str, tuple[bytes, object]] = {}
                 stats: dict[str, int] = {}
                 for output, raw in zip(response.outputs, response.raw_output_contents):
                     if output.name in DRAFT_STATS_OUTPUTS and len(raw) >= 4:
@@ -172,10 +207,19 @@ class EngineClient:
                     elif output.name == LOG_PROBS_OUTPUT:
                         tokens = int(output.shape[-1]) if output.shape else 0
                         log_probs = np.frombuffer(raw, dtype="<f4", count=min(tokens, len(raw) // 4)).tolist()
+                    elif output.name in (TOP_LOG_PROBS_OUTPUT.name, TOP_IDS_OUTPUT.name):
+                        top_raw[output.name] = (raw, list(output.shape))
                 if count is not None:
                     ids = ids[: max(count, 0)]
                 if on_draft_stats is not None and len(stats) == len(DRAFT_STATS_OUTPUTS):
                     on_draft_stats(*(stats[name] for name in DRAFT_STATS_OUTPUTS))
                 if ids:
-                    # The response's own tokens are the last ones of its log-prob row.
-                    yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)
+                    if log_probs is None:
+                        yield ids, None
+                        continue
+                    top = None
+                    if len(top_raw) == 2:
+                        (values_raw, shape), (ids_raw, _) = top_raw[TOP_LOG_PROBS_OUTPUT.name], top_raw[TOP_IDS_OUTPUT.name]
+                        top = _top_rows(values_raw, shape, ids_raw)
+                    # The response's own tokens are the last ones of its log-prob rows.
+                    yield ids, ResponseLogProbs(log_probs, top).last(len(ids))

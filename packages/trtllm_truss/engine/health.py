@@ -9,8 +9,8 @@ engine therefore reads unhealthy within `interval_s + timeout_s` of hanging.
 The probe runs on its own thread with its own event loop, so it works the same under truss's event
 loop, in a stream worker or in a plain script; `healthy` and `last_error` are safe to read from any
 thread. The request is NVIDIA's `tensorrt_llm` interface: `input_ids`, `input_lengths`,
-`request_output_len`, `streaming` (interface "tokens", the engine of the ensemble layout and our
-stand-in), or `text_input` + `sampling_param_max_tokens` (interface "text", NVIDIA's llmapi model).
+`request_output_len`, `streaming`, which every backend's engine model takes (NVIDIA's C++ backend, our
+llmapi model and the stand-in).
 The engine models are decoupled, so the probe uses the bidirectional stream (ModelInfer refuses
 decoupled models). Under full load the probe waits its turn like any request: choose `timeout_s`
 above the worst first-token latency you accept.
@@ -23,15 +23,12 @@ import itertools
 import logging
 import threading
 import time
-from typing import Literal
-
 import numpy as np
 
 from trtllm_truss.engine.stream_end import read_to_end
 
 logger = logging.getLogger(__name__)
 
-Interface = Literal["tokens", "text"]
 _probe_ids = itertools.count(1)
 
 
@@ -45,18 +42,14 @@ class EngineProbe:
         timeout_s: float = 5.0,
         *,
         model_name: str = "tensorrt_llm",
-        interface: Interface = "tokens",
         probe_token_id: int = 1,
     ):
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
-        if interface not in ("tokens", "text"):
-            raise ValueError(f"interface must be 'tokens' or 'text', got {interface!r}")
         self.grpc_url = grpc_url
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
         self.model_name = model_name
-        self.interface = interface
         self.probe_token_id = int(probe_token_id)
         self._lock = threading.Lock()
         self._healthy = False  # unproven until the first probe is answered
@@ -164,12 +157,6 @@ class EngineProbe:
             item.set_data_from_numpy(array)
             return item
 
-        if self.interface == "text":  # NVIDIA's llmapi model (config.pbtxt of all_models/llmapi)
-            return [
-                tensor("text_input", "BYTES", np.array([b"ping"], dtype=np.object_)),
-                tensor("sampling_param_max_tokens", "INT32", np.array([1], dtype=np.int32)),
-                tensor("streaming", "BOOL", np.array([False], dtype=bool)),
-            ]
         return [  # NVIDIA's tensorrt_llm model (inflight_batcher_llm), batch of one
             tensor("input_ids", "INT32", np.array([[self.probe_token_id]], dtype=np.int32)),
             tensor("input_lengths", "INT32", np.array([[1]], dtype=np.int32)),

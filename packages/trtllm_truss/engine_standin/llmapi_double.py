@@ -147,6 +147,15 @@ class CompletionOutput:
     finish_reason: str | None = None
 
 
+def _token_logprobs(token: int, log_prob: float, top: tuple[list[int], list[float]] | None) -> dict[int, Logprob]:
+    """One position of CompletionOutput.logprobs as TensorRT-LLM 1.x fills it with SamplingParams(logprobs=k):
+    the k most likely tokens by rank, and the sampled token besides them when it is not one of them."""
+    entries = {t: Logprob(v, rank) for rank, (t, v) in enumerate(zip(*top), start=1)} if top else {}
+    if token not in entries:
+        entries[token] = Logprob(log_prob, None if top else 1)
+    return entries
+
+
 class GenerationResult:
     """One generate_async request: iterate it (streaming: after each engine response; otherwise once, at
     the end), or `await aresult()`. Engine outputs arrive on the engine thread and are handed to the
@@ -171,7 +180,8 @@ class GenerationResult:
         completion = self.outputs[index]
         completion.token_ids.extend(output.token_ids)
         if output.log_probs is not None:
-            completion.logprobs.extend({t: Logprob(p, 1)} for t, p in zip(output.token_ids, output.log_probs))
+            tops = output.top_log_probs or [None] * len(output.token_ids)
+            completion.logprobs.extend(_token_logprobs(t, p, top) for t, p, top in zip(output.token_ids, output.log_probs, tops))
         if output.finished:
             if output.finish_reason is FinishReason.ERROR:
                 self._error = self._error or output.error or "the request failed"
@@ -299,6 +309,7 @@ class LLM:
                     stop_words=self._words(params.stop, params.stop_token_ids),
                     bad_words=self._words(params.bad, params.bad_token_ids),
                     return_log_probs=bool(params.logprobs),
+                    top_log_probs=params.logprobs or 0,
                     embedding_bias=None if bias is None else [float(v) for v in bias.reshape(-1).tolist()],
                     guide=guide,
                     lora_task_id=task,

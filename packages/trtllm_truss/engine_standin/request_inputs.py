@@ -27,6 +27,7 @@ from trtllm_truss.engine_standin.types import (
 )
 from trtllm_truss.engine_standin.unsupported_inputs import refuse_unsupported
 from trtllm_truss.engine_standin.words import parse_word_list
+from trtllm_truss.repository.interface import MAX_TOP_LOG_PROBS
 
 # NVIDIA's message (model_instance_state.cc, handleStopRequest) for a stop request without an id.
 STOP_WITHOUT_ID_ERROR = "Trying to stop a request but request ID is not provided"
@@ -184,6 +185,7 @@ def read_generation(
         bad_words=bad_words,
         beam_width=int(_row_scalar(arrays, "beam_width", row, 1)),
         return_log_probs=bool(_row_scalar(arrays, "return_log_probs", row, False)),
+        top_log_probs=_top_log_probs(_row_scalar(arrays, "num_top_log_probs", row, 0), where),
         # NVIDIA's preprocessing sends an empty bias when none was asked for.
         embedding_bias=bias.reshape(-1).astype(np.float32).tolist() if bias is not None and bias.size else None,
         return_context_logits=bool(_row_scalar(arrays, "return_context_logits", row, False)),
@@ -204,3 +206,10 @@ def read_generation(
         exclude_input=bool(_row_scalar(arrays, "exclude_input_in_output", row, default_exclude_input)),
         want_perf=bool(_row_scalar(arrays, "return_perf_metrics", row, False)),
     )
+
+
+def _top_log_probs(value, where: str) -> int:
+    k = int(value)
+    if not 0 <= k <= MAX_TOP_LOG_PROBS:
+        raise RequestRejected(f"num_top_log_probs: {k} is not within 0..{MAX_TOP_LOG_PROBS}{where}")
+    return k

@@ -18,10 +18,15 @@ from trtllm_truss.repository.interface import (
     ENGINE_OPTIONAL_OUTPUTS,
     ENGINE_OUTPUTS,
     PREFIX_IDS_OUTPUT,
+    TOP_IDS_OUTPUT,
+    TOP_LOG_PROBS_OUTPUT,
+    TOP_LOG_PROBS_OUTPUTS,
 )
 
 # Everything the stand-in can send (the repository declares the same for its `tensorrt_llm`).
-ENGINE_OUTPUT_NAMES = frozenset(t.name for t in (*ENGINE_OUTPUTS, *ENGINE_OPTIONAL_OUTPUTS, PREFIX_IDS_OUTPUT))
+ENGINE_OUTPUT_NAMES = frozenset(
+    t.name for t in (*ENGINE_OUTPUTS, *ENGINE_OPTIONAL_OUTPUTS, PREFIX_IDS_OUTPUT, *TOP_LOG_PROBS_OUTPUTS)
+)
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,13 @@ def response_arrays(
     prefix: list[int],
     generated: int,
     extras: ResponseExtras = NO_EXTRAS,
+    tops: list | None = None,
 ) -> list[tuple[str, np.ndarray]]:
     """Only the `requested` outputs, by name. Triton's python backend drops unrequested output
     tensors itself, releasing their arrays without the GIL while a sender thread sends: with
     Python 3.12 that segfaults the stub on the first response (before 3.12 it is a data race).
-    `log_probs` cover the `generated` tokens only (zeros when not asked for), as NVIDIA's do."""
+    `log_probs` cover the `generated` tokens only (zeros when not asked for), as NVIDIA's do; `tops`
+    (num_top_log_probs, ours): per generated token, the k most likely (ids, log probs)."""
     count = len(tokens)
     arrays: list[tuple[str, np.ndarray]] = []
     if "output_ids" in requested:
@@ -111,6 +118,8 @@ def response_arrays(
         arrays.append(("output_log_probs", lp))
     if "prefix_ids" in requested:
         arrays.append(("prefix_ids", np.asarray(prefix, dtype=np.int32).reshape(1, len(prefix))))
+    if tops:
+        arrays.extend(top_arrays(requested, tops))
     if extras is NO_EXTRAS:
         return arrays
     if extras.context_logits is not None and "context_logits" in requested:
@@ -123,4 +132,22 @@ def response_arrays(
         arrays.append(("sequence_index", np.array([[extras.sequence_index]], dtype=np.int32)))
     if extras.perf is not None:
         arrays.extend((name, array) for name, array in extras.perf.arrays() if name in requested)
+    return arrays
+
+
+def top_arrays(requested: Collection[str], tops: list) -> list[tuple[str, np.ndarray]]:
+    """output_top_log_probs / output_top_ids ([1, 1, tokens, k]: batch, beam, token, rank) of `tops`,
+    one (ids, log probs) per token; a token with fewer than k (a vocabulary under k) is padded with
+    id -1 and log prob -inf."""
+    k = max(len(ids) for ids, _ in tops)
+    values = np.full((1, 1, len(tops), k), -np.inf, dtype=np.float32)
+    ids = np.full((1, 1, len(tops), k), -1, dtype=np.int32)
+    for position, (token_ids, log_probs) in enumerate(tops):
+        ids[0, 0, position, : len(token_ids)] = token_ids
+        values[0, 0, position, : len(log_probs)] = log_probs
+    arrays = []
+    if TOP_LOG_PROBS_OUTPUT.name in requested:
+        arrays.append((TOP_LOG_PROBS_OUTPUT.name, values))
+    if TOP_IDS_OUTPUT.name in requested:
+        arrays.append((TOP_IDS_OUTPUT.name, ids))
     return arrays

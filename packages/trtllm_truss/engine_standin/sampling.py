@@ -111,11 +111,14 @@ def select_next_tokens(
     states: list[SequenceSamplingState],
     want_log_probs: bool,
     constrain: Callable[[torch.Tensor], None] | None = None,
-) -> tuple[list[int], list[float] | None]:
+    top_counts: list[int] | None = None,
+) -> tuple[list[int], list[float] | None, list | None]:
     """`logits`: [batch, vocab] for the last position of each sequence in `states` order.
     `constrain` masks the processed logits in place (guided decoding) before anything is chosen, so
     log probabilities are those of the masked distribution (renormalised over the allowed tokens),
-    after temperature and penalties and before top-k / top-p, as for unguided rows."""
+    after temperature and penalties and before top-k / top-p, as for unguided rows. `top_counts`: per
+    row, how many most likely tokens of that distribution to return (num_top_log_probs) besides the
+    chosen one's log prob."""
     logits = process_logits(logits, states)
     if constrain is not None:
         constrain(logits)
@@ -131,7 +134,15 @@ def select_next_tokens(
         chosen[i] = int(torch.multinomial(probs, 1, generator=state.generator).item())
 
     log_probs: list[float] | None = None
+    tops: list | None = None
     if want_log_probs:
         log_softmax = torch.log_softmax(logits, dim=-1)
         log_probs = log_softmax[torch.arange(len(states)), torch.tensor(chosen)].tolist()
-    return chosen, log_probs
+        k = max(top_counts or [0])
+        if k:  # the k most likely of the same distribution, per row: (ids, log probs), largest first
+            values, ids = torch.topk(log_softmax, min(k, log_softmax.shape[-1]), dim=-1)
+            tops = [
+                (ids[i, :n].tolist(), values[i, :n].tolist()) if (n := top_counts[i]) else None
+                for i in rows
+            ]
+    return chosen, log_probs, tops

@@ -323,7 +323,7 @@ class EngineBase:
         if len(keep) != len(self._running):
             self._remove_rows(keep)
 
-    def _after_token(self, seq: _Sequence, token: int, log_prob: float | None, logits=None) -> GenerationOutput:
+    def _after_token(self, seq: _Sequence, token: int, log_prob: float | None, logits=None, top=None) -> GenerationOutput:
         """Record a sampled token and decide whether the request is finished (TensorRT-LLM's rules).
         `logits`: this step's raw logits row [vocab] when the request returns generation logits."""
         request, state = seq.request, seq.state
@@ -351,7 +351,7 @@ class EngineBase:
             generation_logits = logits.reshape(1, -1).numpy().astype("float32", copy=True)
         return GenerationOutput(
             request.request_id, [token], log_probs, reason is not None, reason, None, state.generated,
-            generation_logits=generation_logits,
+            generation_logits=generation_logits, top_log_probs=[top] if top is not None else None,
         )
 
 
@@ -391,13 +391,14 @@ class StandinEngine(EngineBase):
         )
         raw = logits.clone() if request.return_generation_logits else None
         errors: dict[int, str] = {}
-        tokens, log_probs = select_next_tokens(
-            logits[None, :], [seq.state], request.return_log_probs, self._constrain([seq], errors)
+        tokens, log_probs, tops = select_next_tokens(
+            logits[None, :], [seq.state], request.return_log_probs, self._constrain([seq], errors),
+            [request.top_log_probs if request.return_log_probs else 0],
         )
         if errors:
             self._finish(seq, FinishReason.ERROR, f"guided decoding: {errors[0]}")
             return False
-        output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None, raw)
+        output = self._after_token(seq, tokens[0], log_probs[0] if log_probs else None, raw, tops[0] if tops else None)
         if context is not None:
             output.context_logits = context.numpy().astype("float32", copy=False)
         self._emit(seq, output)
@@ -425,14 +426,16 @@ class StandinEngine(EngineBase):
         # Raw rows kept before sampling transforms them, only for requests that return them.
         raw = {i: logits[i].clone() for i, seq in enumerate(running) if seq.request.return_generation_logits}
         errors: dict[int, str] = {}
-        tokens, log_probs = select_next_tokens(logits, states, want_log_probs, self._constrain(running, errors))
+        top_counts = [seq.request.top_log_probs if seq.request.return_log_probs else 0 for seq in running]
+        tokens, log_probs, tops = select_next_tokens(logits, states, want_log_probs, self._constrain(running, errors), top_counts)
         keep = []
         for i, seq in enumerate(running):
             if i in errors:
                 self._finish(seq, FinishReason.ERROR, f"guided decoding: {errors[i]}")
                 continue
             output = self._after_token(
-                seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None, raw.get(i)
+                seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None, raw.get(i),
+                tops[i] if tops else None,
             )
             self._emit(seq, output)
             if not output.finished:

@@ -90,6 +90,7 @@ class InFlight:
     prompt: list[int] = field(default_factory=list)  # kept only when the prompt is echoed
     sent_tokens: list[int] = field(default_factory=list)  # non-streaming: everything, sent at the end
     sent_log_probs: list[float] = field(default_factory=list)
+    sent_tops: list = field(default_factory=list)  # num_top_log_probs: per sent token, (ids, log probs)
     cum_log_prob: float = 0.0
     finished: bool = False
     interval: IntervalBuffer | None = None  # stream_interval > 1, streaming: outputs held between answers
@@ -111,15 +112,16 @@ class Lane:
         self.thread: threading.Thread | None = None
 
 
-def merged(outputs) -> list[tuple[InFlight, list[int], list[float], GenerationOutput | None]]:
+def merged(outputs) -> list[tuple[InFlight, list[int], list[float], list, GenerationOutput | None]]:
     """merge_responses: everything waiting for one request becomes one response (first-seen order)."""
     by_flight: dict[int, list] = {}
     for flight, output in outputs:
-        entry = by_flight.setdefault(id(flight), [flight, [], [], None])
+        entry = by_flight.setdefault(id(flight), [flight, [], [], [], None])
         entry[1].extend(output.token_ids)
         entry[2].extend(output.log_probs or ())
+        entry[3].extend(output.top_log_probs or ())
         if output.finished:
-            entry[3] = output
+            entry[4] = output
     return [tuple(entry) for entry in by_flight.values()]
 
 
@@ -203,15 +205,15 @@ class Senders:
         if merge:
             batches = [(*entry, None) for entry in merged(outputs)]  # logits only travel unmerged
         else:
-            batches = [(f, o.token_ids, o.log_probs or [], o if o.finished else None, o) for f, o in outputs]
-        for flight, tokens, log_probs, finish, output in batches:
+            batches = [(f, o.token_ids, o.log_probs or [], o.top_log_probs or [], o if o.finished else None, o) for f, o in outputs]
+        for flight, tokens, log_probs, tops, finish, output in batches:
             if output is not None:
                 if output.context_logits is not None:
                     flight.context_logits = output.context_logits
                 if output.generation_logits is not None:
                     flight.generation_logits.append(output.generation_logits)
             try:
-                self._respond(flight, tokens, log_probs, finish)
+                self._respond(flight, tokens, log_probs, tops, finish)
             except Exception:
                 log.exception("sending a response failed; cancelling request %s", flight.engine_id)
                 self.engine.cancel(flight.engine_id)
@@ -274,7 +276,9 @@ class Senders:
             perf=perf,
         )
 
-    def _respond(self, flight: InFlight, tokens: list[int], log_probs: list[float], finish: GenerationOutput | None) -> None:
+    def _respond(
+        self, flight: InFlight, tokens: list[int], log_probs: list[float], tops: list, finish: GenerationOutput | None
+    ) -> None:
         pb_utils = self._pb
         # The request's last generation to finish carries the final flag (one generation: its own).
         last = finish is not None and flight.group.finish_one()
@@ -283,14 +287,15 @@ class Senders:
             fail(pb_utils, flight.sender, finish.error or "tensorrt_llm (PyTorch stand-in): request failed", final=last)
             return
         if not flight.want_log_probs:
-            log_probs = []
+            log_probs, tops = [], []
         if flight.streaming:
             if tokens:
                 prefix = list(flight.history)
                 flight.history.extend(tokens)
                 flight.cum_log_prob += float(sum(log_probs))
                 response = self._response(
-                    flight.outputs, tokens, log_probs, flight.cum_log_prob, prefix, len(tokens), self._extras(flight, streaming=True)
+                    flight.outputs, tokens, log_probs, flight.cum_log_prob, prefix, len(tokens), self._extras(flight, streaming=True),
+                    tops,
                 )
                 flight.sender.send(response, flags=flags)
             elif last:
@@ -302,6 +307,7 @@ class Senders:
             return
         flight.sent_tokens.extend(tokens)
         flight.sent_log_probs.extend(log_probs)
+        flight.sent_tops.extend(tops)
         if finish is None:
             return
         if finish.finish_reason is FinishReason.CANCELLED:
@@ -313,12 +319,14 @@ class Senders:
         extras = self._extras(flight, streaming=False)
         if flight.exclude_input:
             response = self._response(
-                flight.outputs, flight.sent_tokens, flight.sent_log_probs, cum, list(flight.history), len(flight.sent_tokens), extras
+                flight.outputs, flight.sent_tokens, flight.sent_log_probs, cum, list(flight.history), len(flight.sent_tokens), extras,
+                flight.sent_tops,
             )
         else:
             # Prompt first; log-probs still cover the generated tokens only.
             response = self._response(
-                flight.outputs, flight.prompt + flight.sent_tokens, flight.sent_log_probs, cum, [], len(flight.sent_tokens), extras
+                flight.outputs, flight.prompt + flight.sent_tokens, flight.sent_log_probs, cum, [], len(flight.sent_tokens), extras,
+                flight.sent_tops,
             )
         flight.sender.send(response, flags=flags)
 

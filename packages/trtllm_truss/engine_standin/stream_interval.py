@@ -42,6 +42,7 @@ def joined(outputs: list[GenerationOutput]) -> GenerationOutput:
     last = outputs[-1]
     with_log_probs = [o.log_probs for o in outputs if o.log_probs is not None]
     logits = [o.generation_logits for o in outputs if o.generation_logits is not None]
+    tops = [top for o in outputs for top in (o.top_log_probs or ())]
     return GenerationOutput(
         request_id=last.request_id,
         token_ids=[token for o in outputs for token in o.token_ids],
@@ -52,4 +53,5 @@ def joined(outputs: list[GenerationOutput]) -> GenerationOutput:
         generated_count=last.generated_count,
         context_logits=next((o.context_logits for o in outputs if o.context_logits is not None), None),
         generation_logits=np.concatenate(logits, axis=0) if logits else None,
+        top_log_probs=tops or None,
     )

@@ -101,6 +101,8 @@ class SyntheticEngine(EngineBase):
             FinishReason.LENGTH if finished else None,
             None,
             state.generated,
+            # The one token it can pick is certain: the only alternative listed.
+            top_log_probs=[([token], [0.0])] if request.return_log_probs and request.top_log_probs else None,
         )
         self._emit(seq, self._logits(seq, first, output))
         return not finished

@@ -73,6 +73,7 @@ class GenerationRequest:
     bad_words: list[list[int]] = field(default_factory=list)  # token-id sequences never generated
     beam_width: int = 1
     return_log_probs: bool = False
+    top_log_probs: int = 0  # num_top_log_probs (ours): the k most likely tokens of each step, with their log probs
     embedding_bias: list[float] | None = None  # added to the logits each step (one value per vocab id)
     # NVIDIA's return_context_logits / return_generation_logits: the model's raw logits (before
     # bias, penalties and sampling) of every prompt position / of each generated token.
@@ -98,3 +99,5 @@ class GenerationOutput:
     generated_count: int = 0  # tokens generated so far for this request, these included
     context_logits: Any = None  # numpy float32 [prompt_len, vocab], first output only (when asked)
     generation_logits: Any = None  # numpy float32 [len(token_ids), vocab] (when asked)
+    # num_top_log_probs: per new token, the k most likely (token ids, log probs), largest first.
+    top_log_probs: list[tuple[list[int], list[float]]] | None = None

@@ -97,7 +97,6 @@ class LLMService:
                 self._stack.server.grpc_url,
                 health.interval_s,
                 health.timeout_s,
-                interface="tokens",
             )
             self._engine_probe.start()
         # Everything loaded so far lives as long as the process; left to the collector, each full

@@ -4,8 +4,10 @@ Names, dtypes, dims and optional flags follow triton-inference-server/tensorrtll
 `all_models/inflight_batcher_llm/{ensemble,preprocessing,tensorrt_llm,postprocessing}/config.pbtxt`,
 so NVIDIA's clients (end_to_end_grpc_client.py, inflight_batcher_llm_client.py) work unchanged.
 Our additions: the engine's `prefix_ids` output and postprocessing's optional `PREFIX_IDS` input,
-which make streaming detokenization stateless (docs/design.md, last section), and `ensemble_ids`,
-the ensemble without postprocessing that the truss proxy reads token ids from.
+which make streaming detokenization stateless (docs/design.md, last section), `ensemble_ids`,
+the ensemble without postprocessing that the truss proxy reads token ids from, and, on our python
+engines only, `num_top_log_probs` / `output_top_log_probs` / `output_top_ids` (top_logprobs up to
+MAX_TOP_LOG_PROBS; NVIDIA's C++ backend has no such output).
 """
 
 from __future__ import annotations
@@ -239,6 +241,17 @@ IDS_ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(t for t in ENGINE_OUTPUTS if t.
 # precede this response's output_ids; ours, not NVIDIA's).
 PREFIX_WINDOW_TOKENS = 8
 PREFIX_IDS_OUTPUT = Tensor("prefix_ids", INT32, (-1,))
+# Ours, not NVIDIA's: the k most likely tokens at each generated position (OpenAI's top_logprobs /
+# completions logprobs), which NVIDIA's C++ backend has no output for (there top_logprobs stays at most 1,
+# with greedy decoding). Declared only by our python engines (the tensor stand-in and our llmapi model):
+# `num_top_log_probs` (k, 0..MAX_TOP_LOG_PROBS) in; per response [beams, tokens, k] log probs (FP32,
+# largest first, log-softmax of the distribution the token was chosen from, as output_log_probs) and their
+# token ids out.
+MAX_TOP_LOG_PROBS = 20
+TOP_LOG_PROBS_INPUT = Tensor("num_top_log_probs", INT32, (1,), optional=True)
+TOP_LOG_PROBS_OUTPUT = Tensor("output_top_log_probs", FP32, (-1, -1, -1))
+TOP_IDS_OUTPUT = Tensor("output_top_ids", INT32, (-1, -1, -1))
+TOP_LOG_PROBS_OUTPUTS: tuple[Tensor, ...] = (TOP_LOG_PROBS_OUTPUT, TOP_IDS_OUTPUT)
 
 
 def engine_inputs(*, cpp_backend: bool) -> tuple[Tensor, ...]:

@@ -178,8 +178,8 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
         max_batch_size=plan.max_batch_size,
         decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
-        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS,
-        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS + (nv.TOP_LOG_PROBS_INPUT,),
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT, *nv.TOP_LOG_PROBS_OUTPUTS),
         # Each instance batches continuously across its requests, with its share of max_batch_size.
         instance_groups=(InstanceGroup(standin_instance_count(plan)),),
         parameters=_parameters(
@@ -222,8 +222,8 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
         max_batch_size=plan.max_batch_size,
         decoupled=runtime.decoupled_mode,
         dynamic_batching=_queue(plan, preferred=False),
-        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS,
-        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS + (nv.TOP_LOG_PROBS_INPUT,),
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT, *nv.TOP_LOG_PROBS_OUTPUTS),
         instance_groups=(InstanceGroup(1),),
         parameters=_parameters(
             ("llm_api", LLM_API_DOUBLE if plan.llm_api_double else LLM_API_REAL),

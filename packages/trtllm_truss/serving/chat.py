@@ -99,6 +99,7 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
         model=req.model,
         n=req.n,
         logprobs=req.wants_log_probs(),
+        top_logprobs=req.top_logprobs or 0,
     )
 
 
@@ -140,7 +141,7 @@ def chat_turns(messages: list[ChatMessage], field: str = "messages") -> tuple[Ma
 
 async def _chat_completions(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_request(ChatCompletionRequest, body)
-    refuse_what_the_engine_cannot_do(req)
+    refuse_what_the_engine_cannot_do(req, core.limits)
     request = generation_request(req)
     specs = core.choice_specs(request, [await core.prepare(request)])
     generations = await core.open_all(specs, http_request)

@@ -48,6 +48,7 @@ def generation_request(req: CompletionRequest) -> GenerationRequest:
         model=req.model,
         n=req.n,
         logprobs=req.wants_log_probs(),
+        top_logprobs=req.logprobs or 0,
     )
 
 
@@ -59,7 +60,7 @@ def prompt_fields(req: CompletionRequest) -> list[tuple[str, str | list[int]]]:
 
 async def _completions(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_request(CompletionRequest, body)
-    refuse_what_the_engine_cannot_do(req)
+    refuse_what_the_engine_cannot_do(req, core.limits)
     request = generation_request(req)
     prompts = prompt_fields(req)
     for field, prompt in prompts:
@@ -83,7 +84,7 @@ async def _completions(core: RequestCore, body: Any, http_request: Request | Non
             index=index,
             text=answer.text,
             finish_reason=answer.finish.reason,
-            logprobs=completion_logprobs(answer.logprobs) if req.wants_log_probs() else None,
+            logprobs=completion_logprobs(answer.logprobs, top=req.logprobs or 0) if req.wants_log_probs() else None,
         )
         for index, answer in enumerate(answers)
     ]
@@ -111,7 +112,7 @@ async def _completion_sse(generations: list[Generation], req: CompletionRequest,
     def chunk(index: int, text: str, finish_reason: str | None, entries: Any = None) -> bytes:
         logprobs = None
         if wants and finish_reason is None:
-            logprobs = completion_logprobs(entries or [], offsets[index])
+            logprobs = completion_logprobs(entries or [], offsets[index], req.logprobs or 0)
         offsets[index] += len(text)
         choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
         return sse_event(Completion(**envelope, choices=[choice]))

@@ -279,7 +279,10 @@ class RequestCore:
                 params, guided_decoding_guide_type=guide.type, guided_decoding_guide=guide.guide
             )
         if req.logprobs:
-            params = dataclasses.replace(params, return_log_probs=True)
+            # The engine's own most likely tokens where it has them (our python engines); otherwise the
+            # dialect lists the sampled token, allowed only as the one most likely under greedy decoding.
+            top = req.top_logprobs if limits.top_logprobs_off is None else 0
+            params = dataclasses.replace(params, return_log_probs=True, top_log_probs=top or None)
         task_id = lora_task_id(req.model, limits)
         if task_id is not None:
             params = dataclasses.replace(params, lora_task_id=task_id)

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from trtllm_truss.api.errors import error_response, field_error
+from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.native import Usage
 from trtllm_truss.api.openai import ChatCompletionRequest, CompletionRequest
 from trtllm_truss.api.structured import one_guide, response_format_guide, vllm_guides
@@ -35,19 +36,21 @@ def request_guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | Non
     return one_guide([response_format_guide(req.response_format), *vllm_guides(req)])
 
 
-def refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionRequest) -> None:
+def refuse_what_the_engine_cannot_do(req: ChatCompletionRequest | CompletionRequest, limits: RequestLimits) -> None:
     """400 naming the field for what is valid OpenAI but that this engine path cannot answer."""
     if isinstance(req, ChatCompletionRequest):
         field, alternatives = "top_logprobs", req.top_logprobs or 0
     else:
         field, alternatives = "logprobs", req.logprobs or 0
-    # TensorRT-LLM returns the sampled token's log prob only (output_log_probs): the most likely
-    # token is known only when decoding is greedy, and never more than one.
+    why = limits.top_logprobs_off
+    if why is None:
+        return  # our python engines return up to MAX_TOP_LOG_PROBS (repository/interface.py)
+    # Only the sampled token's log prob (NVIDIA's output_log_probs): the most likely token is known only
+    # when decoding is greedy, and never more than one.
     if alternatives > 1 or (alternatives == 1 and not req.greedy()):
         raise field_error(
             field,
-            f"{alternatives} most likely tokens are not available: the engine returns the log prob of the"
-            f" sampled token only; use {field}: 0, or 1 with temperature: 0",
+            f"{alternatives} most likely tokens are not available: {why}; use {field}: 0, or 1 with temperature: 0",
         )
 
 

@@ -58,6 +58,7 @@ class GenerationRequest:
     model: str | None = None  # the client's `model`: echoed, and names a LoRA adapter where one is served
     n: int = 1  # choices (one engine request each)
     logprobs: bool = False
+    top_logprobs: int = 0  # most likely tokens per position (OpenAI's top_logprobs / completions logprobs)
 
 
 # --- events ---------------------------------------------------------------------------------------

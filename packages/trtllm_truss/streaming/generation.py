@@ -332,10 +332,22 @@ class WorkerModel:
                 # for the first bytes of a character spread over tokens): the texts concatenate to
                 # the answer, and `bytes` keeps each token's own.
                 texts, entries = [], []
-                missing = len(new_ids) - len(log_probs)  # 0 unless the engine sent too few
+                values, tops = log_probs.values, log_probs.top
+                missing = len(new_ids) - len(values)  # 0 unless the engine sent too few
                 for k, token in enumerate(new_ids):
                     added = detokenizer.feed([token])
                     texts.append(added)
                     if k >= missing:
-                        entries.append((added, log_probs[k - missing], decoder.token_bytes([token])))
+                        raw = decoder.token_bytes([token])
+                        top = tops[k - missing] if tops is not None and k - missing < len(tops) else ()
+                        likely = tuple((added, v, raw) if t == token else _alternative(decoder, t, v) for t, v in top)
+                        entries.append((added, values[k - missing], raw, likely))
                 yield "".join(texts), len(new_ids), entries
+
+
+def _alternative(decoder, token: int, log_prob: float) -> tuple[str, float, bytes]:
+    """One of a position's most likely tokens, not the sampled one (listed with the text it added), as
+    OpenAI lists it: the token's own text (its bytes read as UTF-8, a partial character replaced), log
+    prob and bytes."""
+    raw = decoder.token_bytes([token])
+    return raw.decode("utf-8", errors="replace"), log_prob, raw

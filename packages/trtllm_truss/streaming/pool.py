@@ -72,7 +72,7 @@ class ResponseStream:
     the last call (None once the request has ended and all text was read); `end` says how it ended."""
 
     __slots__ = (
-        "rid", "_worker", "_parts", "_log_probs", "end", "_waiter", "_closed", "_last_text_at",
+        "rid", "_worker", "_parts", "_log_probs", "_read_log_probs", "end", "_waiter", "_closed", "_last_text_at",
         "opened_at", "first_text_at", "listener",
     )
 
@@ -80,7 +80,8 @@ class ResponseStream:
         self.rid = rid
         self._worker = worker
         self._parts: list[str] = []
-        self._log_probs: list[LogProbEntry] = []
+        self._log_probs: list[LogProbEntry] = []  # of the text not read yet
+        self._read_log_probs: list[LogProbEntry] = []  # of the text next_parts() returned
         self.end: StreamEnd | None = None
         self._waiter: asyncio.Future | None = None
         self._closed = False
@@ -148,12 +149,19 @@ class ResponseStream:
             if self.listener is not None:
                 self.listener.stream_started(self)
         parts, self._parts = self._parts, []
+        if self._log_probs:
+            self._read_log_probs += self._log_probs
+            self._log_probs = []
         return parts
 
     def take_log_probs(self) -> list[LogProbEntry]:
-        """(text the token added, log prob, token bytes) of the tokens delivered since the last call
-        (requests that asked for log probs)."""
-        taken, self._log_probs = self._log_probs, []
+        """The log-prob entries (streaming.protocol) of the text next_parts() returned since the last call,
+        and once the request has ended and all text was read, every one left (requests that asked for log
+        probs). Entries of text that arrived after it stay for the call that reads that text."""
+        taken, self._read_log_probs = self._read_log_probs, []
+        if self.end is not None and not self._parts and self._log_probs:
+            taken += self._log_probs
+            self._log_probs = []
         return taken
 
     def close(self) -> None:

@@ -7,8 +7,9 @@ the truss process wakes once for many tokens.
 
 truss -> worker: `("start", rid, GenerationSpec)`, `("cancel", rid)`.
 worker -> truss: first `("ready", WorkerInfo)`, then updates `(rid, text, log_probs, StreamEnd | None)`,
-`log_probs` None or a list of (text the token added, log prob, the token's bytes), one per token whose
-text is in this update's `text` (a request's entry texts concatenate to its text).
+`log_probs` None or a list of (text the token added, log prob, the token's bytes, the position's most
+likely tokens as (text, log prob, bytes), empty unless asked for), one per token whose text is in this
+update's `text` (a request's entry texts concatenate to its text).
 
 `text` is a string (the answer's text) for a request without output parsers (the fast path), or, for
 one with a reasoning or tool-call parser (`GenerationSpec.reasoning_parser` / `tool_parser`), a list

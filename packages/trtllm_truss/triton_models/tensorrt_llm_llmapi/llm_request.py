@@ -108,7 +108,9 @@ def sampling_params(api: SimpleNamespace, generation: GenerationRequest, *, n: i
         bad_token_ids=bad_ids or None,
         bad=bad_texts or None,
         embedding_bias=_embedding_bias(generation.embedding_bias),
-        logprobs=1 if generation.return_log_probs else None,
+        # logprobs=k: each position of CompletionOutput.logprobs holds the k most likely tokens (and the
+        # sampled one); our num_top_log_probs is that k (1: the sampled token's log prob only).
+        logprobs=max(generation.top_log_probs, 1) if generation.return_log_probs else None,
         guided_decoding=guided_decoding(api, generation.guide) if generation.guide is not None else None,
         # Token ids in, token ids out: the stream workers and postprocessing detokenize.
         detokenize=False,
@@ -147,3 +149,16 @@ def token_log_probs(entries: list, tokens: list[int]) -> list[float]:
         else:
             values.append(float(entry))
     return values
+
+
+def token_top_log_probs(entries: list, k: int) -> list[tuple[list[int], list[float]]]:
+    """The k most likely (token ids, log probs) of each position of CompletionOutput.logprobs, largest first
+    (a position's dict holds SamplingParams.logprobs tokens by rank, plus the sampled one when it ranks lower)."""
+    tops = []
+    for entry in entries:
+        ranked = sorted(
+            ((int(t), float(getattr(v, "logprob", v))) for t, v in entry.items()) if isinstance(entry, Mapping) else (),
+            key=lambda pair: -pair[1],
+        )[:k]
+        tops.append(([t for t, _ in ranked], [v for _, v in ranked]))
+    return tops

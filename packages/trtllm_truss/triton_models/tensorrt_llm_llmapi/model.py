@@ -5,7 +5,9 @@ NVIDIA's own llmapi Triton model takes text and answers text; this one takes the
 `tensorrt_llm` model (input_ids, request_output_len, streaming, end_id, sampling, stop/bad words, guided
 decoding, lora_task_id, return_log_probs, num_return_sequences, stop, ...: the tensor stand-in's interface,
 STANDIN_MODEL_INTERFACE in triton_models/tensorrt_llm_pytorch/model.py, read by the same reader) and answers
-output_ids, sequence_length, cum_log_probs, output_log_probs and prefix_ids per response, so the ensembles,
+output_ids, sequence_length, cum_log_probs, output_log_probs and prefix_ids per response (and, ours, the k
+most likely tokens of each position: num_top_log_probs in, output_top_log_probs / output_top_ids out, from
+SamplingParams.logprobs=k), so the ensembles,
 the stream workers and NVIDIA's core-model clients work as on every other backend.
 
 Each row of a request is one `LLM.generate_async(inputs=, sampling_params=, lora_request=, streaming=)` call
@@ -45,6 +47,7 @@ from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
     load_llm_api,
     submit,
     token_log_probs,
+    token_top_log_probs,
 )
 
 log = logging.getLogger("tensorrt_llm_llmapi")
@@ -65,6 +68,7 @@ class Flight:
     streaming: bool
     exclude_input: bool
     want_log_probs: bool
+    top_log_probs: int  # num_top_log_probs (ours): k most likely tokens per position, 0 for none
     outputs: frozenset
     rows: int
     results: list = field(default_factory=list)
@@ -171,6 +175,7 @@ class TritonPythonModel:
             streaming=first.streaming,
             exclude_input=first.exclude_input,
             want_log_probs=first.generation.return_log_probs,
+            top_log_probs=first.generation.top_log_probs if first.generation.return_log_probs else 0,
             outputs=frozenset(request.requested_output_names()) or ENGINE_OUTPUT_NAMES,
             rows=shape.rows,
         )
@@ -240,6 +245,7 @@ class TritonPythonModel:
         sent = [0] * count
         history = [deque(prompt[-self.prefix_window :], maxlen=self.prefix_window) for _ in range(count)]
         cum = [0.0] * count
+        k = flight.top_log_probs
         async for update in result:
             outputs = update.outputs
             for completion in outputs:
@@ -248,13 +254,14 @@ class TritonPythonModel:
                 if not tokens:
                     continue
                 log_probs = token_log_probs(completion.logprobs[sent[index] :], tokens) if flight.want_log_probs else []
+                tops = token_top_log_probs(completion.logprobs[sent[index] :][: len(tokens)], k) if k else None
                 sent[index] += len(tokens)
                 cum[index] += float(sum(log_probs))
                 if not flight.streaming:
                     continue
                 prefix = list(history[index])
                 history[index].extend(tokens)
-                response = self._response(flight, row, index, count, tokens, log_probs, cum[index], prefix, len(tokens))
+                response = self._response(flight, row, index, count, tokens, log_probs, cum[index], prefix, len(tokens), tops)
                 if flight.sender is not None:
                     flight.sender.send(response, flags=0)
         if flight.streaming or any(c.finish_reason == "cancelled" for c in result.outputs):
@@ -264,16 +271,19 @@ class TritonPythonModel:
             index = completion.index
             tokens = list(completion.token_ids)
             log_probs = token_log_probs(completion.logprobs, tokens) if flight.want_log_probs else []
+            tops = token_top_log_probs(completion.logprobs[: len(tokens)], k) if k else None
             ids = tokens if flight.exclude_input else prompt + tokens
             prefix = list(history[index]) if flight.exclude_input else []
-            responses.append(self._response(flight, row, index, count, ids, log_probs, cum[index], prefix, len(tokens)))
+            responses.append(self._response(flight, row, index, count, ids, log_probs, cum[index], prefix, len(tokens), tops))
         return responses
 
-    def _response(self, flight, row, index, count, tokens, log_probs, cum, prefix, generated):
+    def _response(self, flight, row, index, count, tokens, log_probs, cum, prefix, generated, tops=None):
         extras = ResponseExtras(
             batch_index=row if flight.rows > 1 else None, sequence_index=index if count > 1 else None
         )
-        arrays = response_arrays(flight.outputs, tokens, log_probs if flight.want_log_probs else [], cum, prefix, generated, extras)
+        arrays = response_arrays(
+            flight.outputs, tokens, log_probs if flight.want_log_probs else [], cum, prefix, generated, extras, tops
+        )
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays])
 
     async def _watch_cancellations(self) -> None:
