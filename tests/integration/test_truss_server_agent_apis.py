@@ -35,30 +35,43 @@ GREEDY = {"temperature": 0}
 GREEDY_ANTHROPIC = {"extra_body": GREEDY}
 
 
-@pytest.fixture(scope="module", params=FRONTS)
-def server(request, tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server_agent_apis"), {})
+@pytest.fixture(scope="module")
+def truss_server(tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front("truss", tmp_path_factory.mktemp("truss_server_agent_apis"), {})
+
+
+@pytest.fixture(scope="module")
+def direct_server(tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front("direct", tmp_path_factory.mktemp("truss_server_agent_apis_direct"), {})
 
 
 @pytest.fixture(scope="module")
 def llmapi_server(tmp_path_factory) -> Iterator[TrussServer]:
-    """Backend llmapi (our LLM-API model, on the LLM-API double here): started only for the tests marked
-    ON_BOTH_BACKENDS, those exercising what differs there (guides, stop sequences, sampling)."""
+    """Backend llmapi (our LLM-API model, on the LLM-API double here) under truss's server: started only
+    for the tests marked on_both_backends, those exercising what differs there (guides, stops, sampling)."""
     yield from serve_truss(tmp_path_factory.mktemp("truss_server_agent_apis_llmapi"), {"TRTLLM_RUNTIME__BACKEND": "llmapi"})
 
 
-def _server_for(request) -> TrussServer:
-    return request.getfixturevalue("llmapi_server" if getattr(request, "param", None) == "llmapi" else "server")
+# A client's parameter names the server it talks to: a front (both on the tensor stand-in), or a backend
+# (both under truss's server). Each server starts on first use and serves the whole module.
+SERVER_FIXTURE = {"truss": "truss_server", "direct": "direct_server", "pytorch": "truss_server", "llmapi": "llmapi_server"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request) -> TrussServer:
+    return request.getfixturevalue(SERVER_FIXTURE[request.param])
+
+
+@pytest.fixture(scope="module", params=FRONTS)
 def oai(request) -> openai.OpenAI:
-    return openai.OpenAI(base_url=_server_for(request).url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+    url = request.getfixturevalue(SERVER_FIXTURE[request.param]).url
+    return openai.OpenAI(base_url=url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=FRONTS)
 def claude(request) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=_server_for(request).url, api_key="not-checked", max_retries=0, timeout=120.0)
+    url = request.getfixturevalue(SERVER_FIXTURE[request.param]).url
+    return anthropic.Anthropic(base_url=url, api_key="not-checked", max_retries=0, timeout=120.0)
 
 
 def on_both_backends(client: str):

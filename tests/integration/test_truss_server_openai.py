@@ -30,23 +30,43 @@ CHAT = [{"role": "user", "content": "Tell me about the sea"}]
 PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "Dear diary,"]
 
 
-@pytest.fixture(scope="module", params=FRONTS)
-def server(request, tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_front(request.param, tmp_path_factory.mktemp("truss_server_openai"), {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"})
+ENV = {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0"}
+
+
+@pytest.fixture(scope="module")
+def truss_server(tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front("truss", tmp_path_factory.mktemp("truss_server_openai"), ENV)
+
+
+@pytest.fixture(scope="module")
+def direct_server(tmp_path_factory) -> Iterator[TrussServer]:
+    yield from serve_front("direct", tmp_path_factory.mktemp("truss_server_openai_direct"), ENV)
 
 
 @pytest.fixture(scope="module")
 def llmapi_server(tmp_path_factory) -> Iterator[TrussServer]:
-    """Backend llmapi (our LLM-API model, on the LLM-API double here): started only for the tests marked
-    ON_BOTH_BACKENDS, those exercising what differs there (sampling params, n, log probs, guides)."""
-    env = {"TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS": "0", "TRTLLM_RUNTIME__BACKEND": "llmapi"}
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server_openai_llmapi"), env)
+    """Backend llmapi (our LLM-API model, on the LLM-API double here) under truss's server: started only for
+    the tests marked ON_BOTH_BACKENDS, those exercising what differs there (sampling params, n, log probs, guides)."""
+    yield from serve_truss(tmp_path_factory.mktemp("truss_server_openai_llmapi"), {**ENV, "TRTLLM_RUNTIME__BACKEND": "llmapi"})
 
 
-@pytest.fixture(scope="module")
-def oai(request) -> openai.OpenAI:
-    server = request.getfixturevalue("llmapi_server" if getattr(request, "param", None) == "llmapi" else "server")
+# A client's parameter names the server it talks to: a front (both on the tensor stand-in), or a backend
+# (both under truss's server). Each server starts on first use and serves the whole module.
+SERVER_FIXTURE = {"truss": "truss_server", "direct": "direct_server", "pytorch": "truss_server", "llmapi": "llmapi_server"}
+
+
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request) -> TrussServer:
+    return request.getfixturevalue(SERVER_FIXTURE[request.param])
+
+
+def client_of(server: TrussServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+
+
+@pytest.fixture(scope="module", params=FRONTS)
+def oai(request) -> openai.OpenAI:
+    return client_of(request.getfixturevalue(SERVER_FIXTURE[request.param]))
 
 
 ON_BOTH_BACKENDS = pytest.mark.parametrize("oai", ["pytorch", "llmapi"], indirect=True)
@@ -286,7 +306,8 @@ def test_a_bad_prompt_in_a_batch_refuses_the_request_naming_it(oai: openai.OpenA
 # --------------------------------------------------------------------------------- /v1/models
 
 
-def test_models_list_is_served_by_the_direct_front_only(oai: openai.OpenAI, server: TrussServer):
+def test_models_list_is_served_by_the_direct_front_only(server: TrussServer):
+    oai = client_of(server)
     """truss 0.18.35 routes no `GET /v1/models` to a model (docs/api.md): the client gets a 404. The
     direct front lists the served name and the LoRA adapters."""
     if server.front == "truss":
@@ -300,7 +321,8 @@ def test_models_list_is_served_by_the_direct_front_only(oai: openai.OpenAI, serv
 # --------------------------------------------------------------------------------- admission, cancellation
 
 
-def test_a_fan_out_is_admitted_whole_or_refused_with_429(server: TrussServer, oai: openai.OpenAI):
+def test_a_fan_out_is_admitted_whole_or_refused_with_429(server: TrussServer):
+    oai = client_of(server)
     holding = MAX_IN_FLIGHT - 2
     with httpx.Client(base_url=server.url, timeout=120.0) as client:
         body = {"prompt": "Hold on", "max_tokens": 256, "ignore_eos": True, "n": holding, "stream": True}
@@ -330,7 +352,8 @@ def test_a_client_leaving_cancels_every_choice(server: TrussServer):
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: TrussServer, oai: openai.OpenAI, stream: bool):
+def test_failing_choices_end_the_request_visibly_and_free_every_slot(server: TrussServer, stream: bool):
+    oai = client_of(server)
     """Last: it kills the stream workers (they are restarted)."""
     import os
     import signal
