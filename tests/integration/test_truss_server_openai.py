@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import FRONTS, REPO_ROOT, poll, serve_front
+from truss_serving import FRONTS, REPO_ROOT, poll, serve_front, serve_truss
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
