@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from test_bench_runner import ScriptedTarget, _requests

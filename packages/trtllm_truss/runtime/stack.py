@@ -97,7 +97,6 @@ def start_stack(
     from trtllm_truss.planning.plan import make_plan
     from trtllm_truss.planning.probe import probe_facts
     from trtllm_truss.repository import ENSEMBLE, IDS_ENSEMBLE, render_repository
-    from trtllm_truss.repository.models import ENGINE
 
     progress("reading the configuration")
     resolved = load_config(Path(truss_dir), environ)
