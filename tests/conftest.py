@@ -18,9 +18,13 @@ TORCH_MODULES = sorted(
     str(path.relative_to(Path(__file__).parent)) for path in Path(__file__).parent.glob("unit/test_standin_*.py")
 )
 
-# Modules whose clients (the `anthropic`, `openai-agents` and `langchain-openai` SDKs) are pinned for
-# Python 3.11 only: their tests talk to the embedded model, which needs torch anyway.
-SDK_MODULES = ["integration/test_truss_server_agent_apis.py", "integration/test_truss_server_structured.py"]
+# Modules whose clients (the `anthropic`, `openai-agents` and `langchain-openai` SDKs; pydantic-ai, instructor and
+# langgraph) are pinned for Python 3.11 only: their tests talk to the embedded model, which needs torch anyway.
+SDK_MODULES = [
+    "integration/test_truss_server_agent_apis.py",
+    "integration/test_truss_server_agent_frameworks.py",
+    "integration/test_truss_server_structured.py",
+]
 
 collect_ignore = [] if HAS_TORCH else TORCH_MODULES + SDK_MODULES
 # The stand-in tests' fixtures (the embedded model's runner and tokenizer, one torch thread).

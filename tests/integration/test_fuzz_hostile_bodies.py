@@ -361,8 +361,8 @@ def test_ten_megabyte_prompt_is_refused_within_a_second_while_another_request_co
 
 @pytest.mark.parametrize("route", [PREDICT, CHAT, COMPLETIONS])
 def test_prompt_over_the_byte_bound_but_within_the_body_cap_is_400_naming_the_field(server: TrussServer, route):
-    # max_input_len 512 (the embedded default) x 256 bytes: 128 KiB; the body cap is ~1.8 MB.
-    text = "word " * 60_000
+    # max_input_len 1536 (the embedded default) x 256 bytes: 384 KiB; the body cap is ~3.4 MB.
+    text = "word " * 100_000
     body = {"messages": [{"role": "user", "content": text}]} if route == CHAT else {"prompt": text}
     answer = httpx.post(server.url + route, json={**body, "max_tokens": 2, "stream": False}, timeout=60)
     assert answer.status_code == 400, answer.text

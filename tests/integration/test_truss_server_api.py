@@ -332,10 +332,10 @@ def test_killed_tritonserver_ends_an_openai_stream_with_an_error_event(server: T
 @pytest.mark.parametrize("stream", [True, False])
 def test_over_long_prompt_is_400_naming_the_field(http: httpx.Client, stream: bool):
     # The proxy does not count prompts itself: preprocessing refuses this one, the proxy answers 400.
-    answer = http.post(PREDICT, json={"prompt": "hello " * 600, "max_tokens": 4, "stream": stream})
+    answer = http.post(PREDICT, json={"prompt": "hello " * 1600, "max_tokens": 4, "stream": stream})
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
-    assert "prompt:" in error and "max_input_len (512)" in error, error
+    assert "prompt:" in error and "max_input_len (1536)" in error, error
     assert http.post(PREDICT, json={"prompt": "hi", "max_tokens": 2, "stream": False}).status_code == 200
 
 

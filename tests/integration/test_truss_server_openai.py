@@ -299,8 +299,8 @@ def test_token_id_prompts_reach_the_engine_as_sent(oai: openai.OpenAI):
 
 def test_a_bad_prompt_in_a_batch_refuses_the_request_naming_it(oai: openai.OpenAI):
     with pytest.raises(openai.BadRequestError) as caught:
-        oai.completions.create(model="embedded", prompt=["fine", "word " * 600], max_tokens=2)
-    assert "prompt[1]:" in caught.value.message and "max_input_len (512)" in caught.value.message
+        oai.completions.create(model="embedded", prompt=["fine", "word " * 1600], max_tokens=2)
+    assert "prompt[1]:" in caught.value.message and "max_input_len (1536)" in caught.value.message
 
 
 # --------------------------------------------------------------------------------- /v1/models

@@ -3,6 +3,7 @@ schema; the documentation lists every key and alias; pinned requirements match t
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -46,11 +47,14 @@ def test_root_config_is_the_embedded_default():
     assert resolved.accelerator is None
     assert (build.base_model_architecture.value, build.huggingface_ckpt_repository) == ("llama", "data/embedded-llama")
     assert (build.max_input_len, build.max_output_len, build.max_batch_size, build.dtype.value) == (
+        1536,
         512,
-        256,
         32,
         "float32",
     )
+    # Never past the checkpoint's own position limit (TensorRT-LLM warns there: accuracy might be affected).
+    checkpoint = json.loads((ROOT / "data" / "embedded-llama" / "config.json").read_text())
+    assert build.max_input_len + build.max_output_len <= checkpoint["max_position_embeddings"]
     assert resolved.trt_llm.runtime.backend.value == "auto"
     truss_config = yaml.safe_load((ROOT / "config.yaml").read_text())
     assert truss_config["python_version"] == "py311"

@@ -1,6 +1,7 @@
 """Reasoning and tool-call parsers (trtllm_truss.parsers) on answers in each family's documented
 format: whole and streamed in pieces of every size give the same text, reasoning and calls;
-malformed calls come back as the model's text."""
+malformed calls come back as the model's text; an answer the token limit cut keeps its complete calls
+and drops the one cut short."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def test_documented_calls_parse_whole_and_streamed_alike(family, answer, text, c
 @pytest.mark.parametrize(
     "family, answer",
     [
-        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par'),  # cut by max_tokens
+        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par'),  # ended early (EOS, a stop string): text
         ("hermes", '<tool_call>{"name": "get_weather", "arguments": [1, 2]}</tool_call>'),  # arguments not an object
         ("hermes", "<tool_call>not json</tool_call>"),
         ("llama3_json", '{"answer": 42, "note": "a JSON answer, no call"}'),
@@ -221,3 +222,71 @@ def test_every_registered_parser_is_documented_and_configurable():
     assert reasoning_names == set(REASONING_PARSERS)
     assert all(f"`{name}`" in documented for name in tool_names | reasoning_names)
     assert keep_tokens("mistral", None) >= {"[TOOL_CALLS]"}
+
+
+# ------------------------------------------------------------------------- cut by the token limit
+
+
+def _cut(answer: str, step: int | None = None, **kwargs):
+    """(text, [(name, arguments)]) of `answer` when the token limit ended it."""
+    parser = OutputParser.create(kwargs.pop("reasoning", None), kwargs.pop("tools"), kwargs.pop("arg", None), "")
+    assert parser is not None
+    pieces = [answer] if step is None else [answer[i : i + step] for i in range(0, len(answer), step)]
+    parts = [part for piece in pieces for part in parser.feed(piece)] + parser.finish(cut=True)
+    calls: list[list] = []
+    for p in parts:
+        if p[0] == "tool":
+            if p[3] is not None:
+                calls.append([p[3], ""])
+            calls[p[1]][1] += p[4]
+    assert parser.tool_calls == len(calls)
+    return "".join(p[1] for p in parts if p[0] == "text"), [(name, json.loads(args)) for name, args in calls]
+
+
+# Answers the limit cut inside their second call (the first complete), in each family's format.
+CUT_IN_SECOND_CALL = [
+    ("guided_required", '[{"name": "get_weather", "parameters": {"city": ""}}, {"name": "get_wea', None, ""),
+    ("guided_required", '[{"name": "get_weather", "parameters": {"city": ""}},', None, ""),
+    ("hermes", 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": ""}}</tool_call>\n<tool_call>{"name": "ge', None, "Checking."),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": ""}}</tool_call>\n<tool_', None, ""),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": ""}}; {"name": "get_w', None, ""),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": ""}}, {"name": "get', None, ""),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": ""}[TOOL_CALLS]get_weather[ARGS]{"ci', None, ""),
+    ("deepseek_v3", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": ""}<｜tool▁call▁end｜>'
+                    '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"ci', None, ""),
+]
+
+
+@pytest.mark.parametrize("family, answer, arg, text", CUT_IN_SECOND_CALL)
+@pytest.mark.parametrize("step", [None, 1, 3])
+def test_a_cut_answer_keeps_its_complete_calls_and_drops_the_cut_one(family, answer, arg, text, step):
+    assert _cut(answer, step, tools=family, arg=arg) == (text, [("get_weather", {"city": ""})])
+
+
+@pytest.mark.parametrize(
+    "family, answer, arg",
+    [
+        ("guided_named", '{"city": "Par', "get_weather"),
+        ("guided_required", '[{"name": "get_weather", "param', None),
+        ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"ci', None),
+        ("llama3_json", '{"name": "get_weather", "parameters": {"city": ', None),
+        ("llama3_json", '<|python_tag|>{"na', None),
+    ],
+)
+def test_a_call_the_limit_cut_short_is_never_text(family, answer, arg):
+    assert _cut(answer, tools=family, arg=arg) == ("", [])
+
+
+def test_text_the_limit_cut_stays_text():
+    assert _cut('{"answer": 4', tools="llama3_json") == ('{"answer": 4', [])  # JSON that is no call
+    assert _cut("The weather is", tools="hermes") == ("The weather is", [])
+    answer = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"ci"
+    assert _cut(answer, tools="gpt_oss", reasoning="gpt_oss") == ("", [])
+
+
+def test_guided_required_calls_stream_as_each_item_completes():
+    parser = OutputParser.create(None, "guided_required", None, "")
+    first = parser.feed('[{"name": "a", "parameters": {}}, {"name": "b", "par')
+    assert [p[3] for p in first if p[0] == "tool" and p[3]] == ["a"]
+    rest = parser.feed('ameters": {"x": 1}}]') + parser.finish()
+    assert [p[3] for p in rest if p[0] == "tool" and p[3]] == ["b"] and not [p for p in rest if p[0] == "text"]

@@ -130,9 +130,10 @@ class ResponseEvents:
         events = self._close()
         self.usage = usage(prompt_tokens, completion_tokens)
         self.incomplete = finish_reason == "length"
-        if self.incomplete:
-            for item in self.output:
-                item["status"] = "incomplete" if item is self.output[-1] else item["status"]
+        # The text the limit cut is incomplete; a function call is only ever reported complete
+        # (one the limit cut short is dropped by the parser).
+        if self.incomplete and self.output and self.output[-1]["type"] != "function_call":
+            self.output[-1]["status"] = "incomplete"
         if self.emit:
             kind = "response.incomplete" if self.incomplete else "response.completed"
             events.append(self._event(kind, response=self.response()))

@@ -93,11 +93,12 @@ class OutputParser:
         parts = self._reasoning.feed(text) if self._reasoning is not None else [(PART_TEXT, text)]
         return self._answer(parts) if self._tools is not None else parts
 
-    def finish(self) -> list[Part]:
-        parts = self._reasoning.finish() if self._reasoning is not None else []
+    def finish(self, cut: bool = False) -> list[Part]:
+        """The rest; `cut`: the token limit ended the answer (a call it cut short is dropped)."""
+        parts = self._reasoning.finish(cut) if self._reasoning is not None else []
         if self._tools is None:
             return parts
-        return self._answer(parts) + self._tools.finish()
+        return self._answer(parts) + self._tools.finish(cut)
 
     def _answer(self, parts: list[Part]) -> list[Part]:
         assert self._tools is not None

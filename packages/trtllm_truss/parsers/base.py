@@ -4,8 +4,10 @@ answer. Both are streaming: `feed(text)` returns the parts that are decided (the
 ("text", s), ("reasoning", s), ("tool", index, id, name, arguments)), `finish()` the rest.
 
 A call is reported only once it is complete and parses (arguments a JSON object); text that
-starts like a call but does not parse is returned as text, unchanged. Parsers are registered by
-name (`register_tool_parser`, `register_reasoning_parser`), one module per model family.
+starts like a call but does not parse is returned as text, unchanged, unless the token limit cut
+the answer (`finish(cut=True)`): then the calls complete before the cut are reported and the call
+the limit cut short is dropped, never returned as text. Parsers are registered by name
+(`register_tool_parser`, `register_reasoning_parser`), one module per model family.
 """
 
 from __future__ import annotations
@@ -69,6 +71,24 @@ def arguments_json(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False)
 
 
+_DECODER = json.JSONDecoder()
+_ARRAY_STEP = re.compile(r"\s*[\[,]\s*")
+
+
+def leading_array_items(text: str, at: int = 0) -> list[tuple[Any, int]]:
+    """The objects complete at the start of a JSON array that may be cut short (`[{...}, {...}, {..`
+    gives the first two), each with where it ends; `text[at:]` may also continue after items
+    already read (`, {...}`)."""
+    items: list[tuple[Any, int]] = []
+    while (step := _ARRAY_STEP.match(text, at)) is not None and text.startswith("{", step.end()):
+        try:
+            value, at = _DECODER.raw_decode(text, step.end())
+        except ValueError:
+            break
+        items.append((value, at))
+    return items
+
+
 def held_prefix(text: str, markers: tuple[str, ...]) -> int:
     """How many characters at the end of `text` could begin one of `markers` (held back while
     streaming, until the next text decides)."""
@@ -118,6 +138,17 @@ class ToolCallParser:
 
     def call_of(self, match: re.Match[str]) -> tuple[str, str] | None:
         raise NotImplementedError
+
+    def calls_before_cut(self, section: str) -> tuple[list[tuple[str, str]], str]:
+        """An answer cut by the token limit: the calls complete at the start of `section`, and the rest."""
+        calls, consumed = self.complete_calls(section)
+        return calls, section[consumed:]
+
+    def opens_call(self, rest: str) -> bool:
+        """Whether `rest` (what follows the complete calls of a cut answer) is the beginning of a
+        call, dropped rather than returned as text: by default, a marker or the start of one."""
+        stripped = rest.lstrip()
+        return any(stripped.startswith(m) or m.startswith(stripped) for m in (*self.markers, *self.at_start))
 
     def complete_calls(self, section: str) -> tuple[list[tuple[str, str]], int]:
         """Calls complete at the start of `section` while it streams, and how many characters they take."""
@@ -174,7 +205,8 @@ class ToolCallParser:
         self._section = self._section[consumed:]
         return self._call_parts(calls)
 
-    def finish(self) -> list[Part]:
+    def finish(self, cut: bool = False) -> list[Part]:
+        """The rest of the answer; `cut`: the token limit ended it (see the module's doc)."""
         if self._section is None:
             held, self._held = self._held, ""
             return [(PART_TEXT, held)] if held else []
@@ -182,6 +214,12 @@ class ToolCallParser:
         if section.strip() in ("", *self.trailers):
             return []
         calls = self.parse(section)
+        if not calls and cut:
+            calls, rest = self.calls_before_cut(section)
+            parts = self._call_parts(calls)
+            if rest.strip() and not self.opens_call(rest):
+                parts.append((PART_TEXT, rest))
+            return parts
         if not calls:
             # Malformed: the model's text as it wrote it (after calls already reported, without
             # the whitespace between them, which streaming may or may not have consumed).
@@ -250,7 +288,7 @@ class ReasoningParser:
             pending = pending[:-keep]
         return [(PART_REASONING, pending)] if pending else []
 
-    def finish(self) -> list[Part]:
+    def finish(self, cut: bool = False) -> list[Part]:
         held, self._held = self._held, ""
         if not held:
             return []

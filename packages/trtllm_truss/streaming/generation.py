@@ -287,13 +287,14 @@ class WorkerModel:
         rest = None
         if release is not None:
             rest = release.release(len(tail)) + release.rest(cut=stops.stopped)
+        reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         if parser is not None:
-            parts = (parser.feed(tail) if tail else []) + parser.finish()
+            # Cut by the limit: the calls complete before the cut are the answer's, the one cut short is dropped.
+            parts = (parser.feed(tail) if tail else []) + parser.finish(cut=reason == "length")
             if parts or rest:
                 emit(parts, rest or None)
         elif tail or rest:
             emit(tail, rest or None)
-        reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         if reason == "stop" and parser is not None and parser.tool_calls:
             reason = "tool_calls"
         return StreamEnd(

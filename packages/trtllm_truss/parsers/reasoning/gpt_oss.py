@@ -103,11 +103,13 @@ class GptOssParser(ReasoningParser):
         index, self.calls = self.calls, self.calls + 1
         return [(PART_TOOL, index, call_id(), self._tool, ""), (PART_TOOL, index, None, None, arguments)]
 
-    def finish(self) -> list[Part]:
+    def finish(self, cut: bool = False) -> list[Part]:
         if self._body is None:
             self._header = ""
             return []  # an unfinished header is no text of the answer
         body, self._body = self._body, None
+        if cut and self._kind == PART_TOOL and arguments_json(body.strip()) is None:
+            return []  # a call the token limit cut short: dropped, not text
         return self._close(body)
 
 
@@ -118,5 +120,5 @@ class GptOssToolParser(ToolCallParser):
     def feed(self, text: str) -> list[Part]:
         return [(PART_TEXT, text)] if text else []
 
-    def finish(self) -> list[Part]:
+    def finish(self, cut: bool = False) -> list[Part]:
         return []

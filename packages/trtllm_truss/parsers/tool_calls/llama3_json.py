@@ -10,6 +10,7 @@ from trtllm_truss.parsers.base import ToolCallParser, arguments_json, register_t
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_CALL_START = '{"name":'
 
 
 @register_tool_parser("llama3_json")
@@ -18,21 +19,47 @@ class Llama3JsonToolParser(ToolCallParser):
     at_start = ("{", PYTHON_TAG)
     keep_tokens = (PYTHON_TAG,)
 
-    def parse(self, section: str) -> list[tuple[str, str]] | None:
-        text = section.replace(PYTHON_TAG, " ")
-        calls, at = [], 0
+    def _calls(self, section: str) -> tuple[list[tuple[str, str]], str, bool]:
+        """The calls at the start of `section`, the rest from the first that does not parse, and
+        whether that rest is only separators."""
+        calls: list[tuple[str, str]] = []
+        at = 0
         while True:
-            while at < len(text) and (text[at].isspace() or text[at] == ";"):
-                at += 1
-            if at == len(text):
-                return calls or None
+            start = at
+            while True:  # separators: whitespace, `;`, the tag
+                if at < len(section) and (section[at].isspace() or section[at] == ";"):
+                    at += 1
+                elif section.startswith(PYTHON_TAG, at):
+                    at += len(PYTHON_TAG)
+                else:
+                    break
+            if at == len(section):
+                return calls, "", True
             try:
-                value, at = _DECODER.raw_decode(text, at)
+                value, end = _DECODER.raw_decode(section, at)
             except ValueError:
-                return None
+                return calls, section[start:], False
             if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-                return None
+                return calls, section[start:], False
             arguments = arguments_json(value.get("parameters", value.get("arguments", {})))
             if arguments is None:
-                return None
+                return calls, section[start:], False
             calls.append((value["name"], arguments))
+            at = end
+
+    def parse(self, section: str) -> list[tuple[str, str]] | None:
+        calls, _, whole = self._calls(section)
+        return calls if whole and calls else None
+
+    def calls_before_cut(self, section: str) -> tuple[list[tuple[str, str]], str]:
+        calls, rest, _ = self._calls(section)
+        return calls, rest
+
+    def opens_call(self, rest: str) -> bool:
+        """A cut answer's rest is a call when the tag opened it or it begins `{"name":`: other JSON
+        the model wrote is its text."""
+        stripped = rest.lstrip(" \t\n;")
+        if stripped.startswith(PYTHON_TAG) or PYTHON_TAG.startswith(stripped):
+            return True
+        compact = "".join(stripped[:40].split())
+        return compact.startswith(_CALL_START) or _CALL_START.startswith(compact)
