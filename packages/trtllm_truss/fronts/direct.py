@@ -211,10 +211,7 @@ class DirectFront:
             return
         from trtllm_truss.engine.health import EngineProbe
 
-        self._probe = EngineProbe(
-            self.stack.server.grpc_url, health.interval_s, health.timeout_s,
-            interface="text" if plan.backend == "llmapi" else "tokens",
-        )
+        self._probe = EngineProbe(self.stack.server.grpc_url, health.interval_s, health.timeout_s)
         self._probe.start()
 
     def _spawn(self, settings: Any) -> subprocess.Popen:
