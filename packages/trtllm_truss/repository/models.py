@@ -172,17 +172,11 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
     if model_dir is None:
         raise RepositoryError("plan.model_dir: required for backend 'pytorch' (the Hugging Face checkpoint to run)")
     synthetic = pytorch.synthetic
-    return ModelConfig(
-        name=ENGINE,
-        backend="python",
-        max_batch_size=plan.max_batch_size,
-        decoupled=runtime.decoupled_mode,
-        dynamic_batching=_queue(plan, preferred=False),
-        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS + (nv.TOP_LOG_PROBS_INPUT,),
-        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT, *nv.TOP_LOG_PROBS_OUTPUTS),
-        # Each instance batches continuously across its requests, with its share of max_batch_size.
-        instance_groups=(InstanceGroup(standin_instance_count(plan)),),
-        parameters=_parameters(
+    # Each instance batches continuously across its requests, with its share of max_batch_size.
+    return _python_engine_config(
+        plan,
+        standin_instance_count(plan),
+        _parameters(
             ("model_dir", str(model_dir)),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
             ("max_batch_size", plan.max_batch_size),
@@ -206,6 +200,22 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
+def _python_engine_config(plan: ServingPlan, instances: int, parameters: tuple[tuple[str, str], ...]) -> ModelConfig:
+    """The `tensorrt_llm` model as one of our python models (the stand-in, our llmapi model): NVIDIA's
+    tensor interface, plus our LoRA-by-name and top-k log-prob tensors."""
+    return ModelConfig(
+        name=ENGINE,
+        backend="python",
+        max_batch_size=plan.max_batch_size,
+        decoupled=plan.runtime.decoupled_mode,
+        dynamic_batching=_queue(plan, preferred=False),
+        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS + (nv.TOP_LOG_PROBS_INPUT,),
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT, *nv.TOP_LOG_PROBS_OUTPUTS),
+        instance_groups=(InstanceGroup(instances),),
+        parameters=parameters,
+    )
+
+
 # Our llmapi model's `llm_api` parameter: TensorRT-LLM's LLM API, or its double where TensorRT-LLM cannot run.
 LLM_API_REAL, LLM_API_DOUBLE = "tensorrt_llm", "double"
 
@@ -216,16 +226,10 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
     if plan.model_dir is None or plan.build is None:
         raise RepositoryError("plan.model_dir: backend llmapi needs the build section and the checkpoint folder")
     runtime = plan.runtime
-    return ModelConfig(
-        name=ENGINE,
-        backend="python",
-        max_batch_size=plan.max_batch_size,
-        decoupled=runtime.decoupled_mode,
-        dynamic_batching=_queue(plan, preferred=False),
-        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS + (nv.TOP_LOG_PROBS_INPUT,),
-        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT, *nv.TOP_LOG_PROBS_OUTPUTS),
-        instance_groups=(InstanceGroup(1),),
-        parameters=_parameters(
+    return _python_engine_config(
+        plan,
+        1,
+        _parameters(
             ("llm_api", LLM_API_DOUBLE if plan.llm_api_double else LLM_API_REAL),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
             ("max_input_len", plan.max_input_len),
