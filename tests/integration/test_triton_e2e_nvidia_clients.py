@@ -6,7 +6,9 @@ calls to preprocessing -> tensorrt_llm -> postprocessing, then the ensemble, com
 `text_output[0].decode()`) and NVIDIA's models' output shapes (preprocessing/1/model.py,
 postprocessing/1/model.py, model_instance_state.cc fillTritonResponse): every output these clients
 read is pinned by shape and dtype, over HTTP and gRPC, with `runtime.decoupled_mode` false (NVIDIA's
-CI) and true (streaming). The engine is the synthetic stand-in (deterministic per prompt).
+CI) and true (streaming). The engine is the synthetic stand-in (deterministic per prompt), and for
+`inflight_batcher_llm_client.py`'s token-id stream also backend `llmapi` (our LLM-API model on the LLM-API
+double, the embedded default's real model).
 """
 
 from __future__ import annotations
@@ -53,6 +55,21 @@ def unary_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def decoupled_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     yield from _repository(tmp_path_factory, decoupled=True)
+
+
+@pytest.fixture(scope="module")
+def llmapi_triton(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The embedded default's repository with `runtime.backend: llmapi`, as `serve` renders it here: our
+    llmapi model on the LLM-API double (TensorRT-LLM cannot run on this machine)."""
+    from trtllm_truss.config import load_config
+    from trtllm_truss.planning.plan import make_plan
+    from trtllm_truss.planning.probe import RuntimeFacts
+
+    config = load_config(embedded_model_dir.parents[1], environ={"TRTLLM_RUNTIME__BACKEND": "llmapi"})
+    base = tmp_path_factory.mktemp("llmapi")
+    plan = make_plan(config, RuntimeFacts(), artifacts_dir=base / "artifacts")
+    assert plan.backend == "llmapi" and plan.llm_api_double and plan.runtime.decoupled_mode
+    yield from _serve(render_repository(plan, base / "model_repository"))
 
 
 @pytest.fixture(scope="module")
@@ -585,3 +602,75 @@ def test_preprocessing_and_postprocessing_with_batch_two(unary_triton, module) -
     )
     texts = post.as_numpy("OUTPUT")
     assert texts.shape == (2,) and [t.decode() for t in texts] == [PROMPT, "A longer second prompt"]
+
+
+def _greedy_reference(model_dir: Path, input_ids: list[int], max_new_tokens: int, end_id: int) -> list[int]:
+    """What the checkpoint generates greedily, by transformers itself (not through the stand-in's code)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([input_ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end_id, pad_token_id=end_id
+        )
+    return out[0, len(input_ids) :].tolist()
+
+
+def test_inflight_batcher_llm_client_streams_token_ids_from_llmapi(llmapi_triton, embedded_model_dir: Path) -> None:
+    """inflight_batcher_llm_client.py (v0.19.0) --streaming -n 2 with its defaults (its text, 16 tokens,
+    top_k 1, top_p 0, temperature 1, end/pad id from the tokenizer, prompt kept in the output) against
+    backend llmapi: each response is output_ids [1, 1, tokens] of one sequence; the ids the client joins per
+    sequence are the checkpoint's greedy continuation, and decode to its text."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir, legacy=False, padding_side="left")
+    if not tokenizer.pad_token:
+        tokenizer.pad_token = tokenizer.eos_token
+    pad_id = tokenizer.encode(tokenizer.pad_token, add_special_tokens=False)[0]
+    end_id = tokenizer.encode(tokenizer.eos_token, add_special_tokens=False)[0]
+    text, output_len = "Born in north-east France, Soyer trained as a", 16
+    input_ids = tokenizer.encode(text)
+    arrays = {
+        "input_ids": np.array([input_ids], dtype=np.int32),
+        "input_lengths": np.array([[len(input_ids)]], dtype=np.int32),
+        "request_output_len": np.array([[output_len]], dtype=np.int32),
+        "beam_width": np.array([[1]], dtype=np.int32),
+        "temperature": np.array([[1.0]], dtype=np.float32),
+        "streaming": np.array([[True]], dtype=np.bool_),
+        "end_id": np.array([[end_id]], dtype=np.int32),
+        "pad_id": np.array([[pad_id]], dtype=np.int32),
+        "runtime_top_k": np.array([[1]], dtype=np.int32),
+        "runtime_top_p": np.array([[0.0]], dtype=np.float32),
+        "num_return_sequences": np.array([[2]], dtype=np.int32),
+    }
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(llmapi_triton.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    sequences = {0: list(input_ids), 1: list(input_ids)}  # the client starts each sequence with the prompt
+    responses = 0
+    try:
+        client.async_stream_infer(
+            "tensorrt_llm", [_tensor(grpcclient, n, a) for n, a in arrays.items()], request_id="12345", enable_empty_final_response=True
+        )
+        while True:
+            result, error = events.get(timeout=120)
+            assert error is None, error
+            output_ids = result.as_numpy("output_ids")
+            if output_ids is not None:
+                # [1, 1, tokens]: the client takes every token of a response (the LLM-API double may
+                # hand over two steps at once when its event loop lags behind the engine thread).
+                assert output_ids.shape[:2] == (1, 1) and output_ids.shape[2] >= 1 and output_ids.dtype == np.int32
+                sequences[int(result.as_numpy("sequence_index")[0][0])].extend(output_ids[0][0].tolist())
+                responses += 1
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    expected = _greedy_reference(embedded_model_dir, input_ids, output_len, end_id)
+    assert len(expected) == output_len  # no early end: every one of the 16 steps is compared
+    assert 2 < responses <= 2 * output_len  # streamed: more than one response per sequence
+    for sequence in sequences.values():
+        assert sequence == input_ids + expected
+        assert tokenizer.decode(sequence[len(input_ids) :]) == tokenizer.decode(expected)
