@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trtllm_truss.guides.engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
+from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.planning import lora
 from trtllm_truss.planning.llmapi_source import ModelSourceError, find_model_source
 from trtllm_truss.planning.probe import RuntimeFacts
@@ -125,6 +125,13 @@ class ServingPlan:
         setting = getattr(self.runtime, "guided_decoding_backend", "auto")
         version = self.facts.trtllm_version
         return guided_decoding_off(setting, self.backend, _version_tuple(version), version)
+
+    @property
+    def guide_engine(self) -> str | None:
+        """The grammar engine ("xgrammar" | "llguidance") that enforces guides here; None when off."""
+        if self.guided_decoding_off is not None:
+            return None
+        return guide_engine(getattr(self.runtime, "guided_decoding_backend", "auto"), self.backend)
 
     @property
     def guide_types(self) -> tuple[str, ...] | None:

@@ -198,6 +198,8 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("sender_threads", pytorch.sender_threads),
             ("merge_responses", pytorch.merge_responses),
             ("stream_interval", runtime.stream_interval),
+            # runtime.guided_decoding_backend resolved (guides.engines.guide_engine): the engine the stand-in masks with.
+            ("guided_decoding_backend", plan.guide_engine or "none"),
             # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
             ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
             ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),
