@@ -42,6 +42,7 @@ from pydantic import Field
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
+from trtllm_truss.guides import best_effort
 from trtllm_truss.guides.guide import GuideError, check_guide, schema_text
 
 MAX_GUIDE_BYTES = 128 * 1024  # UTF-8 bytes of a guide's text (a schema as compact JSON, a regex, a grammar)
@@ -62,6 +63,16 @@ class Guide:
     type: str
     guide: str | None = None
     field: str = "response_format"
+    strict: bool = False  # json_schema: a keyword the engine cannot enforce is a 400 (else left out and reported)
+
+
+@dataclass(frozen=True)
+class CheckedGuide:
+    """A guide as the engine will enforce it: `text` to send (a schema with what the engine cannot
+    enforce left out, when not strict), `unenforced` what was left out or is ignored ("<place>: <keyword>")."""
+
+    text: str | None
+    unenforced: tuple[str, ...] = ()
 
 
 # --- request schemas ------------------------------------------------------------------------------
@@ -248,13 +259,7 @@ def schema_guide(schema: Mapping[str, Any], field: str, *, strict: bool = False)
     check_schema(field, schema)
     text = schema_text(schema)
     _check_size(field, text)
-    if strict:
-        for where, key in unenforced_keywords(schema):
-            raise field_error(
-                f"{field}{where}",
-                f"keyword {key!r} cannot be enforced by guided decoding; strict: true refuses it (remove it, or send strict: false to have it ignored)",
-            )
-    return Guide("json_schema", text, field)
+    return Guide("json_schema", text, field, strict)
 
 
 def check_schema(field: str, schema: Any) -> None:
@@ -347,47 +352,53 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     return _EXECUTOR
 
 
-def _compile(guide_type: str, guide: str | None) -> str | None:
-    """None when the guide compiles, else llguidance's reason."""
+def _compile(guide_type: str, guide: str | None, engine: str, strict: bool) -> CheckedGuide | str:
+    """The guide as `engine` enforces it, or the engine's reason it cannot (a str)."""
     try:
-        check_guide(guide_type, guide)
+        if guide_type == "json_schema" and guide is not None:
+            prepared = best_effort.prepare(json.loads(guide), engine, strict=strict)
+            return CheckedGuide(prepared.text, prepared.unenforced)
+        check_guide(guide_type, guide, engine)
     except GuideError as exc:
         return str(exc)
-    return None
+    return CheckedGuide(guide)
 
 
-def _checking(guide: Guide) -> concurrent.futures.Future[str | None]:
+def _checking(guide: Guide, engine: str) -> concurrent.futures.Future[CheckedGuide | str]:
     """The (cached, or newly started) compile of `guide`; concurrent requests share one."""
-    key = hashlib.sha256(f"{guide.type}\0{guide.guide or ''}".encode("utf-8", "surrogatepass")).digest()
+    key = hashlib.sha256(f"{engine}\0{guide.strict}\0{guide.type}\0{guide.guide or ''}".encode("utf-8", "surrogatepass")).digest()
     with _LOCK:
         future = _CACHE.get(key)
         if future is not None:
             _CACHE.move_to_end(key)
             return future
-        future = _executor().submit(_compile, guide.type, guide.guide)
+        future = _executor().submit(_compile, guide.type, guide.guide, engine, guide.strict)
         _CACHE[key] = future
         while len(_CACHE) > CACHE_ENTRIES:
             _CACHE.popitem(last=False)
         return future
 
 
-async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """400 naming `guide.field` with the compiler's reason when the guide cannot be enforced, or
-    when compiling it takes longer than `timeout_s` (the event loop never waits on the compiler)."""
+async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S, *, engine: str = "xgrammar") -> CheckedGuide | None:
+    """The guide as `engine` ("xgrammar" | "llguidance", with TensorRT-LLM's options) will enforce it;
+    400 naming `guide.field` with the engine's reason when it cannot, or when compiling it takes
+    longer than `timeout_s` (the event loop never waits on the compiler)."""
     if guide is None:
-        return
+        return None
     if guide.guide is not None:
         _check_size(guide.field, guide.guide)
-    future = _checking(guide)
+    future = _checking(guide, engine)
     if future.done():
-        reason = future.result()
+        result = future.result()
     else:
         try:
-            reason = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+            result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
         except asyncio.TimeoutError:
             raise field_error(guide.field, f"took longer than {timeout_s:g} s to compile; simplify it") from None
-    if reason is not None:
-        raise field_error(guide.field, f"cannot be enforced: {reason}")
+    if isinstance(result, str):
+        hint = " (strict: true refuses what the engine cannot enforce; without it, it is left out)" if guide.strict else ""
+        raise field_error(guide.field, f"cannot be enforced: {result}{hint}")
+    return result
 
 
 def cache_clear() -> None:

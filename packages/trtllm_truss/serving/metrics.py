@@ -40,6 +40,7 @@ import numpy as np
 
 from trtllm_truss.streaming.itl import ITL_BUCKETS, ItlSummary
 
+GUIDED_OUTPUTS = "guided_output_schema_checks"  # trtllm_truss extension: not a vLLM / trtllm-serve name
 PREFIX = "trtllm_"
 
 # vLLM's and trtllm-serve's buckets (identical in both).
@@ -118,6 +119,7 @@ class ServingMetrics:
         self._waiting = 0
         self._success = dict.fromkeys(FINISH_REASONS, 0)
         self._errors: dict[str, int] = {}
+        self._guided_outputs = {"valid": 0, "invalid": 0}  # completed guided JSON answers vs their schema
         self._registry = REGISTRY if registry is None else registry
         self._collector = _Collector(self)
         self._registry.register(self._collector)  # ValueError if these names are registered already
@@ -150,6 +152,7 @@ class ServingMetrics:
         was: str = "running",
         draft_tokens: int = 0,
         accepted_draft_tokens: int = 0,
+        schema_valid: bool | None = None,
     ) -> None:
         """A request ended. `status`: a finish reason (`stop`, `length`, `abort` for a client that
         went away) or the HTTP status code of an error (`"400"`, `"429"`, `"503"`). `was`: the
@@ -171,6 +174,8 @@ class ServingMetrics:
             self._generation_tokens += max(completion_tokens, 0)
             self._draft_tokens += max(draft_tokens, 0)
             self._accepted_draft_tokens += max(accepted_draft_tokens, 0)
+            if schema_valid is not None:
+                self._guided_outputs["valid" if schema_valid else "invalid"] += 1
             if ttft_s is not None:
                 self._ttft.observe(ttft_s)
             if gaps_are_summary:
@@ -231,6 +236,14 @@ class ServingMetrics:
             for code, count in sorted(self._errors.items()):
                 errors.add_metric([*values, code], count)
             yield errors
+            guided = CounterMetricFamily(
+                PREFIX + GUIDED_OUTPUTS,
+                "Completed guided JSON answers validated against the request's JSON Schema (jsonschema), by result.",
+                labels=[*labels, "result"],
+            )
+            for result, count in self._guided_outputs.items():
+                guided.add_metric([*values, result], count)
+            yield guided
 
 
 class _Collector:
@@ -251,7 +264,7 @@ class _Collector:
                      "time_per_output_token_seconds", "e2e_request_latency_seconds"):
             names.append(HistogramMetricFamily(PREFIX + name, ""))
         for name in ("prompt_tokens", "generation_tokens", "spec_decode_num_draft_tokens",
-                     "spec_decode_num_accepted_tokens", "request_success", "request_error"):
+                     "spec_decode_num_accepted_tokens", "request_success", "request_error", GUIDED_OUTPUTS):
             names.append(CounterMetricFamily(PREFIX + name, ""))
         for name in ("num_requests_running", "num_requests_waiting"):
             names.append(GaugeMetricFamily(PREFIX + name, ""))

@@ -28,6 +28,7 @@ from trtllm_truss.streaming.itl import ItlAccumulator
 from trtllm_truss.engine.preprocess import word_list_tensor
 from trtllm_truss.streaming.lora_tasks import LoraTasks, generate_with_lora
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
+from trtllm_truss.streaming.schema_check import answer_valid
 
 logger = logging.getLogger(__name__)
 
@@ -314,10 +315,13 @@ class WorkerModel:
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         if reason == "stop" and parser is not None and parser.tool_calls:
             reason = "tool_calls"
+        schema_valid = None
+        if spec.output_schema is not None and completion < params.max_tokens and not stops.stopped:
+            schema_valid = answer_valid(spec.output_schema, generated_text())
         return StreamEnd(
             finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
             draft_tokens=draft_totals[0], accepted_draft_tokens=draft_totals[1],
-            stop_sequence=stops.stopped_by,
+            stop_sequence=stops.stopped_by, schema_valid=schema_valid,
         )
 
     async def _pieces(
