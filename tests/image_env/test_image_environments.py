@@ -40,14 +40,24 @@ from trtllm_truss.runtime.tritonserver_install import OPT_TRITONSERVER, locate_t
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = sorted((ROOT / "tests" / "data" / "images").glob("*.json"))
 IDS = [p.stem for p in IMAGES]
+# The images whose Python environment is rebuilt from PyPI (minutes each on two cores): the legacy
+# C++-engine examples' image and the first and last TensorRT-LLM 1.x lines. The other records are
+# checked by the fast tests above (sources, examples, tritonserver and examples paths).
+ENV_IMAGES = [p for p in IMAGES if p.stem.split("-")[1] in ("24.12", "25.10", "26.07")]
 CACHE = ROOT / ".venv-images"
-# The example whose requirements and build each image environment is checked with.
-EXAMPLE = ROOT / "examples" / "llama3-8b-fp8-h100"
+# The example whose requirements and plan each image environment is checked with: a C++-engine build on
+# TensorRT-LLM 0.x images, the default LLM-API example on 1.x images.
+ENGINE_EXAMPLE = ROOT / "examples" / "legacy-llama3-8b-fp8-engine-h100"
+LLMAPI_EXAMPLE = ROOT / "examples" / "llama3.1-8b-fp8-h100"
 PLAN_SCRIPT = Path(__file__).with_name("plan_in_image_env.py")
 
 
 def _load(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def _example_for(data: dict) -> Path:
+    return LLMAPI_EXAMPLE if TrtllmVersion.parse(data["trtllm_version"]).major >= 1 else ENGINE_EXAMPLE
 
 
 def _canonical(name: str) -> str:
@@ -74,10 +84,8 @@ def _image_requirements(data: dict) -> list[str]:
 
 
 def test_every_image_is_described_with_its_sources():
-    tags = {_load(p)["python"]: _load(p)["image"].rsplit(":", 1)[1] for p in IMAGES}
-    assert tags.get("3.10", "").startswith("24.") and tags.get("3.12", "").startswith("25."), (
-        "one 24.x image with Python 3.10 and one 25.x image with Python 3.12"
-    )
+    tags = {(_load(p)["python"], _load(p)["image"].rsplit(":", 1)[1][:3]) for p in IMAGES}
+    assert {("3.10", "24."), ("3.12", "25."), ("3.12", "26.")} <= tags, "24.x on Python 3.10, 25.x and 26.x on 3.12"
     for path in IMAGES:
         data = _load(path)
         assert data["image"].startswith("nvcr.io/nvidia/tritonserver:")
@@ -91,6 +99,26 @@ def test_every_image_is_described_with_its_sources():
             assert conflict["package"] and conflict["requirement"] and conflict["why"]
         for extra in data.get("extra_requirements", []):
             assert extra["name"] and extra["why"]
+        if TrtllmVersion.parse(data["trtllm_version"]).major >= 1:  # the LLM-API images: where their Python is
+            assert data["python_executable"] and data["python_executable_source"]
+
+
+def test_examples_name_a_2026_image_or_are_marked_legacy_with_why():
+    users: dict[str, list[str]] = {}
+    for config in sorted((ROOT / "examples").glob("*/config.yaml")):
+        text = config.read_text()
+        base = yaml.safe_load(text)["base_image"]
+        tag = base["image"].rsplit(":", 1)[1]
+        users.setdefault(base["image"], []).append(str(config.parent.relative_to(ROOT)))
+        if config.parent.name.startswith("legacy-"):
+            assert text.startswith("# LEGACY (TensorRT-LLM 0.x C++ engine") and "Why it is kept" in text, config
+            continue
+        assert tag.startswith("26."), f"{config}: {base['image']} is not a 2026 image and the example is not marked legacy"
+        recorded = next(_load(p) for p in IMAGES if _load(p)["image"] == base["image"])
+        # the interpreter that sees the image's TensorRT-LLM (a venv from 26.03 on)
+        assert base["python_executable_path"] == recorded["python_executable"], config
+    for path in IMAGES:  # each record lists the examples that name it
+        assert sorted(_load(path)["used_by"]) == sorted(users.get(_load(path)["image"], [])), path.name
 
 
 def test_examples_name_an_image_that_is_described():
@@ -150,7 +178,8 @@ def test_engine_builder_finds_the_examples_where_the_image_keeps_them(tmp_path: 
             (fake_root / str(other).lstrip("/")).mkdir(parents=True, exist_ok=True)
     found = find_examples_dir({}, root=fake_root)
     assert found == examples
-    assert convert_script_relpath(Architecture.LLAMA, version, found) == "llama/convert_checkpoint.py"
+    expected = "llama/convert_checkpoint.py" if version.major == 0 else "models/core/llama/convert_checkpoint.py"
+    assert convert_script_relpath(Architecture.LLAMA, version, found) == expected
     assert (found / convert_script_relpath(Architecture.LLAMA, version, found)).is_file()
 
 
@@ -204,11 +233,10 @@ def _image_venv(data: dict, interpreter: str, example_requirements: list[str]) -
     Returns its python, the image's packages (name -> version), what pip's resolver said installing
     the example's requirements over them would install (its --dry-run --report "install" list) and
     `pip check`'s complaints once both are installed."""
-    slug = data["image"].rsplit(":", 1)[1]
-    venv = CACHE / slug
-    # rebuilt when what is installed changes (not for edits of the data's prose)
+    # keyed by what is installed (not by the data's prose): images whose pins agree (26.03 and 26.07) share one venv
     inputs = [data["python"], _image_requirements(data), example_requirements]
     stamp = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
+    venv = CACHE / f"py{data['python']}-{stamp}"
     python = venv / "bin" / "python"
     record = venv / "image-resolution.json"
     if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp and record.is_file():
@@ -236,15 +264,16 @@ def _image_venv(data: dict, interpreter: str, example_requirements: list[str]) -
 
 @pytest.mark.image_env
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("image", IMAGES, ids=IDS)
+@pytest.mark.parametrize("image", ENV_IMAGES, ids=[p.stem for p in ENV_IMAGES])
 def test_image_environment_resolves_imports_plans_and_renders(image: Path, tmp_path: Path):
     data = _load(image)
     interpreter = _interpreter(data["python"])
     if interpreter is None:
         pytest.skip(f"no Python {data['python']} on this machine (pyenv or python{data['python']})")
     # the example's requirements, plus what a truss on this image must add (recorded with why)
+    example = _example_for(data)
     example_requirements = _requirements_for_python(
-        yaml.safe_load((EXAMPLE / "config.yaml").read_text())["requirements"]
+        yaml.safe_load((example / "config.yaml").read_text())["requirements"]
         + [extra["name"] for extra in data.get("extra_requirements", [])],
         data["python"],
     )
@@ -266,7 +295,7 @@ def test_image_environment_resolves_imports_plans_and_renders(image: Path, tmp_p
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "packages")}
     run = subprocess.run(
-        [str(python), str(PLAN_SCRIPT), str(EXAMPLE), data["trtllm_version"]],
+        [str(python), str(PLAN_SCRIPT), str(example), data["trtllm_version"]],
         capture_output=True,
         text=True,
         env=env,
@@ -277,7 +306,11 @@ def test_image_environment_resolves_imports_plans_and_renders(image: Path, tmp_p
     assert run.returncode == 0, run.stderr[-3000:]
     outcome = json.loads(run.stdout.strip().splitlines()[-1])
     assert outcome["python"] == data["python"]
-    assert outcome["backend"] == "tensorrtllm" and outcome["build_trtllm_version"] == data["trtllm_version"]
-    assert {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing"} <= set(outcome["models"])
-    assert outcome["build_steps"] >= 2  # convert_checkpoint (or quantize), then trtllm-build
+    if example == LLMAPI_EXAMPLE:  # planned for the example's own image (26.07), in this image's environment
+        assert outcome["backend"] == "llmapi" and "TensorRT-LLM 1." in outcome["planned_for"]
+        assert {"model", "backend", "kv_cache_config", "triton_config"} <= set(outcome["model_yaml_keys"])
+    else:
+        assert outcome["backend"] == "tensorrtllm" and outcome["build_trtllm_version"] == data["trtllm_version"]
+        assert {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing"} <= set(outcome["models"])
+        assert outcome["build_steps"] >= 2  # convert_checkpoint (or quantize), then trtllm-build
     print(f"{data['image']}: {outcome}")

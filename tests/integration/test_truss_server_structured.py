@@ -47,9 +47,12 @@ CITY = {
 CITY_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_truss(tmp_path_factory.mktemp("truss_server_structured"), {})
+# The same SDK tests on the tensor stand-in and on backend llmapi (our LLM-API model, on the LLM-API double
+# here: TensorRT-LLM cannot run on this machine).
+@pytest.fixture(scope="module", params=["pytorch", "llmapi"])
+def server(request, tmp_path_factory) -> Iterator[TrussServer]:
+    env = {"TRTLLM_RUNTIME__BACKEND": request.param}
+    yield from serve_truss(tmp_path_factory.mktemp(f"truss_server_structured_{request.param}"), env)
 
 
 @pytest.fixture(scope="module")

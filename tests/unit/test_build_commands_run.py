@@ -203,7 +203,7 @@ def test_cli_dry_run_prints_the_commands(tmp_path: Path, capsys) -> None:
     # 1.x with backend auto: NVIDIA's LLM API loads the checkpoint; the dry run prints the model.yaml.
     assert main(["build", str(truss), "--dry-run", "--trtllm-version", "1.2.0"]) == 0
     out = capsys.readouterr().out
-    assert "(llmapi): no engine build" in out and "tensor_parallel_size:" in out and "triton_config:" in out
+    assert "(llmapi): no engine build" in out and "tensor_parallel_size:" in out and "guided_decoding_backend: xgrammar" in out
     # 1.x with an engine asked for: the LLM API engine build.
     (truss / "config.yaml").write_text((truss / "config.yaml").read_text().replace("backend: auto", "backend: tensorrtllm"))
     assert main(["build", str(truss), "--dry-run", "--trtllm-version", "1.2.0"]) == 0

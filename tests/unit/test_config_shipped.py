@@ -59,9 +59,12 @@ def test_root_config_is_the_embedded_default():
 
 def test_examples_match_their_brief():
     by_name = {p.name: load_config(p, environ={}) for p in SHIPPED[1:]}
-    fp8 = by_name["llama3-8b-fp8-h100"]
-    assert fp8.trt_llm.build.quantization_type is Quantization.FP8 and str(fp8.accelerator) == "H100"
-    served = by_name["llama3-70b-engine-tp2-h100"]
+    fp8 = by_name["llama3.1-8b-fp8-h100"]  # FP8 as NVIDIA exported it, loaded by the LLM API: nothing calibrated
+    assert fp8.trt_llm.build.quantization_type is Quantization.NO_QUANT and str(fp8.accelerator) == "H100"
+    assert fp8.trt_llm.runtime.backend.value == "llmapi" and fp8.trt_llm.build.huggingface_ckpt_repository.endswith("-FP8")
+    legacy_fp8 = by_name["legacy-llama3-8b-fp8-engine-h100"]
+    assert legacy_fp8.trt_llm.build.quantization_type is Quantization.FP8 and legacy_fp8.trt_llm.runtime.backend.value == "tensorrtllm"
+    served = by_name["legacy-llama3-70b-engine-tp2-h100"]
     assert served.trt_llm.mode == "serve" and served.trt_llm.world_size == 2 and str(served.accelerator) == "H100:2"
     mixtral = by_name["mixtral-8x7b-tp4-h100"]
     assert mixtral.trt_llm.build.base_model_architecture.value == "mixtral"

@@ -75,7 +75,7 @@ def test_example_plan_uses_only_flags_of_its_images_release(example: Path, comma
     if config.get("runtime", {}).get("backend") == "llmapi":  # no build: the model.yaml, in 1.0's names
         assert commands == [] and "(llmapi): no engine build" in out
         document = yaml.safe_load(out.split("model.yaml of the Triton repository:\n", 1)[1].split("\n# KV cache")[0])
-        assert set(document) - {"triton_config"} <= set(LLMAPI_NAMES["llm_args"])
+        assert set(document) <= set(LLMAPI_NAMES["llm_args"])
         speculative = document.get("speculative_config")
         if speculative is not None:
             record = json.loads((REPO / "tests" / "data" / "trtllm_flags" / "1.0.0" / "speculative_config.json").read_text())
@@ -129,7 +129,7 @@ def test_validate_reports_plan_refusals_with_their_keys(tmp_path: Path, capsys) 
         trt["runtime"]["max_num_sequences"] = 64
         trt["build"]["plugin_configuration"]["multi_block_mode"] = True
 
-    truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
+    truss = _example_copy(tmp_path, "legacy-llama3-8b-fp8-engine-h100", edit)
     code, out, err = _run(capsys, "validate", str(truss))
     assert code == 1
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
@@ -149,7 +149,7 @@ def test_validate_prints_the_llmapi_model_yaml_with_only_names_of_the_1_0_interf
     def edit(trt):
         trt["runtime"] = {"backend": "auto", "kv_cache_free_gpu_mem_fraction": 0.85, "enable_chunked_context": True,
                           "enable_kv_cache_reuse": True}
-        del trt["build"]["plugin_configuration"]  # engine build options: refused with llmapi (test below)
+        trt["build"].pop("plugin_configuration", None)  # engine build options: refused with llmapi (test below)
 
     truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
     code, out, err = _run(capsys, "validate", str(truss), "--trtllm-version", "1.0.0")
@@ -157,18 +157,19 @@ def test_validate_prints_the_llmapi_model_yaml_with_only_names_of_the_1_0_interf
     assert "# backend llmapi: " in out
     text = out.split("/1/model.yaml of the Triton repository:\n", 1)[1]
     document = yaml.safe_load(text)
-    triton = document.pop("triton_config")
     assert set(document) <= set(LLMAPI_NAMES["llm_args"]), set(document) - set(LLMAPI_NAMES["llm_args"])
     assert set(document["kv_cache_config"]) <= set(LLMAPI_NAMES["kv_cache_config_fields"])
     assert set(document["scheduler_config"]) <= set(LLMAPI_NAMES["scheduler_config_fields"])
-    assert set(triton) <= set(LLMAPI_NAMES["triton_config_keys"]["required"] + LLMAPI_NAMES["triton_config_keys"]["optional"])
     assert (document["tensor_parallel_size"], document["max_seq_len"], document["enable_chunked_prefill"]) == (4, 32768, True)
     assert document["kv_cache_config"]["free_gpu_memory_fraction"] == 0.85
 
 
 def test_validate_refuses_settings_llmapi_would_ignore(tmp_path: Path, capsys) -> None:
     def edit(trt):
-        trt["runtime"]["backend"] = "auto"  # the example keeps preprocessing/postprocessing_instance_count
+        trt["runtime"]["backend"] = "auto"
+        # settings of the C++ engine path (as a truss moved from a 0.x image keeps them)
+        trt["runtime"]["preprocessing_instance_count"] = 8
+        trt["build"]["plugin_configuration"] = {"use_paged_context_fmha": True}
 
     truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
     code, _, err = _run(capsys, "validate", str(truss), "--trtllm-version", "1.0.0")

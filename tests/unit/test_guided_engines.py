@@ -108,7 +108,7 @@ def test_a_slow_tokenizer_is_refused_naming_the_setting():
         ("tensorrtllm", "0.21.0", "xgrammar", None),
         ("tensorrtllm", "0.18.2", "auto", "TensorRT-LLM 0.18.2 has no guided decoding"),
         ("tensorrtllm", "0.19.0", "none", "guided_decoding_backend: none"),
-        ("llmapi", "1.0.0", "auto", "NVIDIA's llmapi Triton model has no guided-decoding input"),
+        ("llmapi", "1.0.0", "auto", None),  # our llmapi model passes guides (GuidedDecodingParams)
         ("pytorch", None, "auto", None),
     ],
 )
@@ -123,13 +123,13 @@ def test_which_paths_enforce_guides(backend, version, setting, off):
 def test_xgrammar_where_it_cannot_run_is_a_config_error_naming_key_and_version():
     (problem,) = guided_decoding_problems("xgrammar", "tensorrtllm", (0, 18), "0.18.2")
     assert problem.startswith("model_metadata.trt_llm.runtime.guided_decoding_backend: xgrammar") and "0.18.2" in problem and "v0.19.0" in problem
-    (problem,) = guided_decoding_problems("xgrammar", "llmapi", (1, 0), "1.0.0")
-    assert "llmapi" in problem
+    assert guided_decoding_problems("xgrammar", "llmapi", (1, 0), "1.0.0") == []  # the LLM API's xgrammar
     assert guided_decoding_problems("auto", "tensorrtllm", (0, 18), "0.18.2") == []
 
 
-def test_llmapi_model_takes_no_guide():
-    """Rendering and plans: tests/unit/test_llmapi_backend.py (test_guided_decoding_cannot_reach_...)."""
+def test_nvidias_llmapi_model_took_no_guide_hence_ours():
+    """Why backend llmapi runs our own model (triton_models/tensorrt_llm_llmapi): NVIDIA's passes no guide.
+    Rendering and plans: tests/unit/test_llmapi_backend.py (test_guided_decoding_reaches_the_llm_api_...)."""
     assert LLMAPI["guided_decoding_inputs"] == [] and "guided_decoding" not in LLMAPI["sampling_params_from_request"]
     assert not any("guided" in name for name in LLMAPI_MODEL["model_inputs"])
     assert "guided_decoding_backend" in LLMAPI_MODEL["llm_args"]  # an LLM() argument, unreachable per request

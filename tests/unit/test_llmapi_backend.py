@@ -1,6 +1,7 @@
-"""Backend llmapi (NVIDIA's LLM API / PyTorch backend behind its `llmapi` Triton model): backend choice,
-the plan, the rendered model.yaml checked against the names NVIDIA's sources accept
-(tests/data/trtllm_flags/1.0.0/llmapi_model.json), and settings refused where they would do nothing."""
+"""Backend llmapi (NVIDIA's LLM API / PyTorch backend behind our llmapi Triton model): backend choice (and
+the LLM-API double where TensorRT-LLM cannot run), the plan, the rendered repository and model.yaml checked
+against the names NVIDIA's sources accept (tests/data/trtllm_flags/1.0.0/llmapi_model.json), and settings
+refused where they would do nothing."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from trtllm_truss.config import load_config
 from trtllm_truss.planning.plan import PlanError, backend_setting_problems, choose_backend
 from trtllm_truss.planning.plan import make_plan as _make_plan
 from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
-from trtllm_truss.planning.llmapi_source import IMAGE_MODEL_SOURCE_DIRS, ModelSourceError, find_model_source
-from trtllm_truss.repository.llmapi import model_yaml_document
+from trtllm_truss.repository.llmapi import llm_args as model_yaml_document
 from trtllm_truss.repository.render import render_repository
 
 NAMES = json.loads(
@@ -59,11 +59,6 @@ def resolved(tmp_path: Path, extra: str = "", build_extra: str = ""):
 
 
 def make_plan(config, facts, *, artifacts_dir, **kwargs):
-    """make_plan with NVIDIA's llmapi model files present (a stand-in directory, see fake_nvidia_model_dir)."""
-    source = Path(artifacts_dir) / "nvidia-llmapi"
-    if not source.exists():
-        fake_nvidia_model_dir(source)
-    kwargs.setdefault("environ", {"TRTLLM_LLMAPI_MODEL_DIR": str(source)})
     return _make_plan(config, facts, artifacts_dir=artifacts_dir, **kwargs)
 
 
@@ -89,6 +84,14 @@ def test_llmapi_requested_where_it_cannot_run_is_refused_with_the_setting():
         choose_backend("llmapi", facts("1.0.0"), 2, mode="serve")
 
 
+def test_llmapi_without_tensorrt_llm_runs_on_the_llm_api_double_and_says_so(tmp_path):
+    assert choose_backend("auto", RuntimeFacts(), 2)[0] == "pytorch"  # the double only when asked for
+    plan = make_plan(resolved(tmp_path, "runtime:\n  backend: llmapi\n"), RuntimeFacts(), artifacts_dir=tmp_path / "a")
+    assert plan.backend == "llmapi" and plan.llm_api_double
+    assert "LLM-API double" in plan.backend_reason and "TensorRT-LLM is not installed" in plan.backend_reason
+    assert not make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "b").llm_api_double
+
+
 @pytest.mark.parametrize(
     "build_extra, extra",
     [
@@ -101,17 +104,13 @@ def test_llmapi_requested_where_it_cannot_run_is_refused_with_the_setting():
 )
 def test_model_yaml_uses_only_names_nvidias_llm_api_accepts(tmp_path, build_extra, extra):
     config = resolved(tmp_path, extra, build_extra)
-    document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/models/ckpt")
-    triton = document.pop("triton_config")
+    document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/models/ckpt", guide_engine="xgrammar")
     assert set(document) <= set(NAMES["llm_args"]), set(document) - set(NAMES["llm_args"])
     assert set(document["kv_cache_config"]) <= set(NAMES["kv_cache_config_fields"])
     assert document["kv_cache_config"].get("dtype", "auto") in NAMES["kv_cache_dtype_values"]
     assert set(document["scheduler_config"]) <= set(NAMES["scheduler_config_fields"])
     assert document["scheduler_config"]["capacity_scheduler_policy"] in NAMES["capacity_scheduler_policy_members"]
     assert document["dtype"] in NAMES["dtype_values"] and document["backend"] in NAMES["backend_values"]
-    keys = NAMES["triton_config_keys"]
-    assert set(keys["required"]) <= set(triton) <= set(keys["required"] + keys["optional"])
-    assert triton["max_batch_size"] == NAMES["triton_config_max_batch_size"]
     assert document["max_seq_len"] == 4000 and document["tensor_parallel_size"] == 2
 
 
@@ -125,48 +124,25 @@ def test_model_yaml_carries_the_typed_settings(tmp_path):
     assert document["kv_cache_config"] == {"free_gpu_memory_fraction": 0.75, "enable_block_reuse": True, "dtype": "fp8"}
     assert document["stream_interval"] == 1  # said either way: the file shows what runs
     assert (document["moe_expert_parallel_size"], document["max_num_tokens"]) == (2, 4096)
-    assert document["triton_config"]["decoupled"] is True
 
 
-def fake_nvidia_model_dir(root: Path) -> Path:
-    """A stand-in for NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm (their code is not shipped here)."""
-    (root / "1").mkdir(parents=True)
-    (root / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "python"\n')
-    (root / "1" / "model.py").write_text("# NVIDIA's model.py would be here\n")
-    (root / "1" / "helpers.py").write_text("# helpers\n")
-    (root / "1" / "model.yaml").write_text("model: TinyLlama/TinyLlama-1.1B-Chat-v1.0\n")
-    return root
-
-
-def test_rendered_repository_is_nvidias_model_with_our_model_yaml(tmp_path):
-    source = fake_nvidia_model_dir(tmp_path / "nvidia")
-    config = resolved(tmp_path, f"runtime:\n  llmapi:\n    model_source_dir: {source}\n")
+def test_rendered_repository_is_the_ensemble_layout_with_our_llmapi_model_and_model_yaml(tmp_path):
+    config = resolved(tmp_path)
     plan = make_plan(config, facts("1.0.0"), artifacts_dir=tmp_path / "a")
     repo = render_repository(plan, tmp_path / "repo")
-    assert sorted(p.name for p in repo.iterdir() if not p.name.startswith(".")) == ["tensorrt_llm"]
-    assert (repo / "tensorrt_llm" / "config.pbtxt").read_text() == (source / "config.pbtxt").read_text()
-    assert (repo / "tensorrt_llm" / "1" / "helpers.py").is_file()
+    assert sorted(p.name for p in repo.iterdir() if not p.name.startswith(".")) == [
+        "ensemble", "ensemble_ids", "postprocessing", "preprocessing", "tensorrt_llm"
+    ]
+    config_pbtxt = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in config_pbtxt and '"llm_api"' in config_pbtxt and '"tensorrt_llm"' in config_pbtxt
+    assert "tensorrt_llm_llmapi" in (repo / "tensorrt_llm" / "1" / "model.py").read_text() or "llm_request" in (
+        repo / "tensorrt_llm" / "1" / "model.py"
+    ).read_text()
     rendered = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert rendered["model"] == str((tmp_path / "ckpt").resolve())
-    assert rendered == model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, plan.model_dir)
-
-
-def test_llmapi_without_nvidias_model_files_fails_at_plan_time_naming_the_setting(tmp_path):
-    if any((c / "config.pbtxt").is_file() for c in IMAGE_MODEL_SOURCE_DIRS):
-        pytest.skip("this machine has NVIDIA's llmapi model in a known place")
-    with pytest.raises(PlanError, match=r"set model_metadata\.trt_llm\.runtime\.llmapi\.model_source_dir"):
-        _make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a", environ={})
-    plan = _make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a", environ={}, check_backend_files=False)
-    assert plan.backend == "llmapi"
-
-
-def test_missing_nvidia_model_dir_names_the_setting(tmp_path):
-    config = resolved(tmp_path)
-    with pytest.raises(ModelSourceError, match=r"runtime\.llmapi\.model_source_dir or \$TRTLLM_LLMAPI_MODEL_DIR"):
-        find_model_source(config.trt_llm.runtime, environ={}, candidates=(tmp_path / "nope",))
-    bad = resolved(tmp_path, f"runtime:\n  llmapi:\n    model_source_dir: {tmp_path}\n")
-    with pytest.raises(ModelSourceError, match=r"model_source_dir: .*\(missing config\.pbtxt"):
-        find_model_source(bad.trt_llm.runtime, environ={})
+    assert rendered == model_yaml_document(
+        config.trt_llm.build, config.trt_llm.runtime, plan.model_dir, guide_engine="xgrammar"
+    )
 
 
 def test_settings_that_would_do_nothing_are_refused_per_backend_and_version(tmp_path):
@@ -204,16 +180,19 @@ def test_llmapi_runs_one_tritonserver_process_whatever_the_world_size(tmp_path):
     assert engine.tritonserver_ranks == 2
 
 
-def test_guided_decoding_cannot_reach_nvidias_llmapi_model(tmp_path):
-    """Its Triton model takes no guide (tests/data/trtllm_flags/1.0.0/llmapi_guided_decoding.json):
-    model.yaml gets no guided_decoding_backend, `xgrammar` is a config error naming the key, and auto
-    leaves guided requests to a 400 (plan.guided_decoding_off)."""
+def test_guided_decoding_reaches_the_llm_api_through_model_yaml(tmp_path):
+    """Our model passes guides as SamplingParams(guided_decoding=...): model.yaml names the engine the LLM
+    API uses for them (auto: xgrammar, the LLM API having no default: llm_args.py's None is off;
+    llguidance as set); `none` leaves it out (guided requests are then a 400)."""
     plan = make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a")
-    assert plan.backend == "llmapi" and "llmapi" in plan.guided_decoding_off
-    assert "guided_decoding_backend" not in model_yaml_document(plan.build, plan.runtime, plan.model_dir)
-    with pytest.raises(PlanError, match=r"runtime\.guided_decoding_backend: xgrammar is not available: backend llmapi"):
-        make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("1.0.0"), artifacts_dir=tmp_path / "b")
-    engine = make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("0.19.0"), artifacts_dir=tmp_path / "c")
-    assert engine.backend == "tensorrtllm" and engine.guided_decoding_off is None
-    with pytest.raises(PlanError, match=r"guided_decoding_backend: xgrammar is not available: TensorRT-LLM 0\.16\.0"):
-        make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("0.16.0"), artifacts_dir=tmp_path / "d")
+    assert plan.backend == "llmapi" and plan.guided_decoding_off is None
+    from trtllm_truss.repository.llmapi import plan_llm_args
+
+    assert plan_llm_args(plan)["guided_decoding_backend"] == "xgrammar"
+    off = make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: none\n"), facts("1.0.0"), artifacts_dir=tmp_path / "b")
+    assert "guided_decoding_backend" not in plan_llm_args(off)
+    for setting in ("xgrammar", "llguidance"):
+        chosen = make_plan(
+            resolved(tmp_path, f"runtime:\n  guided_decoding_backend: {setting}\n"), facts("1.0.0"), artifacts_dir=tmp_path / setting
+        )
+        assert plan_llm_args(chosen)["guided_decoding_backend"] == setting

@@ -149,10 +149,6 @@ def test_backends_that_would_not_apply_adapters_refuse_them(tmp_path):
     assert problems == [
         f"{SECTION}.runtime.lora_cache_max_adapter_size: a parameter of NVIDIA's C++ backend; the LLM-API backend"
         " sizes its LoRA cache by adapters (LoraConfig.max_loras / max_cpu_loras); remove it",
-        f"{SECTION}.build.lora_adapters: not served by backend llmapi: NVIDIA's llmapi Triton model"
-        " (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py) declares lora_name/lora_id/lora_path inputs but"
-        " never passes a LoRA request to generate_async (\"TODO: [JIRA-4040] Verify Lora\"), so an adapter would be"
-        " silently ignored; use backend pytorch",
     ]
     with pytest.raises(PlanError, match=r"runtime.detokenize_in: postprocessing .* no lora_task_id input"):
         plan_of(tmp_path, {"lora_adapters": {"pirate": str(PIRATE)}}, {"detokenize_in": "postprocessing"})
@@ -214,12 +210,10 @@ def test_adapters_and_target_modules_from_the_environment_take_json(tmp_path):
     assert str(resolved.sources[f"{SECTION}.build.lora_adapters.a.repo"]) == "env (TRTLLM_BUILD__LORA_ADAPTERS)"
 
 
-def test_the_llmapi_refusal_rests_on_nvidias_recorded_model(tmp_path):
+def test_llmapi_serves_adapters_as_lora_requests(tmp_path):
+    """NVIDIA's own llmapi model passed no LoRA request (tests/data/trtllm_lora/llmapi_model_lora.json); ours
+    sends a LoRARequest per task id (tests/unit/test_llmapi_model_contract.py), so nothing is refused."""
     record = json.loads((ROOT / "tests" / "data" / "trtllm_lora" / "llmapi_model_lora.json").read_text())
-    flags = json.loads((ROOT / "tests" / "data" / "trtllm_flags" / "1.0.0" / "llmapi_model.json").read_text())
-    assert set(record["inputs_declared"]["names"]) <= set(flags["model_inputs"])  # declared by NVIDIA's config.pbtxt
-    assert "lora" not in record["quote"]  # ... and not passed on by its generate_async call
-    assert {"enable_lora", "lora_config"} <= set(flags["llm_args"])  # what model.yaml would take once it is
+    assert "lora" not in record["quote"]
     trt = load_config(truss(tmp_path, {"lora_adapters": {"a": "org/a"}}), environ={}).trt_llm
-    (problem,) = lora.backend_problems(trt.build, trt.runtime, "llmapi", "1.0.0")
-    assert record["source"]["path"] in problem and "JIRA-4040" in problem
+    assert lora.backend_problems(trt.build, trt.runtime, "llmapi", "1.0.0") == []

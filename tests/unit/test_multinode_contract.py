@@ -26,7 +26,7 @@ from trtllm_truss.runtime.launch import LaunchSpec, TritonPorts, build_launch_co
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NVIDIA = json.loads((REPO_ROOT / "tests" / "data" / "multinode" / "nvidia_multinode.json").read_text())
-EXAMPLE = REPO_ROOT / "examples" / "llama31-405b-engine-tp16-2node-h100"
+EXAMPLE = REPO_ROOT / "examples" / "legacy-llama31-405b-engine-tp16-2node-h100"
 
 
 def _truss(tmp_path: Path, *, tp: int, node_count, accelerator: str | None = "H100:8") -> Path:

@@ -26,7 +26,7 @@ from trtllm_truss.config.schema import TrtLlmConfig
 from trtllm_truss.config.speculative import lookahead_max_draft_len
 from trtllm_truss.planning.plan import ServingPlan
 from trtllm_truss.repository import repository_configs
-from trtllm_truss.repository.llmapi import model_yaml_document
+from trtllm_truss.repository.llmapi import llm_args as model_yaml_document
 from trtllm_truss.planning.speculation import (
     engine_build,
     engine_speculation_problem,

@@ -215,56 +215,6 @@ def test_chat_turns_reach_the_engine_as_the_templates_own_ids(model: WorkerModel
     assert engine.sent[0][0] == model.chat.chat_ids(turns, "messages")
 
 
-# --- backend llmapi: NVIDIA's llmapi model takes text and streams accumulated text ---------------
-
-
-def test_llmapi_requests_use_only_the_names_nvidias_llmapi_model_declares():
-    import json
-
-    from trtllm_truss.engine.engine_client import build_llmapi_request
-
-    recorded = json.loads((Path(__file__).resolve().parents[1] / "data/trtllm_flags/1.0.0/llmapi_model.json").read_text())
-    declared = recorded["model_inputs"]
-    params = GenerationParams("", max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, random_seed=3, presence_penalty=0.1, frequency_penalty=0.2)
-    for request in (build_llmapi_request("hi", params, "r1"), build_llmapi_request("", params, "r1", stop=True)):
-        for tensor in request.inputs:
-            assert tensor.name in declared, tensor.name
-            kind = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32", "UINT64": "TYPE_UINT64"}[tensor.datatype]
-            assert declared[tensor.name].startswith(kind), (tensor.name, tensor.datatype)
-            assert list(tensor.shape) == [1]  # max_batch_size 0: no batch dimension
-        assert [o.name for o in request.outputs] == ["text_output"]
-
-
-class ScriptedLlmApi:
-    """Test double of `LlmApiClient`: yields what is new in accumulated texts, as the real one does."""
-
-    def __init__(self, pieces: list[str]) -> None:
-        self.pieces = pieces
-        self.sent: list[tuple[str, GenerationParams]] = []
-
-    async def generate_text(self, text, params):
-        self.sent.append((text, params))
-        for piece in self.pieces:
-            await asyncio.sleep(0)
-            yield piece
-
-    async def close(self) -> None:
-        pass
-
-
-def test_llmapi_backend_streams_text_counts_usage_and_refuses_what_it_cannot_do(model: WorkerModel):
-    model.llmapi = ScriptedLlmApi([" one", " two", " three"])
-    try:
-        emitted, end = _run(model, ScriptedEngine([]), GenerationSpec(GenerationParams("", max_tokens=16), prompt="Count"))
-        assert "".join(emitted) == " one two three" and end.finish_reason == "stop"
-        assert end.completion_tokens == len(model.tokenizer.encode(" one two three", add_special_tokens=False))
-        assert model.llmapi.sent[0][0] == "Count"
-        _, refused = _run(model, ScriptedEngine([]), GenerationSpec(GenerationParams("", max_tokens=4, repetition_penalty=1.2), prompt="x"))
-        assert refused.status == 400 and "repetition_penalty" in refused.error
-    finally:
-        model.llmapi = None
-
-
 TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},)
 
 

@@ -23,11 +23,14 @@ IMAGE_TRTLLM_VERSIONS: dict[str, str] = {
     "nvcr.io/nvidia/tritonserver:24.11-trtllm-python-py3": "0.15.0",  # Python 3.10 (the last image on it)
     "nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3": "0.16.0",  # Python 3.12 from here on
     "nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3": "0.17.0",
+    "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3": "1.0.0",  # the LLM-API backend; Python in /usr/bin
+    "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3": "1.1.0",
+    "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3": "1.2.0",  # Python in /opt/venv-tritonserver from here on
+    "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3": "1.2.1",
     # Version only (tests/data/image_versions.json): from triton-inference-server/server
     # docs/introduction/compatibility.md; their Python environments are not recorded or tested.
     "nvcr.io/nvidia/tritonserver:25.05-trtllm-python-py3": "0.19.0",  # first with lookahead_* backend parameters
     "nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3": "0.21.0",  # the last 0.x
-    "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3": "1.0.0",  # the LLM-API backend
 }
 # The version a dry run plans for when nothing else says (the newest release with trtllm-build).
 DEFAULT_PLAN_VERSION = "0.21.0"

@@ -152,8 +152,7 @@ def plan_for_target(
         accelerator = resolved.accelerator
         gpus = accelerator.count if accelerator is not None else (resolved.trt_llm.world_size if requested_version else 0)
         facts = target_facts(gpus, accelerator, version.version, tensorrt_version=facts.tensorrt_version)
-    # NVIDIA's llmapi model files are looked for on the target machine, not here.
-    plan = make_plan(resolved, facts, check_backend_files=local)
+    plan = make_plan(resolved, facts)
     notes: list[str] = []
     chosen_examples = examples_dir or deploy.examples_dir
     if (
@@ -209,17 +208,22 @@ def describe_target_plan(target: TargetPlan, resolved: ResolvedConfig) -> list[s
         lines.append(f"# no engine build: the pytorch stand-in runs the checkpoint {plan.model_dir}")
         return lines + _adapter_lines(plan)
     if plan.backend == "llmapi":
-        from trtllm_truss.repository.llmapi import MODEL_NAME, render_model_yaml
+        from trtllm_truss.repository.llmapi import MODEL_YAML, render_model_yaml
+        from trtllm_truss.repository.models import ENGINE
 
-        lines.append(
-            f"# TensorRT-LLM {target.version.version} (llmapi): no engine build; NVIDIA's LLM API (PyTorch backend)"
-            " loads the checkpoint"
-        )
-        lines.append(f"# {MODEL_NAME}/1/model.yaml of the Triton repository:")
-        lines += render_model_yaml(
-            plan.build, plan.runtime, plan.model_dir, plan.speculative, plan.draft_dir
-        ).splitlines()
-        return lines
+        if plan.llm_api_double:
+            lines.append(
+                "# llmapi on the LLM-API double (TensorRT-LLM cannot run here): no engine build; the stand-in engine"
+                " runs the checkpoint behind the LLM API's names; model.yaml as TensorRT-LLM would get it:"
+            )
+        else:
+            lines.append(
+                f"# TensorRT-LLM {target.version.version} (llmapi): no engine build; NVIDIA's LLM API (PyTorch backend)"
+                " loads the checkpoint"
+            )
+        lines.append(f"# {ENGINE}/1/{MODEL_YAML} of the Triton repository:")
+        lines += render_model_yaml(plan).splitlines()
+        return lines + _adapter_lines(plan)
     build = plan.build
     checkpoint_dir = plan.checkpoint.dest if plan.checkpoint is not None else (
         resolve_repository(build.huggingface_ckpt_repository, resolved.truss_dir).local_path

@@ -24,8 +24,10 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 MODEL_PY = REPO_ROOT / "model" / "model.py"
 
-DEFAULT_BUILD_EXAMPLE = "llama3-8b-fp8-h100"
-DEFAULT_SERVE_EXAMPLE = "llama3-70b-engine-tp2-h100"
+# Without --from: a TensorRT-LLM 1.x truss on NVIDIA's newest recorded image, the checkpoint served by the
+# LLM API (no engine build). A prebuilt engine (--engine-repository) is a 0.x C++ engine: the legacy example.
+DEFAULT_BUILD_EXAMPLE = "llama3.1-8b-fp8-h100"
+DEFAULT_SERVE_EXAMPLE = "legacy-llama3-70b-engine-tp2-h100"
 
 # truss's .truss_ignore replaces its built-in list, so the useful part of that list comes first.
 TRUSS_IGNORE = """\

@@ -59,18 +59,6 @@ class PytorchEngineConfig(StrictModel):
     )
 
 
-class LlmApiRuntimeConfig(StrictModel):
-    """Backend llmapi: where NVIDIA's `llmapi` Triton model comes from (it is not part of this package)."""
-
-    model_source_dir: NonEmptyStr | None = Field(
-        None,
-        description="NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm directory (config.pbtxt, 1/model.py,"
-        " 1/helpers.py) of the TensorRT-LLM version installed (None: $TRTLLM_LLMAPI_MODEL_DIR, then the image's"
-        " known locations).",
-    )
-    decoupled: bool = Field(True, description="Triton decoupled mode (needed for streaming responses).")
-
-
 class HealthProbeConfig(StrictModel):
     """A one-token generation sent straight to the engine model, so a hung engine reads unhealthy."""
 
@@ -213,7 +201,6 @@ class RuntimeConfig(StrictModel):
         None, description="tritonserver binary (None: found on PATH / pytriton)."
     )
     pytorch: PytorchEngineConfig = Field(default_factory=PytorchEngineConfig)
-    llmapi: LlmApiRuntimeConfig = Field(default_factory=lambda: LlmApiRuntimeConfig())
     health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
 
     @model_validator(mode="after")

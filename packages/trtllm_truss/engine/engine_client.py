@@ -1,7 +1,7 @@
 """gRPC clients of the engine model itself (`tensorrt_llm`), as the stream workers use them: token ids
-in and out over NVIDIA's `tensorrt_llm` inputs (the C++ backend and the stand-in), or text through
-NVIDIA's llmapi Triton model. Both ride `client.EnsembleClient.stream_call` (one shared channel,
-reconnect retry, NVIDIA's `stop` request when the caller leaves early)."""
+in and out over NVIDIA's `tensorrt_llm` inputs (the C++ backend, our llmapi model and the stand-in), riding
+`client.EnsembleClient.stream_call` (one shared channel, reconnect retry, NVIDIA's `stop` request when the
+caller leaves early)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from trtllm_truss.engine.client import (
     DRAFT_STATS_OUTPUTS,
     IDS_OUTPUT,
     LOG_PROBS_OUTPUT,
-    TEXT_OUTPUT,
     TOKEN_COUNT_OUTPUT,
     EnsembleClient,
     EnsembleInterface,
@@ -27,7 +26,6 @@ from trtllm_truss.engine.client import (
     build_stop_request,
     first_beam_ids,
     require_input,
-    text_of,
 )
 from trtllm_truss.artifacts.lora_weights import add_request_inputs
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
@@ -181,65 +179,3 @@ class EngineClient:
                 if ids:
                     # The response's own tokens are the last ones of its log-prob row.
                     yield ids, (log_probs[-len(ids) :] if log_probs is not None else None)
-
-
-# GenerationParams field -> NVIDIA's llmapi `tensorrt_llm` input (TensorRT-LLM >= 1.0,
-# triton_backend/all_models/llmapi; names recorded in tests/data/trtllm_flags/1.0.0/llmapi_model.json).
-_LLMAPI_SCALAR_INPUTS: dict[str, tuple[str, str, str]] = {
-    "max_tokens": ("sampling_param_max_tokens", "INT32", "int_contents"),
-    "temperature": ("sampling_param_temperature", "FP32", "fp32_contents"),
-    "top_p": ("sampling_param_top_p", "FP32", "fp32_contents"),
-    "top_k": ("sampling_param_top_k", "INT32", "int_contents"),
-    "random_seed": ("sampling_param_seed", "UINT64", "uint64_contents"),
-    "presence_penalty": ("sampling_param_presence_penalty", "FP32", "fp32_contents"),
-    "frequency_penalty": ("sampling_param_frequency_penalty", "FP32", "fp32_contents"),
-}
-# What the llmapi model has no input for: a request that sets one is refused, never silently changed.
-LLMAPI_UNSUPPORTED = ("end_id", "pad_id", "repetition_penalty", "length_penalty", "min_length", "beam_width", "return_log_probs")
-
-
-def build_llmapi_request(text: str, params: GenerationParams, request_id: str, *, model_name: str = ENGINE_MODEL, stop: bool = False) -> service_pb2.ModelInferRequest:
-    """A streaming request for NVIDIA's llmapi model (`max_batch_size: 0`: no batch dimension)."""
-    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-    request.outputs.add(name=TEXT_OUTPUT)
-    request.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text.encode("utf-8"))
-    if stop:
-        request.inputs.add(name="stop", datatype="BOOL", shape=[1]).contents.bool_contents.append(True)
-        return request
-    for name, flag in (("streaming", True), ("sampling_param_exclude_input_from_output", True)):
-        request.inputs.add(name=name, datatype="BOOL", shape=[1]).contents.bool_contents.append(flag)
-    for name, (tensor_name, datatype, contents_field) in _LLMAPI_SCALAR_INPUTS.items():
-        value = getattr(params, name)
-        if value is not None:
-            getattr(request.inputs.add(name=tensor_name, datatype=datatype, shape=[1]).contents, contents_field).append(value)
-    return request
-
-
-class LlmApiClient:
-    """Streams text from NVIDIA's llmapi model, which takes text and answers text: each streamed
-    `text_output` holds all the text generated so far (the LLM API accumulates it), so this yields
-    what is new in each response. Leaving early cancels the call and sends NVIDIA's `stop`."""
-
-    def __init__(self, grpc_url: str, *, model_name: str = ENGINE_MODEL) -> None:
-        self.grpc_url = grpc_url
-        self.model_name = model_name
-        self._ensemble = EnsembleClient(grpc_url, model_name=model_name)
-
-    async def close(self) -> None:
-        await self._ensemble.close()
-
-    async def generate_text(self, text: str, params: GenerationParams) -> AsyncIterator[str]:
-        request = build_llmapi_request(text, params, uuid.uuid4().hex, model_name=self.model_name)
-        stop = partial(
-            build_llmapi_request, "", GenerationParams("", max_tokens=1), request.id, model_name=self.model_name, stop=True
-        )
-        sent = ""
-        async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
-            async for response in responses:
-                for output, raw in zip(response.outputs, response.raw_output_contents):
-                    if output.name == TEXT_OUTPUT:
-                        total = text_of(raw)
-                        if total.startswith(sent) and len(total) > len(sent):
-                            new, sent = total[len(sent) :], total
-                            yield new

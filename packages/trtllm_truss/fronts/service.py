@@ -97,7 +97,7 @@ class LLMService:
                 self._stack.server.grpc_url,
                 health.interval_s,
                 health.timeout_s,
-                interface="text" if plan.backend == "llmapi" else "tokens",
+                interface="tokens",
             )
             self._engine_probe.start()
         # Everything loaded so far lives as long as the process; left to the collector, each full
@@ -184,7 +184,6 @@ def stream_pool(plan: ServingPlan, grpc_url: str) -> StreamPool:
         engine_model=ENGINE,
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
         trust_remote_code=runtime.trust_remote_code,
-        llmapi=plan.backend == "llmapi",
         draft_stats=plan.backend == "tensorrtllm" and plan.speculative is not None,
         tool_call_parser=runtime.tool_call_parser,
         reasoning_parser=runtime.reasoning_parser, lora_weights=worker_lora_weights(plan.lora_adapters),

@@ -5,8 +5,9 @@ the installed TensorRT-LLM (`guide_engine` resolves it):
 - pytorch (the stand-in for TensorRT-LLM's PyTorch path, LLM API 1.x): `llm_args.py` (v1.0.0-v1.2.0)
   has `guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]]`, "llguidance is supported
   in PyTorch backend only"; `_torch/pyexecutor/grammar_matcher.py` builds an xgrammar or an llguidance
-  matcher from it. The stand-in enforces guides with the engine named (`engine_standin.guidance`);
-  auto is xgrammar, the engine both of TensorRT-LLM's paths implement.
+  matcher from it. The stand-in enforces guides with the engine named (`engine_standin.guidance`).
+  TensorRT-LLM's own default is None (no guided decoding at all), so auto is xgrammar, the engine both
+  of TensorRT-LLM's paths implement.
 - tensorrtllm (NVIDIA's C++ backend): from tensorrtllm_backend v0.19.0 (`docs/guided_decoding.md`):
   the `tensorrt_llm` model parameters `guided_decoding_backend: xgrammar` and
   `xgrammar_tokenizer_info_path`, a JSON file read by `getGuidedDecodingConfigFromParams`
@@ -17,9 +18,11 @@ the installed TensorRT-LLM (`guide_engine` resolves it):
   time from the tokenizer (`transformers` only: no xgrammar or GPU needed to make it). The C++
   backend ignores `tokenizer_dir` for guided decoding (it says so in its log), so none is rendered.
   Older engines: no guided decoding.
-- llmapi (NVIDIA's LLM-API Triton model): its inputs carry no guide (`helpers.
-  get_sampling_params_from_request` builds SamplingParams from `sampling_param_*` inputs only), so a
-  guide cannot reach the LLM API there; `xgrammar` is refused at validate time.
+- llmapi (our LLM-API Triton model, triton_models/tensorrt_llm_llmapi): NVIDIA's guide inputs become
+  `SamplingParams(guided_decoding=GuidedDecodingParams(...))`, enforced by the LLM API's
+  `guided_decoding_backend` (model.yaml: the engine resolved as for pytorch, xgrammar or llguidance, our
+  model's LLM API being the PyTorch one); on a machine without TensorRT-LLM its LLM-API double enforces
+  them with the stand-in's compiler of that same engine.
 A request with a guide on a deployment that cannot enforce it is a 400 naming the field
 (`RequestLimits.guided_decoding_off`), never an unconstrained answer.
 """
@@ -61,10 +64,7 @@ def guided_decoding_off(setting: str, backend: str, version: tuple[int, int], ve
     if backend == "pytorch":
         return None
     if backend == "llmapi":
-        return (
-            "backend llmapi cannot enforce it: NVIDIA's llmapi Triton model has no guided-decoding input"
-            " (its SamplingParams come from sampling_param_* inputs only); serve with backend tensorrtllm"
-        )
+        return None
     if version < GUIDED_DECODING_SINCE:
         return (
             f"TensorRT-LLM {version_text or '(version unknown)'} has no guided decoding"

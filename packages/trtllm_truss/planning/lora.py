@@ -21,14 +21,9 @@ from trtllm_truss.config.build import LORA_MODULES, LoraConfiguration
 
 SECTION = "model_metadata.trt_llm.build"
 HF_TO_NVIDIA = {hf: nvidia for nvidia, hf in LORA_MODULES.items()}
-# Backends whose LoRA path this truss does not wire yet: the setting would do nothing there.
-_NOT_WIRED = {
-    # tests/data/trtllm_lora/llmapi_model_lora.json: NVIDIA's model declares lora_name/lora_id/lora_path but
-    # calls generate_async(prompt, SamplingParams(...), streaming) without a LoRA request.
-    "llmapi": "NVIDIA's llmapi Triton model (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py) declares"
-    " lora_name/lora_id/lora_path inputs but never passes a LoRA request to generate_async (\"TODO: [JIRA-4040]"
-    " Verify Lora\"), so an adapter would be silently ignored",
-}
+# Backends whose LoRA path this truss does not wire yet: the setting would do nothing there (none today:
+# backend llmapi sends each task id's adapter as a LoRARequest, triton_models/tensorrt_llm_llmapi).
+_NOT_WIRED: dict[str, str] = {}
 # Engines of TensorRT-LLM >= 1.0 are built through the LLM API (artifacts/build.py, llm_api flow), whose
 # LoRA build options this truss does not set yet.
 _CPP_LORA_BEFORE = (1, 0)

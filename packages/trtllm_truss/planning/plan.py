@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.planning import lora
-from trtllm_truss.planning.llmapi_source import ModelSourceError, find_model_source
 from trtllm_truss.planning.probe import RuntimeFacts
 from trtllm_truss.planning.speculation import engine_build, speculation_problems
 
@@ -39,7 +38,8 @@ if TYPE_CHECKING:
     from trtllm_truss.config import ResolvedConfig, RuntimeConfig
 
 # tensorrtllm: a TensorRT engine behind NVIDIA's C++ backend (ensemble layout); llmapi: NVIDIA's LLM API
-# (PyTorch backend, TensorRT-LLM >= 1.0) behind NVIDIA's `llmapi` python model; pytorch: our stand-in.
+# (PyTorch backend, TensorRT-LLM >= 1.0) behind our llmapi python model (the same layout); pytorch: our
+# stand-in.
 Backend = Literal["tensorrtllm", "llmapi", "pytorch"]
 LLMAPI_SINCE = (1, 0)
 ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft", "adapter"]
@@ -118,6 +118,9 @@ class ServingPlan:
     # build.lora_adapters (name, NVIDIA task id, folder once fetched) and build.lora_configuration.
     lora_adapters: tuple[lora.PlannedAdapter, ...] = ()
     lora_configuration: Any = None
+    # Backend llmapi where TensorRT-LLM cannot run (no GPU, not installed): our llmapi model drives the
+    # LLM-API double of engine_standin/llmapi_double.py instead of tensorrt_llm.LLM.
+    llm_api_double: bool = False
 
     @property
     def guided_decoding_off(self) -> str | None:
@@ -205,6 +208,15 @@ def choose_backend(
     requested = getattr(requested, "value", requested)
     if requested == "pytorch":
         return "pytorch", "runtime.backend is pytorch (the stand-in engine)"
+    if requested == "llmapi" and not facts.trtllm_usable:
+        problem = llmapi_incompatibility(build if mode == "build" else None)
+        if problem is not None:
+            raise PlanError(f"runtime.backend is llmapi but {problem}; or set runtime.backend: tensorrtllm")
+        return "llmapi", (
+            f"runtime.backend is llmapi, but {facts.trtllm_unavailable_reason}: our llmapi model runs on the LLM-API"
+            " double (engine_standin/llmapi_double.py: the stand-in engine behind the LLM API's names), which exists"
+            " only because TensorRT-LLM cannot run here"
+        )
     if requested in ("tensorrtllm", "llmapi"):
         if not facts.trtllm_usable:
             raise PlanError(
@@ -369,12 +381,8 @@ def make_plan(
     *,
     artifacts_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
-    check_backend_files: bool = True,
 ) -> ServingPlan:
-    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds).
-
-    `check_backend_files`: with backend llmapi, require NVIDIA's llmapi model files now, before any
-    checkpoint download (off for dry runs that plan for another machine)."""
+    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds)."""
     trt = resolved.trt_llm
     runtime = trt.runtime
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
@@ -432,14 +440,10 @@ def make_plan(
             adapters = _plan_adapters(resolved, build, root, common)
             return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters), **limits, **common)
         if backend == "llmapi":
-            if check_backend_files:
-                try:
-                    find_model_source(runtime, environ)
-                except ModelSourceError as exc:
-                    raise PlanError(str(exc)) from None
             # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
             model = dataclasses.replace(checkpoint, role="model")
-            fetches: tuple[ArtifactRequest, ...] = (model,)
+            fetches: tuple[ArtifactRequest, ...] = (model, *_plan_adapters(resolved, build, root, common))
+            common["llm_api_double"] = not facts.trtllm_usable
             spec = trt.speculative
             if spec is not None and spec.draft_repository is not None:
                 draft = _request(

@@ -1,39 +1,31 @@
-"""The Triton repository for backend `llmapi`: NVIDIA's LLM-API python model, configured by a `model.yaml`.
+"""The LLM arguments (`model.yaml`) of our llmapi Triton model `tensorrt_llm` (backend `llmapi`).
 
-NVIDIA serves TensorRT-LLM >= 1.0 checkpoints (PyTorch backend, no engine build) through one python
-model, `triton_backend/all_models/llmapi/tensorrt_llm` in the TensorRT-LLM repository: `config.pbtxt`,
-`1/model.py`, `1/helpers.py` and `1/model.yaml`. Its `model.py` passes every `model.yaml` key except
-`triton_config` to `tensorrt_llm.LLM(...)`, and takes Triton's `max_batch_size` / decoupled mode from
-`triton_config`. There is no ensemble and no token-id interface: the model takes `text_input` and
-answers `text_output` (see tests/data/trtllm_flags/1.0.0/llmapi_model.json for the tensor names).
-
-NVIDIA's files are not part of this package (they must match the TensorRT-LLM version installed, and
-their code is NVIDIA's): they are copied at render time from `runtime.llmapi.model_source_dir`,
-`$TRTLLM_LLMAPI_MODEL_DIR`, or a known location in the image. Only `model.yaml` is ours, produced from
-the typed configuration; the names it uses are recorded with their sources under
-tests/data/trtllm_flags/ and contract-tested.
+Backend `llmapi` renders the same repository as the other backends (ensemble, ensemble_ids,
+preprocessing, tensorrt_llm, postprocessing: repository/models.py), with our own python model
+triton_models/tensorrt_llm_llmapi/model.py as `tensorrt_llm`: NVIDIA's token-id tensor interface in front
+of `tensorrt_llm.LLM.generate_async`. This module writes its `1/model.yaml`: the `LLM(...)` keyword
+arguments produced from the typed configuration. The names it uses are recorded with their NVIDIA sources
+under tests/data/trtllm_flags/<version>/ and contract-tested for every 1.x version the plan allows.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trtllm_truss.planning.llmapi_source import ModelSourceError, find_model_source
 from trtllm_truss.planning.speculation import llmapi_speculative_config
-from trtllm_truss.repository.models import RepositoryError
 
 if TYPE_CHECKING:
     from trtllm_truss.config.build import BuildConfig
     from trtllm_truss.config.runtime import RuntimeConfig
     from trtllm_truss.config.speculative import SpeculativeConfig
+    from trtllm_truss.planning.lora import PlannedAdapter
     from trtllm_truss.planning.plan import ServingPlan
 
-MODEL_NAME = "tensorrt_llm"  # NVIDIA's name for the llmapi model
+MODEL_YAML = "model.yaml"  # read by triton_models/tensorrt_llm_llmapi/model.py from its version folder
 _POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
@@ -43,11 +35,18 @@ def llm_args(
     model_dir: str | Path,
     speculative: SpeculativeConfig | None = None,
     draft_dir: str | Path | None = None,
+    *,
+    adapters: Sequence[PlannedAdapter] = (),
+    lora_configuration: Any = None,
+    guide_engine: str | None = None,
 ) -> dict[str, Any]:
-    """The `LLM(...)` keyword arguments (model.yaml minus triton_config) for this configuration."""
+    """The `LLM(...)` keyword arguments (the whole model.yaml) for this configuration. `adapters`:
+    build.lora_adapters (each request names its own by a LoRARequest); `guide_engine`: the grammar engine
+    that enforces guides (runtime.guided_decoding_backend resolved: xgrammar or llguidance, the LLM API's
+    `guided_decoding_backend` values; None: guided decoding off, the LLM API's default)."""
     args: dict[str, Any] = {
         "model": str(model_dir),
-        "backend": "pytorch",  # older llmapi model.py builds the TensorRT-engine LLM without it
+        "backend": "pytorch",  # the LLM API's PyTorch backend (the TensorRT-engine LLM is another class)
         "dtype": build.dtype.value,
         "tensor_parallel_size": build.tensor_parallel_count,
         "pipeline_parallel_size": build.pipeline_parallel_count,
@@ -79,49 +78,38 @@ def llm_args(
     args["scheduler_config"] = {"capacity_scheduler_policy": _POLICY[runtime.batch_scheduler_policy.value]}
     if speculative is not None:
         args["speculative_config"] = llmapi_speculative_config(speculative, draft_dir)
+    if guide_engine is not None:
+        args["guided_decoding_backend"] = guide_engine
+    if adapters:
+        # LoraConfig (the PyTorch backend's): the adapters' folders, and the cache limits they must fit.
+        lora: dict[str, Any] = {"lora_dir": [str(a.dir) for a in adapters]}
+        if lora_configuration is not None:
+            lora["max_lora_rank"] = lora_configuration.max_lora_rank
+            if lora_configuration.max_loras is not None:
+                lora["max_loras"] = lora_configuration.max_loras
+        lora["max_cpu_loras"] = max(len(adapters), lora.get("max_loras", 1))
+        args["lora_config"] = lora
     return args
 
 
-def model_yaml_document(
-    build: BuildConfig,
-    runtime: RuntimeConfig,
-    model_dir: str | Path,
-    speculative: SpeculativeConfig | None = None,
-    draft_dir: str | Path | None = None,
-) -> dict[str, Any]:
-    """The whole model.yaml: LLM() arguments plus `triton_config` (max_batch_size 0: NVIDIA's model takes
-    one prompt per request and batches inside the LLM API)."""
-    document = llm_args(build, runtime, model_dir, speculative, draft_dir)
-    document["triton_config"] = {"max_batch_size": 0, "decoupled": bool(runtime.llmapi.decoupled)}
-    return document
+def plan_llm_args(plan: ServingPlan) -> dict[str, Any]:
+    """`llm_args` of a plan for backend llmapi."""
+    return llm_args(
+        plan.build, plan.runtime, plan.model_dir, plan.speculative, plan.draft_dir,
+        adapters=plan.lora_adapters, lora_configuration=plan.lora_configuration,
+        guide_engine=plan.guide_engine,
+    )
 
 
-def render_model_yaml(
-    build: BuildConfig,
-    runtime: RuntimeConfig,
-    model_dir: str | Path,
-    speculative: SpeculativeConfig | None = None,
-    draft_dir: str | Path | None = None,
-) -> str:
+def render_model_yaml(plan: ServingPlan) -> str:
     header = (
-        "# Rendered by trtllm-truss from model_metadata.trt_llm for NVIDIA's llmapi Triton model.\n"
-        "# Keys other than triton_config are tensorrt_llm.LLM() arguments.\n"
+        "# Rendered by trtllm-truss from model_metadata.trt_llm for its llmapi Triton model (tensorrt_llm).\n"
+        "# Every key is a tensorrt_llm.LLM() keyword argument.\n"
     )
-    document = model_yaml_document(build, runtime, model_dir, speculative, draft_dir)
-    return header + yaml.safe_dump(document, sort_keys=False)
+    return header + yaml.safe_dump(plan_llm_args(plan), sort_keys=False)
 
 
-def write_llmapi_repository(repo: Path, plan: ServingPlan, environ: Mapping[str, str] | None = None) -> None:
-    """Write `<repo>/tensorrt_llm/` NVIDIA's way: their config.pbtxt and model code, our model.yaml."""
-    if plan.build is None or plan.model_dir is None:
-        raise RepositoryError("plan: backend llmapi needs the build section and the checkpoint folder (model_dir)")
-    try:
-        source = find_model_source(plan.runtime, environ)
-    except ModelSourceError as exc:
-        raise RepositoryError(str(exc)) from None
-    target = repo / MODEL_NAME
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "model.yaml"))
-    (target / "1").mkdir(exist_ok=True)
-    (target / "1" / "model.yaml").write_text(
-        render_model_yaml(plan.build, plan.runtime, plan.model_dir, plan.speculative, plan.draft_dir), encoding="utf-8"
-    )
+def write_model_yaml(version_dir: Path, plan: ServingPlan) -> Path:
+    path = Path(version_dir) / MODEL_YAML
+    path.write_text(render_model_yaml(plan), encoding="utf-8")
+    return path

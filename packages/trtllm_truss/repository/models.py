@@ -4,7 +4,8 @@ ensemble = preprocessing -> tensorrt_llm -> postprocessing (NVIDIA's text-in, te
 ensemble_ids = preprocessing -> tensorrt_llm: the same inputs, token ids out; the truss proxy streams
 from it and detokenizes itself, so no streamed token crosses a python-backend model (see
 docs/performance.md). `tensorrt_llm` is NVIDIA's C++ backend (`backend: "tensorrtllm"`) on the GPU
-path, or our python-backend stand-in (`backend: pytorch`).
+path, our LLM-API model (`backend: llmapi`: TensorRT-LLM's LLM API behind NVIDIA's tensor interface), or
+our python-backend stand-in (`backend: pytorch`).
 """
 
 from __future__ import annotations
@@ -207,6 +208,37 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
     )
 
 
+# Our llmapi model's `llm_api` parameter: TensorRT-LLM's LLM API, or its double where TensorRT-LLM cannot run.
+LLM_API_REAL, LLM_API_DOUBLE = "tensorrt_llm", "double"
+
+
+def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
+    """Our llmapi model (triton_models/tensorrt_llm_llmapi/model.py): NVIDIA's tensor interface in front of
+    `tensorrt_llm.LLM`, one instance (the LLM API batches inside), configured by its `1/model.yaml`."""
+    if plan.model_dir is None or plan.build is None:
+        raise RepositoryError("plan.model_dir: backend llmapi needs the build section and the checkpoint folder")
+    runtime = plan.runtime
+    return ModelConfig(
+        name=ENGINE,
+        backend="python",
+        max_batch_size=plan.max_batch_size,
+        decoupled=runtime.decoupled_mode,
+        dynamic_batching=_queue(plan, preferred=False),
+        inputs=nv.engine_inputs(cpp_backend=False) + nv.STANDIN_LORA_INPUTS,
+        outputs=nv.ENGINE_OUTPUTS + nv.ENGINE_OPTIONAL_OUTPUTS + (nv.PREFIX_IDS_OUTPUT,),
+        instance_groups=(InstanceGroup(1),),
+        parameters=_parameters(
+            ("llm_api", LLM_API_DOUBLE if plan.llm_api_double else LLM_API_REAL),
+            ("tokenizer_dir", str(plan.tokenizer_dir)),
+            ("max_input_len", plan.max_input_len),
+            ("max_output_len", plan.max_output_len),
+            ("exclude_input_in_output", runtime.exclude_input_in_output),
+            ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
+            ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
+        ),
+    )
+
+
 def window_relay_config(plan: ServingPlan) -> ModelConfig:
     """triton_models/tensorrt_llm_window: forwards to `tensorrt_llm`, adds `prefix_ids` per response."""
     return ModelConfig(
@@ -332,8 +364,10 @@ def repository_configs(
         engine = tensorrtllm_engine_config(plan, xgrammar_tokenizer_info)
     elif plan.backend == "pytorch":
         engine = pytorch_engine_config(plan)
+    elif plan.backend == "llmapi":
+        engine = llmapi_engine_config(plan)
     else:
-        raise RepositoryError(f"plan.backend: expected 'tensorrtllm' or 'pytorch', got {plan.backend!r}")
+        raise RepositoryError(f"plan.backend: expected 'tensorrtllm', 'llmapi' or 'pytorch', got {plan.backend!r}")
     engine_sends_prefix = any(t.name == nv.PREFIX_IDS_OUTPUT.name for t in engine.outputs)
     if window_relay is None:
         # Only streamed chunks need prefix_ids; a non-decoupled engine answers each request whole.

@@ -23,6 +23,7 @@ from trtllm_truss.repository.models import (
     RepositoryError,
     repository_configs,
 )
+from trtllm_truss.repository.llmapi import write_model_yaml
 from trtllm_truss.repository.pbtxt import to_pbtxt
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ def python_model_sources(plan: ServingPlan, engine_model_source: Path | None = N
     }
     if plan.backend == "pytorch":
         sources[ENGINE] = engine_model_source or TRITON_MODELS_DIR / "tensorrt_llm_pytorch" / "model.py"
+    elif plan.backend == "llmapi" and engine_model_source is None:
+        sources[ENGINE] = TRITON_MODELS_DIR / "tensorrt_llm_llmapi" / "model.py"
     elif engine_model_source is not None:
         raise RepositoryError("engine_model_source: only a python engine (backend 'pytorch') can be replaced")
     return sources
@@ -88,12 +91,6 @@ def _write(
     import_path: Sequence[str],
     final_repo: Path,
 ) -> None:
-    if plan.backend == "llmapi":  # NVIDIA's single llmapi model, configured by model.yaml
-        from trtllm_truss.repository.llmapi import write_llmapi_repository
-
-        write_llmapi_repository(repo, plan)
-        (repo / MARKER_FILE).write_text(f"backend={plan.backend}\n", encoding="utf-8")
-        return
     tokenizer_info = None
     if plan.backend == "tensorrtllm" and plan.guided_decoding_off is None:
         # NVIDIA's C++ backend reads xgrammar's tokenizer info from a JSON file (guides.engines):
@@ -115,6 +112,8 @@ def _write(
         if name in sources:
             source = sources[name].read_text(encoding="utf-8")
             (version_dir / "model.py").write_text(with_import_path(source, import_path), encoding="utf-8")
+    if plan.backend == "llmapi":  # our llmapi model reads its LLM() arguments from 1/model.yaml
+        write_model_yaml(repo / ENGINE / "1", plan)
     (repo / MARKER_FILE).write_text(f"backend={plan.backend}\n", encoding="utf-8")
 
 

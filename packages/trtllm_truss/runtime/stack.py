@@ -166,8 +166,7 @@ def start_stack(
             binary=binary,
             ports=ports,
             startup_timeout_s=startup_timeout_s or plan.runtime.startup_timeout_s,
-            # NVIDIA's llmapi layout is one model, no ensembles.
-            ready_models=(ENGINE,) if plan.backend == "llmapi" else (ENSEMBLE, IDS_ENSEMBLE),
+            ready_models=(ENSEMBLE, IDS_ENSEMBLE),
             **launch,
         )
         if cluster is not None:

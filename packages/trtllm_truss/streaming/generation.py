@@ -22,7 +22,7 @@ from trtllm_truss.api.openai import LogProbEntry
 from trtllm_truss.api.stops import StopSequenceTrimmer
 from trtllm_truss.engine.client import EnsembleClient, UpstreamError
 from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder
-from trtllm_truss.engine.engine_client import LLMAPI_UNSUPPORTED, EngineClient, LlmApiClient
+from trtllm_truss.engine.engine_client import EngineClient
 from trtllm_truss.planning.lora import worker_lora_weights  # noqa: F401 - what fronts.service.stream_pool passes here
 from trtllm_truss.streaming.itl import ItlAccumulator
 from trtllm_truss.engine.preprocess import word_list_tensor
@@ -54,8 +54,6 @@ class WorkerSettings:
     # postprocessing model decodes, the worker still matches stop strings and counts usage.
     text_ensemble: str | None = None
     trust_remote_code: bool = False  # runtime.trust_remote_code: the tokenizer's own code may run
-    # NVIDIA's llmapi model (backend llmapi): text in, accumulated text out, no token ids.
-    llmapi: bool = False
     # The engine speculates (model_metadata.trt_llm.speculative on tensorrtllm): ask it for its draft totals.
     draft_stats: bool = False
     # runtime.tool_call_parser / reasoning_parser: "auto" is resolved here, from the chat template.
@@ -146,7 +144,6 @@ class WorkerModel:
         )
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
-        self.llmapi = LlmApiClient(settings.grpc_url, model_name=settings.engine_model) if settings.llmapi else None
         self.lora = LoraTasks(settings.lora_weights) if settings.lora_weights else None
 
     @property
@@ -172,8 +169,6 @@ class WorkerModel:
 
     async def close(self) -> None:
         await self.engine.close()
-        if self.llmapi is not None:
-            await self.llmapi.close()
         if self.ensemble is not None:
             await self.ensemble.close()
 
@@ -182,13 +177,13 @@ class WorkerModel:
     def prompt_text(self, spec: GenerationSpec) -> str:
         """The prompt as text: what the byte bound measures, and what the text ensemble is sent."""
         if spec.prompt_ids is not None:
-            if self.ensemble is not None or self.llmapi is not None:
+            if self.ensemble is not None:
                 raise RequestError(
                     spec.prompt_field, "token-id prompts need the engine's ids (runtime.detokenize_in: worker, backend tensorrtllm)"
                 )
             return ""
         if spec.messages is not None:
-            if self.ensemble is not None or self.llmapi is not None:
+            if self.ensemble is not None:
                 return self._chat_call(self.chat.render_chat, spec)
             return "".join(_turn_text(turn) for turn in spec.messages)
         return spec.prompt or ""
@@ -258,14 +253,6 @@ class WorkerModel:
         draft_totals = [0, 0]  # the engine's running totals: draft tokens, accepted draft tokens
         if params.return_log_probs and self.ensemble is not None:
             raise RequestError("logprobs", "not available with runtime.detokenize_in: postprocessing (no token ids)")
-        if self.llmapi is not None:
-            for name in LLMAPI_UNSUPPORTED:
-                value = getattr(spec.params, name)
-                if value not in (None, False) and not (name == "beam_width" and value == 1):
-                    field = "logprobs" if name == "return_log_probs" else name
-                    raise RequestError(field, "NVIDIA's llmapi model (backend llmapi) has no input for it")
-            if spec.params.bad_words:
-                raise RequestError("bad_words_list", "NVIDIA's llmapi model (backend llmapi) has no input for it")
         parser = None
         if spec.reasoning_parser is not None or spec.tool_parser is not None:
             from trtllm_truss.parsers import OutputParser
@@ -276,13 +263,10 @@ class WorkerModel:
         pieces = self._pieces(
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
         )
-        generated: list[str] = []
-        generated_text = lambda: "".join(generated)  # noqa: E731 - read only for backend llmapi
         release = LogProbRelease() if params.return_log_probs else None
         async with aclosing(pieces):
             async for piece, tokens, log_probs in pieces:
                 completion += tokens
-                generated.append(piece)
                 out = stops.feed(piece)
                 entries = None
                 if release is not None:
@@ -310,8 +294,6 @@ class WorkerModel:
                 emit(parts, rest or None)
         elif tail or rest:
             emit(tail, rest or None)
-        if self.llmapi is not None:  # no token ids come back: count the text that was generated
-            completion = len(self.tokenizer.encode(generated_text(), add_special_tokens=False))
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         if reason == "stop" and parser is not None and parser.tool_calls:
             reason = "tool_calls"
@@ -329,11 +311,6 @@ class WorkerModel:
     ) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
-        if self.llmapi is not None:
-            async with aclosing(self.llmapi.generate_text(text, engine_params)) as texts:
-                async for piece in texts:
-                    yield piece, 0, None
-            return
         if self.ensemble is not None:
             async with aclosing(self.ensemble.generate(dataclasses.replace(engine_params, text_input=text, stream=True))) as deltas:
                 async for delta in deltas:

@@ -1,0 +1,105 @@
+"""Our llmapi Triton model against NVIDIA's LLM API of every 1.x release the plan allows.
+
+Every keyword our model passes (triton_models/tensorrt_llm_llmapi/llm_request.py: generate_async,
+SamplingParams, GuidedDecodingParams, LoRARequest, all by keyword) and every key of the model.yaml it is
+given must be in the records of tests/data/trtllm_flags/<version>/llmapi_generate.json and
+llmapi_model.json (each names the NVIDIA file and commit it was read from). The LLM-API double must not
+accept a name the real classes lack either.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+FLAGS = Path(__file__).resolve().parents[1] / "data" / "trtllm_flags"
+PACKAGE = Path(__file__).resolve().parents[2] / "packages" / "trtllm_truss"
+REQUEST_MODULE = PACKAGE / "triton_models" / "tensorrt_llm_llmapi" / "llm_request.py"
+VERSIONS = ("1.0.0", "1.1.0", "1.2.0")
+# Call name in llm_request.py -> the record's list of accepted keywords.
+CALLS = {
+    "generate_async": "generate_async_keywords",
+    "SamplingParams": "sampling_params_fields",
+    "GuidedDecodingParams": "guided_decoding_params_fields",
+    "LoRARequest": "lora_request_fields",
+}
+
+
+def record(version: str) -> dict:
+    doc = json.loads((FLAGS / version / "llmapi_generate.json").read_text())
+    assert doc["trtllm_version"] == version and doc["source"]["repository"] == "NVIDIA/TensorRT-LLM"
+    assert doc["sources"]["sampling_params"]["commit"], "provenance missing"
+    return doc
+
+
+def calls_of(path: Path) -> dict[str, list[ast.Call]]:
+    found: dict[str, list[ast.Call]] = {name: [] for name in CALLS}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CALLS:
+            found[node.func.attr].append(node)
+    return found
+
+
+def test_our_model_calls_the_llm_api_by_keyword_only():
+    found = calls_of(REQUEST_MODULE)
+    assert all(found.values()), {name: len(calls) for name, calls in found.items()}
+    for name, calls in found.items():
+        for call in calls:
+            assert not call.args, f"{name}: positional arguments at line {call.lineno}"
+            assert all(k.arg is not None for k in call.keywords), f"{name}: **kwargs at line {call.lineno}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_keyword_our_model_passes_is_in_the_record_of_each_version(version):
+    accepted = record(version)
+    for name, calls in calls_of(REQUEST_MODULE).items():
+        used = {k.arg for call in calls for k in call.keywords}
+        assert used <= set(accepted[CALLS[name]]), (version, name, used - set(accepted[CALLS[name]]))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_double_accepts_no_name_the_real_classes_lack(version):
+    from trtllm_truss.engine_standin import llmapi_double as double
+
+    accepted = record(version)
+    for cls, key in (
+        (double.SamplingParams, "sampling_params_fields"),
+        (double.GuidedDecodingParams, "guided_decoding_params_fields"),
+        (double.LoRARequest, "lora_request_fields"),
+    ):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert fields <= set(accepted[key]), (cls.__name__, fields - set(accepted[key]))
+
+
+def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
+    """The fullest model.yaml we render (guides, LoRA, chunked prefill, fp8 KV cache) against the 1.0
+    record of LLM() names (llmapi_model.json) and LoraConfig's fields."""
+    from types import SimpleNamespace
+
+    from trtllm_truss.config import load_config
+    from trtllm_truss.planning.lora import PlannedAdapter
+    from trtllm_truss.repository.llmapi import llm_args
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "config.yaml").write_text(
+        "model_name: t\nmodel_metadata:\n  trt_llm:\n    build:\n      base_model_architecture: llama\n"
+        "      huggingface_ckpt_repository: ckpt\n      quantization_type: fp8_kv\n      max_num_tokens: 4096\n"
+        "    runtime:\n      enable_chunked_context: true\n      stream_interval: 4\n"
+    )
+    trt = load_config(tmp_path, environ={}).trt_llm
+    args = llm_args(
+        trt.build, trt.runtime, "/m", guide_engine="xgrammar",
+        adapters=(PlannedAdapter("pirate", 1, tmp_path / "pirate"),), lora_configuration=SimpleNamespace(max_lora_rank=8, max_loras=2),
+    )
+    names = json.loads((FLAGS / "1.0.0" / "llmapi_model.json").read_text())
+    assert set(args) <= set(names["llm_args"]), set(args) - set(names["llm_args"])
+    assert set(args["kv_cache_config"]) <= set(names["kv_cache_config_fields"])
+    assert set(args["scheduler_config"]) <= set(names["scheduler_config_fields"])
+    for version in VERSIONS:
+        assert set(args["lora_config"]) <= set(record(version)["lora_config_fields"])
+    assert args["guided_decoding_backend"] == "xgrammar" and args["stream_interval"] == 4
