@@ -64,6 +64,16 @@ _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "co
 MAX_REPAIRS = 8
 
 
+class KeywordRefused(GuideError):
+    """Strict: a keyword at `place` (a dotted path under the schema, "" for its root) that `engine` does
+    not enforce."""
+
+    def __init__(self, place: str, keyword: str, engine: str) -> None:
+        self.place = place
+        name, _, detail = keyword.partition(" ")
+        super().__init__(f"keyword {name!r} cannot be enforced by {engine}" + (f" ({keyword})" if detail else ""))
+
+
 @dataclass(frozen=True)
 class PreparedSchema:
     """The guide text to send and what of the schema it does not enforce ("<place>: <keyword>")."""
@@ -112,12 +122,12 @@ def unenforced(schema: Any, engine: str, where: str = "") -> Iterator[tuple[str,
                 yield place, key
 
 
-def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool, field: str = "") -> PreparedSchema:
-    """The schema as the guide `engine` enforces (module docstring); raises GuideError naming the place
-    (`field` + place) and keyword, or with the engine's reason."""
+def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool) -> PreparedSchema:
+    """The schema as the guide `engine` enforces (module docstring); raises KeywordRefused (strict: the
+    place and keyword) or GuideError with the engine's reason."""
     if strict:
         for place, key in unenforced(schema, engine):
-            raise GuideError(f"{field}{place}: keyword {key.split(' ')[0]!r} cannot be enforced by {engine}" + (f" ({key})" if " " in key else ""))
+            raise KeywordRefused(place, key, engine)
         text = schema_text(schema)
         check_guide("json_schema", text, engine)
         return PreparedSchema(text)

@@ -38,7 +38,7 @@ from trtllm_truss.api.openai import (
     sse_event,
 )
 from trtllm_truss.api.sse import ChunkTemplate
-from trtllm_truss.api.tools import check_strict_tools, check_tool_choice, check_tools, tool_dicts
+from trtllm_truss.api.tools import check_tool_choice, check_tools, strict_guided_tools, tool_dicts
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request, with_unenforced_header
 from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import (
@@ -77,7 +77,6 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
     tools = req.tools or []
     check_tools(tools)
     choice = check_tool_choice(tools, req.tool_choice)
-    check_strict_tools(tools, choice)
     kwargs = req.chat_template_kwargs or {}
     for key in kwargs:
         if key in _RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
@@ -93,6 +92,7 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
         default_top_p=OPENAI_DEFAULT_TOP_P,
         tools=tool_dicts(tools),
         tool_choice=choice,
+        strict_tools=strict_guided_tools(tools, choice),
         parallel_tool_calls=req.parallel_tool_calls,
         guide=request_guide(req),
         chat_template_kwargs=kwargs,

@@ -32,7 +32,7 @@ from trtllm_truss.api import structured
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
-from trtllm_truss.api.tools import tool_guide
+from trtllm_truss.api.tools import check_strict_tools, tool_guide
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
@@ -229,6 +229,7 @@ class RequestCore:
                     own or req.tool_choice_field,
                     f"guide type {params.guided_decoding_guide_type!r} is not one this engine takes ({', '.join(limits.guide_types)})",
                 )
+            check_strict_tools(req.tools, req.strict_tools, limits.guide_engine, req.tools_field)
             strict = req.guide.strict if req.guide is not None else False
             guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field, strict)
             checked = await structured.check(guide, engine=limits.guide_engine)
