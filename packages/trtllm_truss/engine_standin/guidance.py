@@ -104,9 +104,9 @@ class GuideCompiler:
                 if self.tokenizer_dir is None:
                     raise GuideError("guided decoding needs the model's tokenizer; the engine has none")
                 if self.engine == XGRAMMAR:
-                    from trtllm_truss.guides.xgrammar_guide import XGrammarGuides
+                    from trtllm_truss.guides.xgrammar_guide import guides_for
 
-                    self._tokenizer = XGrammarGuides(str(self.tokenizer_dir))
+                    self._tokenizer = guides_for(str(Path(self.tokenizer_dir).resolve()))
                 else:
                     self._tokenizer = load_guide_tokenizer(self.tokenizer_dir)
             return self._tokenizer

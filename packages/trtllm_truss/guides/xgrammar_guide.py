@@ -114,7 +114,21 @@ class XGrammarMatcher:
         return self.matcher.is_completed()
 
     def is_stopped(self) -> bool:
-        return self.matcher.is_terminated()
+        """The guide cannot go on: only a stop token may follow (or one was taken). The stand-in then ends
+        the request as if its end token came, as llguidance's `is_stopped` lets it (a complete guide
+        that could go on, e.g. a number, is not stopped)."""
+        if self.matcher.is_terminated():
+            return True
+        if not self.matcher.is_completed():
+            return False
+        xgr = _xgrammar()
+        info = self.compiled.tokenizer_info
+        bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask)
+        words = bitmask[0].clone()
+        for token in info.stop_token_ids:  # clear the stop tokens' bits: is anything else allowed?
+            words[token // 32] &= ~(1 << (token % 32))
+        return not bool(words.any())
 
     def is_error(self) -> bool:
         return self._error is not None
@@ -123,9 +137,17 @@ class XGrammarMatcher:
         return self._error or ""
 
 
+@functools.lru_cache(maxsize=4)
+def guides_for(tokenizer_dir: str) -> XGrammarGuides:
+    """One XGrammarGuides per tokenizer folder in this process: building the TokenizerInfo takes seconds,
+    and xgrammar's compiler caches what it compiled; both are safe to share between threads and engines."""
+    return XGrammarGuides(tokenizer_dir)
+
+
 class XGrammarGuides:
     """xgrammar's GrammarCompiler over the model's tokenizer, as TensorRT-LLM builds it (TokenizerInfo
-    from the Hugging Face tokenizer, the end token as stop token, the compiler's cache on)."""
+    from the Hugging Face tokenizer, the end token as stop token, the compiler's cache on). Get one with
+    `guides_for` (shared per tokenizer)."""
 
     def __init__(self, tokenizer_dir: str) -> None:
         from transformers import AutoTokenizer
