@@ -3,7 +3,10 @@ category (accepted / all, exact counts for the pinned corpora, xgrammar 0.2.8 an
 in docs/api.md), and parity: what the request path accepts is what the engine's own compiler,
 called as TensorRT-LLM calls it over the model's tokenizer, compiles (the guide actually sent).
 
-Compile-only: generation over the corpora is sampled in tests/unit/test_standin_guided_corpus.py.
+Coverage is checked for every schema (the request path's check: no tokenizer, ~20 s for both engines
+and modes); parity compiles a deterministic sample over the tokenizer (every PARITY_STRIDE-th schema of
+each category, 155 of 3,754: xgrammar's compile of the whole corpus takes about a minute, a few schemas 5-20 s each).
+Generation over the corpora: tests/unit/test_standin_guided_corpus.py.
 """
 
 from __future__ import annotations
@@ -45,10 +48,25 @@ EXPECTED = {
 }
 
 
+PARITY_STRIDE = 25
+KNOWN_XGRAMMAR_GAPS = ("https://openapi.vercel.sh/vercel.json",)
+
+
 @pytest.fixture(scope="module")
 def corpus():
     items = [(item.category, item.schema) for item in schemastore_corpus.load_corpus()]
     return items + [("bfcl", item.schema) for item in bfcl_corpus.load_corpus()]
+
+
+def parity_sample(rows):
+    """Every PARITY_STRIDE-th row of each category, in corpus order."""
+    seen: dict[str, int] = defaultdict(int)
+    sample = []
+    for row in rows:
+        if seen[row[0]] % PARITY_STRIDE == 0:
+            sample.append(row)
+        seen[row[0]] += 1
+    return sample
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +123,7 @@ def test_parity_with_each_engines_own_compiler(results):
     compilers = {"xgrammar": xgrammar.GrammarCompiler(info, max_threads=1), "llguidance": llguidance.hf.from_tokenizer(tokenizer)}
     mismatches, trimmed = [], []
     for engine in ENGINES:
-        for category, schema, _ in results[engine, "strict"]:
+        for category, schema, _ in parity_sample(results[engine, "strict"]):
             text = schema_text(schema)
             if len(text.encode()) > (1 << 20):
                 continue  # refused for its size before any engine sees it
@@ -116,10 +134,26 @@ def test_parity_with_each_engines_own_compiler(results):
                 checked = False
             if _engine_compiles(engine, text, compilers) != checked:
                 mismatches.append((engine, category, schema.get("title")))
-        for category, _, sent in results[engine, "best effort"]:
+        for category, _, sent in parity_sample(results[engine, "best effort"]):
             if sent is not None and not _engine_compiles(engine, sent, compilers):
                 trimmed.append((engine, category))
     assert mismatches == []
-    # Known gap: 2 trimmed SchemaStore draft-04 guides pass xgrammar's conversion (the request path's
-    # check, no tokenizer) but not its compile over the tokenizer; the engine refuses them at submit.
-    assert trimmed == [("xgrammar", "draft-04")] * 2
+    assert trimmed == []  # in the sample; the known gaps outside it: test_known_best_effort_gaps
+
+
+def test_known_best_effort_gaps_of_xgrammar():
+    """Known gap: trimmed SchemaStore draft-04 guides that pass xgrammar's conversion (the request path's
+    check, no tokenizer) but fail its compile over the tokenizer (an internal check of xgrammar 0.2.8's
+    grammar functor); the stand-in's engine refuses them when the request is submitted, with that reason."""
+    import xgrammar
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, stop_token_ids=[tokenizer.eos_token_id])
+    compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+    gaps = [item for item in schemastore_corpus.load_corpus() if item.url in KNOWN_XGRAMMAR_GAPS]
+    assert len(gaps) == len(KNOWN_XGRAMMAR_GAPS)
+    for item in gaps:
+        sent = prepare(item.schema, "xgrammar", strict=False).text  # accepted by the request path's check
+        with pytest.raises(RuntimeError, match="per_rule_fsm_hashes"):
+            compiler.compile_json_schema(sent)
