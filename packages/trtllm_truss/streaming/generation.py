@@ -264,9 +264,12 @@ class WorkerModel:
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
         )
         release = LogProbRelease() if params.return_log_probs else None
+        generated: list[str] = []  # the answer's text, validated against spec.output_schema at the end
         async with aclosing(pieces):
             async for piece, tokens, log_probs in pieces:
                 completion += tokens
+                if spec.output_schema is not None:
+                    generated.append(piece)
                 out = stops.feed(piece)
                 entries = None
                 if release is not None:
@@ -299,7 +302,7 @@ class WorkerModel:
             reason = "tool_calls"
         schema_valid = None
         if spec.output_schema is not None and completion < params.max_tokens and not stops.stopped:
-            schema_valid = answer_valid(spec.output_schema, generated_text())
+            schema_valid = answer_valid(spec.output_schema, "".join(generated))
         return StreamEnd(
             finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
             draft_tokens=draft_totals[0], accepted_draft_tokens=draft_totals[1],
