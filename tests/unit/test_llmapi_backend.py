@@ -196,3 +196,25 @@ def test_guided_decoding_reaches_the_llm_api_through_model_yaml(tmp_path):
             resolved(tmp_path, f"runtime:\n  guided_decoding_backend: {setting}\n"), facts("1.0.0"), artifacts_dir=tmp_path / setting
         )
         assert plan_llm_args(chosen)["guided_decoding_backend"] == setting
+
+
+def test_guided_whitespace_reaches_the_stand_in_and_the_double_never_model_yaml(tmp_path):
+    """runtime.pytorch.guided_whitespace is the stand-in's (compact by default): a parameter of the pytorch
+    engine model and of the llmapi model where it runs the double, never an LLM() argument in model.yaml."""
+    from trtllm_truss.engine_standin.settings import StandinSettings
+    from trtllm_truss.repository import repository_configs
+    from trtllm_truss.repository.llmapi import plan_llm_args
+
+    flexible = "runtime:\n  backend: {}\n  pytorch:\n    guided_whitespace: flexible\n"
+    double = make_plan(resolved(tmp_path, flexible.format("llmapi")), RuntimeFacts(), artifacts_dir=tmp_path / "a")
+    assert double.llm_api_double and repository_configs(double)["tensorrt_llm"].parameter_dict["guided_whitespace"] == "flexible"
+    assert not any("whitespace" in key for key in plan_llm_args(double))
+    real = make_plan(resolved(tmp_path, flexible.format("llmapi")), facts("1.0.0"), artifacts_dir=tmp_path / "b")
+    assert "guided_whitespace" not in repository_configs(real)["tensorrt_llm"].parameter_dict
+    for extra, expected in ((flexible.format("pytorch"), "flexible"), ("runtime:\n  backend: pytorch\n", "compact")):
+        plan = make_plan(resolved(tmp_path, extra), RuntimeFacts(), artifacts_dir=tmp_path / expected)
+        params = repository_configs(plan)["tensorrt_llm"].parameter_dict
+        assert params["guided_whitespace"] == expected
+        assert StandinSettings.from_parameters({**params, "model_dir": "m"}).guided_whitespace == expected
+    with pytest.raises(ValueError, match="parameters.guided_whitespace: 'loose'"):
+        StandinSettings.from_parameters({"model_dir": "m", "guided_whitespace": "loose"})

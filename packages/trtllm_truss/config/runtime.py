@@ -57,6 +57,13 @@ class PytorchEngineConfig(StrictModel):
         description="false (as NVIDIA's engine): one response per token per step, queued in order when the "
         "sender falls behind; true: merge the tokens waiting for a request into one response.",
     )
+    guided_whitespace: Literal["compact", "flexible"] = Field(
+        "compact",
+        description="Whitespace between JSON tokens in guided output where the stand-in generates (backend pytorch,"
+        " and llmapi's double): flexible: free, as TensorRT-LLM compiles guides (xgrammar any_whitespace, llguidance"
+        " defaults); compact: none (the same engine and options otherwise), as the small embedded model emits blanks"
+        " until max_tokens when they are free. Which guides are accepted does not change.",
+    )
 
 
 class HealthProbeConfig(StrictModel):

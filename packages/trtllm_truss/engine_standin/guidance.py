@@ -5,7 +5,10 @@ It uses the grammar engine `runtime.guided_decoding_backend` names (the `guided_
 xgrammar, TensorRT-LLM's default, or llguidance, which its PyTorch path also offers), called as TensorRT-LLM
 calls it and as the request path checks guides (`trtllm_truss.guides`), so a guide the API accepted is a
 guide the engine enforces, and outputs take the shape the GPU engine gives them (xgrammar's strict mode:
-no properties a schema does not list).
+no properties a schema does not list). One option may differ: `whitespace` (runtime.pytorch.guided_whitespace,
+compact by default there) "compact" compiles JSON without free whitespace, since the embedded model, unlike a
+real one, emits blanks until max_tokens when they are allowed; "flexible" (GuideCompiler's default) is
+TensorRT-LLM's. Which guides compile does not depend on it (tests/unit/test_guided_whitespace.py).
 - `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guides.guide.compile_matcher`) on a small thread pool, never on the
   decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
   compiled grammar and lexer). A guide that fails to compile, or is still compiling after the timeout,
@@ -32,7 +35,15 @@ import llguidance.numpy
 import numpy as np
 
 from trtllm_truss.engine_standin.types import Guide
-from trtllm_truss.guides.guide import LLGUIDANCE, XGRAMMAR, GuideError, compile_matcher, load_guide_tokenizer
+from trtllm_truss.guides.guide import (
+    LLGUIDANCE,
+    WHITESPACE_COMPACT,
+    WHITESPACE_FLEXIBLE,
+    XGRAMMAR,
+    GuideError,
+    compile_matcher,
+    load_guide_tokenizer,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -77,9 +88,11 @@ class GuideCompiler:
         timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
         limits: llguidance.LLParserLimits | None = None,
         engine: str = XGRAMMAR,
+        whitespace: str = WHITESPACE_FLEXIBLE,
     ) -> None:
         self.tokenizer_dir = tokenizer_dir
         self.engine = engine
+        self.whitespace = whitespace  # runtime.pytorch.guided_whitespace (guides.guide.WHITESPACE_*)
         self.cache_size = cache_size
         self.timeout_s = timeout_s
         # llguidance's LLParserLimits bound compile and step work; short errors: they go to the client.
@@ -157,10 +170,10 @@ class GuideCompiler:
     def _build(self, guide_type: str, guide: str | None) -> Any:
         if self.engine == XGRAMMAR:
             try:
-                return self.tokenizer.compile(guide_type, guide)
+                return self.tokenizer.compile(guide_type, guide, any_whitespace=self.whitespace != WHITESPACE_COMPACT)
             except ValueError as exc:
                 raise GuideError(str(exc)) from None
-        return compile_matcher(guide_type, guide, self.tokenizer, self._limits)
+        return compile_matcher(guide_type, guide, self.tokenizer, self._limits, self.whitespace)
 
     def _compile(self, key: tuple[str, str | None], pending: _Pending, timer: threading.Timer) -> None:
         start = time.perf_counter()

@@ -204,7 +204,9 @@ class GenerationResult:
 class LLM:
     """Stands in for `tensorrt_llm.LLM` (see the module docstring for what it applies)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, double_guided_whitespace: str = "compact", **kwargs: Any) -> None:
+        """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`: the double's own setting
+        (runtime.pytorch.guided_whitespace, the llmapi model's `guided_whitespace` parameter)."""
         unknown = sorted(set(kwargs) - _ACCEPTED_LLM_ARGS)
         if unknown:
             raise TypeError(f"LLM-API double: unexpected LLM() arguments {unknown}")
@@ -229,6 +231,7 @@ class LLM:
             "lora_adapters": json.dumps({str(t): {"name": d, "dir": d} for d, t in self._adapter_task.items()}),
             # llm_args.py: Optional[Literal["xgrammar", "llguidance"]], None (the default) = no guided decoding.
             "guided_decoding_backend": kwargs.get("guided_decoding_backend") or "none",
+            "guided_whitespace": double_guided_whitespace,
         }
         if not lora_dirs:
             del parameters["lora_adapters"]

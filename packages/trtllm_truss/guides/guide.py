@@ -38,6 +38,12 @@ GUIDE_TYPES: tuple[str, ...] = ("json", "json_schema", "regex", "ebnf_grammar", 
 
 
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"
+# Whitespace between JSON tokens (runtime.pytorch.guided_whitespace, the stand-in's only): "flexible" is
+# TensorRT-LLM's (any amount, no limit); "compact" allows none, the engine's own option for it (xgrammar
+# any_whitespace=False with separators "," ":", llguidance whitespace_flexible: false), because a tiny
+# model loops on blanks (and, after ": ", on an integer's digits).
+WHITESPACE_FLEXIBLE, WHITESPACE_COMPACT = "flexible", "compact"
+_COMPACT_JSON = {"whitespace_flexible": False}  # llguidance's JSON options (x-guidance) for compact
 # Guide text above this is refused before anything compiles it (a bound on work per request).
 MAX_GUIDE_BYTES = 1 << 20
 
@@ -66,22 +72,23 @@ def _llguidance() -> ModuleType:
     return module
 
 
-def grammar_of(guide_type: str, guide: str | None) -> str:
-    """The llguidance grammar of a guide, as TensorRT-LLM's llguidance matcher builds it; raises GuideError
-    for an unknown type or malformed text (a grammar that parses here may still fail to compile:
-    `check_guide` compiles it)."""
+def grammar_of(guide_type: str, guide: str | None, whitespace: str = WHITESPACE_FLEXIBLE) -> str:
+    """The llguidance grammar of a guide, as TensorRT-LLM's llguidance matcher builds it (`whitespace`
+    compact: JSON without free whitespace, the stand-in's option); raises GuideError for an unknown type
+    or malformed text (a grammar that parses here may still fail to compile: `check_guide` compiles it)."""
     if guide_type not in GUIDE_TYPES:
         raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
     llguidance = _llguidance()
+    json_options = _COMPACT_JSON if whitespace == WHITESPACE_COMPACT else None
     if guide_type == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}')
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=json_options)
     if not guide:
         raise GuideError(f"guide type {guide_type!r} needs a guide")
     if len(guide) > MAX_GUIDE_BYTES // 4 and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
         raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
     try:
         if guide_type == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(guide)
+            return llguidance.LLMatcher.grammar_from_json_schema(guide, defaults=json_options)
         if guide_type == "regex":
             return llguidance.LLMatcher.grammar_from_regex(guide)
         if guide_type == "ebnf_grammar":
@@ -143,11 +150,16 @@ def load_guide_tokenizer(tokenizer_dir: Path | str) -> llguidance.LLTokenizer:
 
 
 def compile_matcher(
-    guide_type: str, guide: str | None, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits | None = None
+    guide_type: str,
+    guide: str | None,
+    tokenizer: llguidance.LLTokenizer,
+    limits: llguidance.LLParserLimits | None = None,
+    whitespace: str = WHITESPACE_FLEXIBLE,
 ) -> llguidance.LLMatcher:
     """A matcher for the guide over the model's tokenizer, its first mask computed (a guide over the
     per-step limits there is refused now, not mid-generation); raises GuideError with the reason."""
-    matcher = _llguidance().LLMatcher(tokenizer, grammar_of(guide_type, guide), log_level=0, limits=limits)
+    grammar = grammar_of(guide_type, guide, whitespace)
+    matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
     if not matcher.is_error():
         matcher.compute_bitmask()
     if matcher.is_error():

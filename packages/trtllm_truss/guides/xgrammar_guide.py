@@ -160,14 +160,16 @@ class XGrammarGuides:
         self.stop_token_ids = list(self.info.stop_token_ids)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=True)
 
-    def compile(self, guide_type: str, guide: str | None) -> XGrammarMatcher:
-        """A matcher for the guide; raises ValueError with xgrammar's reason."""
+    def compile(self, guide_type: str, guide: str | None, *, any_whitespace: bool = True) -> XGrammarMatcher:
+        """A matcher for the guide; raises ValueError with xgrammar's reason. `any_whitespace` False: JSON
+        Schemas with no blank at all, separators "," and ":" as llguidance's compact JSON (the stand-in's
+        compact option; TensorRT-LLM's is True, where xgrammar ignores separators)."""
         compiler = self.compiler
         try:
             if guide_type == "json":
                 compiled = compiler.compile_builtin_json_grammar()
             elif guide_type == "json_schema":
-                compiled = compiler.compile_json_schema(guide)
+                compiled = compiler.compile_json_schema(guide, any_whitespace=any_whitespace, separators=None if any_whitespace else (",", ":"))
             elif guide_type == "regex":
                 compiled = compiler.compile_regex(guide)
             elif guide_type == "ebnf_grammar":
