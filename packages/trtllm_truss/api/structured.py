@@ -18,12 +18,14 @@ A `Guide` is TensorRT-LLM's `guided_decoding_guide_type` with its `guided_decodi
   the guides `tool_choice` required / named builds (`api.tools.tool_guide`).
 
 Bounds (checked on the event loop, cheap): a guide's text at most `MAX_GUIDE_BYTES`, a schema's JSON
-nesting at most `MAX_GUIDE_DEPTH`. `strict: true` refuses any keyword the compiler would not enforce
-(unknown keys, OpenAPI's `nullable`, draft-7 `additionalItems`, `minProperties` ...): llguidance
-itself refuses the keywords it knows but does not implement (`not`, `if`, `uniqueItems`, ...) and
-ignores keys it does not know. Compiling (`guides.guide.check_guide`) runs in a small thread pool with a
-timeout (`CHECK_TIMEOUT_S`): a slow guide delays only its own request. Results, failures included,
-are kept in an LRU keyed by the guide's hash, so a repeated guide costs one dictionary lookup.
+nesting at most `MAX_GUIDE_DEPTH`. Then the grammar engine the deployment uses (`RequestLimits.guide_engine`:
+xgrammar or llguidance, with TensorRT-LLM's options) judges the guide, off the event loop
+(`guides.best_effort.prepare` for a schema, `guides.guide.check_guide` for the other types): with
+`strict: true` a keyword that engine does not enforce is a 400 naming its place under the field; without
+it, it is left out of the guide and reported (`CheckedGuide.unenforced`); a guide the engine refuses is a
+400 with the engine's reason. Compiling runs in a small thread pool with a timeout (`CHECK_TIMEOUT_S`): a
+slow guide delays only its own request. Results, refusals included, are kept in an LRU keyed by the
+engine, strictness and the guide's hash, so a repeated guide costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +44,7 @@ from pydantic import Field
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
+from trtllm_truss.guides import best_effort
 from trtllm_truss.guides.guide import GuideError, check_guide, schema_text
 
 MAX_GUIDE_BYTES = 128 * 1024  # UTF-8 bytes of a guide's text (a schema as compact JSON, a regex, a grammar)
@@ -62,6 +65,16 @@ class Guide:
     type: str
     guide: str | None = None
     field: str = "response_format"
+    strict: bool = False  # json_schema: a keyword the engine cannot enforce is a 400 (else left out and reported)
+
+
+@dataclass(frozen=True)
+class CheckedGuide:
+    """A guide as the engine will enforce it: `text` to send (a schema with what the engine cannot
+    enforce left out, when not strict), `unenforced` what was left out or is ignored ("<place>: <keyword>")."""
+
+    text: str | None
+    unenforced: tuple[str, ...] = ()
 
 
 # --- request schemas ------------------------------------------------------------------------------
@@ -240,21 +253,15 @@ def text_guide(guide_type: str, text: str | None, field: str) -> Guide:
 
 
 def schema_guide(schema: Mapping[str, Any], field: str, *, strict: bool = False) -> Guide:
-    """A JSON Schema object as a "json_schema" guide: bounded (size, depth); with `strict`, every
-    key must be a keyword the compiler enforces or a pure annotation."""
+    """A JSON Schema object as a "json_schema" guide: a valid schema, bounded (size, depth); `strict` is
+    carried to the engine's check (`check`), which refuses what the engine does not enforce."""
     depth = json_depth(schema)
     if depth > MAX_GUIDE_DEPTH:
         raise field_error(field, f"nests {depth} levels deep; at most {MAX_GUIDE_DEPTH} are accepted")
     check_schema(field, schema)
     text = schema_text(schema)
     _check_size(field, text)
-    if strict:
-        for where, key in unenforced_keywords(schema):
-            raise field_error(
-                f"{field}{where}",
-                f"keyword {key!r} cannot be enforced by guided decoding; strict: true refuses it (remove it, or send strict: false to have it ignored)",
-            )
-    return Guide("json_schema", text, field)
+    return Guide("json_schema", text, field, strict)
 
 
 def check_schema(field: str, schema: Any) -> None:
@@ -290,49 +297,6 @@ def json_depth(value: Any) -> int:
     return depth
 
 
-# Keywords llguidance 1.9.1 enforces (its docs/json_schema.md, and what compiles), and annotations
-# that constrain nothing. Anything else in a schema is ignored by it (unknown keys) or refused.
-ENFORCED_KEYWORDS = frozenset(
-    {
-        "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-        "properties", "additionalProperties", "required", "patternProperties",
-        "items", "prefixItems", "minItems", "maxItems",
-        "minLength", "maxLength", "pattern", "format",
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    }
-)
-ANNOTATIONS = frozenset(
-    {
-        "$schema", "$id", "$anchor", "$comment", "title", "description", "default", "examples",
-        "readOnly", "writeOnly", "deprecated", "contentEncoding", "contentMediaType",
-    }
-)
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties")
-
-
-def unenforced_keywords(schema: Any, where: str = "") -> Iterator[tuple[str, str]]:
-    """(path, keyword) of each key under `schema` that is neither enforced nor an annotation."""
-    if not isinstance(schema, Mapping):
-        return
-    for key in schema:
-        if key not in ENFORCED_KEYWORDS and key not in ANNOTATIONS:
-            yield where, key
-    for key in _SCHEMA_MAPS:
-        sub = schema.get(key)
-        if isinstance(sub, Mapping):
-            for name, child in sub.items():
-                yield from unenforced_keywords(child, f"{where}.{key}.{name}")
-    for key in _SCHEMA_LISTS:
-        sub = schema.get(key)
-        if isinstance(sub, list):
-            for i, child in enumerate(sub):
-                yield from unenforced_keywords(child, f"{where}.{key}[{i}]")
-    for key in _SCHEMA_ONE:
-        yield from unenforced_keywords(schema.get(key), f"{where}.{key}")
-
-
 # --- compiling, off the event loop ----------------------------------------------------------------
 
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
@@ -347,47 +311,67 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     return _EXECUTOR
 
 
-def _compile(guide_type: str, guide: str | None) -> str | None:
-    """None when the guide compiles, else llguidance's reason."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why the engine cannot enforce a guide; `place`: where under the guide's field of a keyword that
+    strict mode refuses (None: the engine refused the guide itself)."""
+
+    reason: str
+    place: str | None = None
+
+
+def _compile(guide_type: str, guide: str | None, engine: str, strict: bool) -> CheckedGuide | Refusal:
+    """The guide as `engine` enforces it, or the engine's reason it cannot."""
     try:
-        check_guide(guide_type, guide)
+        if guide_type == "json_schema" and guide is not None:
+            prepared = best_effort.prepare(json.loads(guide), engine, strict=strict)
+            return CheckedGuide(prepared.text, prepared.unenforced)
+        check_guide(guide_type, guide, engine)
+    except best_effort.KeywordRefused as exc:
+        return Refusal(str(exc), exc.place)
     except GuideError as exc:
-        return str(exc)
-    return None
+        return Refusal(str(exc))
+    return CheckedGuide(guide)
 
 
-def _checking(guide: Guide) -> concurrent.futures.Future[str | None]:
+def _checking(guide: Guide, engine: str) -> concurrent.futures.Future[CheckedGuide | Refusal]:
     """The (cached, or newly started) compile of `guide`; concurrent requests share one."""
-    key = hashlib.sha256(f"{guide.type}\0{guide.guide or ''}".encode("utf-8", "surrogatepass")).digest()
+    key = hashlib.sha256(f"{engine}\0{guide.strict}\0{guide.type}\0{guide.guide or ''}".encode("utf-8", "surrogatepass")).digest()
     with _LOCK:
         future = _CACHE.get(key)
         if future is not None:
             _CACHE.move_to_end(key)
             return future
-        future = _executor().submit(_compile, guide.type, guide.guide)
+        future = _executor().submit(_compile, guide.type, guide.guide, engine, guide.strict)
         _CACHE[key] = future
         while len(_CACHE) > CACHE_ENTRIES:
             _CACHE.popitem(last=False)
         return future
 
 
-async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """400 naming `guide.field` with the compiler's reason when the guide cannot be enforced, or
-    when compiling it takes longer than `timeout_s` (the event loop never waits on the compiler)."""
+async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S, *, engine: str = "xgrammar") -> CheckedGuide | None:
+    """The guide as `engine` ("xgrammar" | "llguidance", with TensorRT-LLM's options) will enforce it;
+    400 naming `guide.field` with the engine's reason when it cannot, or when compiling it takes
+    longer than `timeout_s` (the event loop never waits on the compiler)."""
     if guide is None:
-        return
+        return None
     if guide.guide is not None:
         _check_size(guide.field, guide.guide)
-    future = _checking(guide)
+    future = _checking(guide, engine)
     if future.done():
-        reason = future.result()
+        result = future.result()
     else:
         try:
-            reason = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+            result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
         except asyncio.TimeoutError:
             raise field_error(guide.field, f"took longer than {timeout_s:g} s to compile; simplify it") from None
-    if reason is not None:
-        raise field_error(guide.field, f"cannot be enforced: {reason}")
+    if isinstance(result, Refusal):
+        if result.place is not None:
+            raise field_error(
+                f"{guide.field}{result.place}", f"{result.reason}; strict: true refuses it (without strict it is left out)"
+            )
+        raise field_error(guide.field, f"cannot be enforced: {result.reason}")
+    return result
 
 
 def cache_clear() -> None:

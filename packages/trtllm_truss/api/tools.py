@@ -20,7 +20,8 @@ from pydantic import Field
 
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
-from trtllm_truss.api.structured import Guide, check_schema, unenforced_keywords
+from trtllm_truss.api.structured import Guide, check_schema
+from trtllm_truss.guides.best_effort import unenforced
 
 
 # OpenAI's rule for function names.
@@ -94,18 +95,25 @@ def check_tool_choice(tools: Sequence[FunctionTool], choice: Any, field: str = "
     return choice or "auto"
 
 
-def check_strict_tools(tools: Sequence[FunctionTool], choice: str, field: str = "tools") -> None:
-    """`function.strict: true` on a tool whose calls are guided (`required`, or the named one): 400
-    naming the place of a keyword guided decoding would not enforce (as `response_format`'s strict).
-    Under `auto` calls are parsed from the model's text, never guided (docs/api.md)."""
-    for i, tool in enumerate(tools):
-        guided = choice == "required" or choice == tool.function.name
-        if not (guided and tool.function.strict and tool.function.parameters):
-            continue
-        for where, key in unenforced_keywords(tool.function.parameters):
+def strict_guided_tools(tools: Sequence[FunctionTool], choice: str) -> tuple[int, ...]:
+    """Positions of the tools with `function.strict: true` whose calls are guided (`required`, or the
+    named one); under `auto` calls are parsed from the model's text, never guided (docs/api.md)."""
+    return tuple(
+        i
+        for i, tool in enumerate(tools)
+        if tool.function.strict and tool.function.parameters and (choice == "required" or choice == tool.function.name)
+    )
+
+
+def check_strict_tools(tools: Sequence[Mapping[str, Any]], strict: Sequence[int], engine: str, field: str = "tools") -> None:
+    """400 naming the place of the first keyword of a strict tool's parameters that the grammar engine
+    `engine` does not enforce (as `response_format`'s strict)."""
+    for i in strict:
+        for where, key in unenforced(_parameters(tools[i]), engine):
+            name, _, detail = key.partition(" ")
             raise field_error(
                 f"{field}[{i}].function.parameters{where}",
-                f"keyword {key!r} cannot be enforced by guided decoding; strict: true refuses it",
+                f"keyword {name!r} cannot be enforced by {engine}" + (f" ({key})" if detail else "") + "; strict: true refuses it",
             )
 
 

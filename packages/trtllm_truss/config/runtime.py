@@ -57,6 +57,13 @@ class PytorchEngineConfig(StrictModel):
         description="false (as NVIDIA's engine): one response per token per step, queued in order when the "
         "sender falls behind; true: merge the tokens waiting for a request into one response.",
     )
+    guided_whitespace: Literal["compact", "flexible"] = Field(
+        "compact",
+        description="Whitespace between JSON tokens in guided output where the stand-in generates (backend pytorch,"
+        " and llmapi's double): flexible: free, as TensorRT-LLM compiles guides (xgrammar any_whitespace, llguidance"
+        " defaults); compact: none (the same engine and options otherwise), as the small embedded model emits blanks"
+        " until max_tokens when they are free. Which guides are accepted does not change.",
+    )
 
 
 class HealthProbeConfig(StrictModel):
@@ -157,13 +164,14 @@ class RuntimeConfig(StrictModel):
         description="How tool calls are read from chat answers (the model family's format); auto: detected from"
         " the chat template's markers (<tool_call>: hermes, [TOOL_CALLS]: mistral, ...); none: tools are refused.",
     )
-    guided_decoding_backend: Literal["auto", "xgrammar", "none"] = Field(
+    guided_decoding_backend: Literal["auto", "xgrammar", "llguidance", "none"] = Field(
         "auto",
-        description="What enforces structured output (response_format, tool_choice required/named, guided_*):"
-        " auto: xgrammar on backend tensorrtllm from TensorRT-LLM 0.19 (its tokenizer info is written at load),"
-        " llguidance on the pytorch stand-in, xgrammar in the LLM API on backend llmapi, and guided requests"
-        " answered 400 where the engine path has none (engines before 0.19); xgrammar: required (a config error where it cannot run); none: off,"
-        " guided requests get 400.",
+        description="The grammar engine that enforces structured output (response_format, tool_choice required/named,"
+        " guided_*), as TensorRT-LLM names it: xgrammar (NVIDIA's C++ backend from TensorRT-LLM 0.19, its tokenizer"
+        " info written at load; the PyTorch path) or llguidance (TensorRT-LLM's PyTorch path only: the pytorch"
+        " stand-in and backend llmapi; a config error on backend tensorrtllm); auto: xgrammar, and guided requests"
+        " answered 400 where the engine path has none (engines before 0.19); none: off, guided requests get 400."
+        " Guides are checked before they are queued with the same engine and options.",
     )
     reasoning_parser: Literal["auto", "none", "deepseek_r1", "qwen3", "gpt_oss"] = Field(
         "auto",

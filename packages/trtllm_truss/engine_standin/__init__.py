@@ -97,7 +97,11 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
         engine = StandinEngine(
             runner,
             settings.limits,
-            guides=GuideCompiler(settings.tokenizer_dir or settings.model_dir),
+            guides=GuideCompiler(
+                settings.tokenizer_dir or settings.model_dir,
+                engine=settings.guided_decoding_backend,
+                whitespace=settings.guided_whitespace,
+            ),
             adapters={task: name for task, (name, _) in adapters.items()},
             max_loras=settings.max_loras,
         )

@@ -1,8 +1,14 @@
 """Guided decoding in the stand-in engine: NVIDIA's `guided_decoding_guide_type` / `guided_decoding_guide`
 enforced where tokens are chosen, as TensorRT-LLM's guided decoder masks the logits before sampling.
 
-It uses llguidance, the compiler the request path checks guides with (`trtllm_truss.guides.guide`), so a guide
-the API accepted is a guide the engine enforces.
+It uses the grammar engine `runtime.guided_decoding_backend` names (the `guided_decoding_backend` parameter:
+xgrammar, TensorRT-LLM's default, or llguidance, which its PyTorch path also offers), called as TensorRT-LLM
+calls it and as the request path checks guides (`trtllm_truss.guides`), so a guide the API accepted is a
+guide the engine enforces, and outputs take the shape the GPU engine gives them (xgrammar's strict mode:
+no properties a schema does not list). One option may differ: `whitespace` (runtime.pytorch.guided_whitespace,
+compact by default there) "compact" compiles JSON without free whitespace, since the embedded model, unlike a
+real one, emits blanks until max_tokens when they are allowed; "flexible" (GuideCompiler's default) is
+TensorRT-LLM's. Which guides compile does not depend on it (tests/unit/test_guided_whitespace.py).
 - `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guides.guide.compile_matcher`) on a small thread pool, never on the
   decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
   compiled grammar and lexer). A guide that fails to compile, or is still compiling after the timeout,
@@ -22,14 +28,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.numpy
 import numpy as np
 
 from trtllm_truss.engine_standin.types import Guide
-from trtllm_truss.guides.guide import GuideError, compile_matcher, load_guide_tokenizer
+from trtllm_truss.guides.guide import (
+    LLGUIDANCE,
+    WHITESPACE_COMPACT,
+    WHITESPACE_FLEXIBLE,
+    XGRAMMAR,
+    GuideError,
+    compile_matcher,
+    load_guide_tokenizer,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -73,8 +87,12 @@ class GuideCompiler:
         threads: int = DEFAULT_COMPILE_THREADS,
         timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
         limits: llguidance.LLParserLimits | None = None,
+        engine: str = XGRAMMAR,
+        whitespace: str = WHITESPACE_FLEXIBLE,
     ) -> None:
         self.tokenizer_dir = tokenizer_dir
+        self.engine = engine
+        self.whitespace = whitespace  # runtime.pytorch.guided_whitespace (guides.guide.WHITESPACE_*)
         self.cache_size = cache_size
         self.timeout_s = timeout_s
         # llguidance's LLParserLimits bound compile and step work; short errors: they go to the client.
@@ -83,20 +101,34 @@ class GuideCompiler:
         self._cache: OrderedDict[tuple[str, str | None], llguidance.LLMatcher] = OrderedDict()
         self._pending: dict[tuple[str, str | None], _Pending] = {}
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="guide-compile")
-        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._stats = GuideCacheStats()
         self.compile_times: deque[float] = deque(maxlen=4096)  # seconds of the latest compiles (bench)
 
     @property
-    def tokenizer(self) -> llguidance.LLTokenizer:
-        """Loaded on first use, on a compile thread (about a second for a large vocabulary)."""
+    def tokenizer(self) -> Any:
+        """llguidance's LLTokenizer, or xgrammar's compiler over the tokenizer (`XGrammarGuides`); loaded
+        on first use, on a compile thread (about a second for a large vocabulary)."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
+                if self.engine not in (XGRAMMAR, LLGUIDANCE):
+                    raise GuideError("guided decoding is off in this engine (guided_decoding_backend: none)")
                 if self.tokenizer_dir is None:
                     raise GuideError("guided decoding needs the model's tokenizer; the engine has none")
-                self._tokenizer = load_guide_tokenizer(self.tokenizer_dir)
+                if self.engine == XGRAMMAR:
+                    from trtllm_truss.guides.xgrammar_guide import guides_for
+
+                    self._tokenizer = guides_for(str(Path(self.tokenizer_dir).resolve()))
+                else:
+                    self._tokenizer = load_guide_tokenizer(self.tokenizer_dir)
             return self._tokenizer
+
+    def masker(self) -> TokenMasker:
+        """The masker of this engine's matchers (after a matcher exists: the tokenizer is loaded)."""
+        if self.engine == XGRAMMAR:
+            return XGrammarMasker(self.tokenizer)
+        return TokenMasker(self.tokenizer)
 
     def stats(self) -> GuideCacheStats:
         with self._lock:
@@ -135,8 +167,13 @@ class GuideCompiler:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _build(self, guide_type: str, guide: str | None) -> llguidance.LLMatcher:
-        return compile_matcher(guide_type, guide, self.tokenizer, self._limits)
+    def _build(self, guide_type: str, guide: str | None) -> Any:
+        if self.engine == XGRAMMAR:
+            try:
+                return self.tokenizer.compile(guide_type, guide, any_whitespace=self.whitespace != WHITESPACE_COMPACT)
+            except ValueError as exc:
+                raise GuideError(str(exc)) from None
+        return compile_matcher(guide_type, guide, self.tokenizer, self._limits, self.whitespace)
 
     def _compile(self, key: tuple[str, str | None], pending: _Pending, timer: threading.Timer) -> None:
         start = time.perf_counter()
@@ -201,12 +238,15 @@ class TokenMasker:
         self._words = llguidance.numpy.get_bitmask_shape(1, self.tokenizer_vocab)[1]
         self._executor = llguidance.LLExecutor(num_threads=threads or min(4, os.cpu_count() or 1))
 
+    def _fill(self, rows: list, bitmask: np.ndarray) -> None:
+        llguidance.numpy.fill_next_token_bitmask_par(self._executor, [(m, k) for k, (_, m, _) in enumerate(rows)], bitmask)
+
     def apply(self, logits: torch.Tensor, rows: list[tuple[int, llguidance.LLMatcher, int | None]]) -> dict[int, str]:
         """`logits`: processed [batch, vocab] float32 on CPU, masked in place; `rows`: (row, matcher,
         end_id) of the guided rows. Returns {row: reason} for rows that cannot go on (the matcher is in
         error, or nothing is allowed); those rows are left unmasked and must not use their token."""
         bitmask = np.empty((len(rows), self._words), dtype=np.int32)  # every row is written below
-        llguidance.numpy.fill_next_token_bitmask_par(self._executor, [(m, k) for k, (_, m, _) in enumerate(rows)], bitmask)
+        self._fill(rows, bitmask)
         # llguidance.numpy rather than llguidance.torch: the torch variant's apply is torch.compile'd,
         # ~10 s on its first CPU call; the logits are on the CPU here and share memory with numpy.
         values = logits.numpy()
@@ -230,3 +270,17 @@ class TokenMasker:
                 masked[k] = original[k]
         values[index] = masked
         return errors
+
+
+class XGrammarMasker(TokenMasker):
+    """TokenMasker with xgrammar's matchers: xgrammar fills the bitmask (the same layout as
+    llguidance's: bit i of the int32 words is token i), the rest is shared."""
+
+    def __init__(self, guides: Any) -> None:
+        self.tokenizer_vocab = guides.vocab_size
+        self.eos_ids = guides.stop_token_ids
+        self._words = llguidance.numpy.get_bitmask_shape(1, self.tokenizer_vocab)[1]
+        self._guides = guides
+
+    def _fill(self, rows: list, bitmask: np.ndarray) -> None:
+        self._guides.fill_bitmask([m for _, m, _ in rows], bitmask)

@@ -3,8 +3,8 @@
 It exists only because TensorRT-LLM cannot run on a machine without NVIDIA GPUs (this one, CI): there,
 `runtime.backend: llmapi` renders our model (triton_models/tensorrt_llm_llmapi/model.py) with parameter
 `llm_api: double`, and the model imports these names instead of `tensorrt_llm`'s. The engine behind them
-is the tensor stand-in's own (`engine_standin.build_engine`: the same scheduler, llguidance guide masks
-and peft adapters), reached through its existing interfaces.
+is the tensor stand-in's own (`engine_standin.build_engine`: the same scheduler, guide masks from the grammar
+engine `guided_decoding_backend` names, and peft adapters), reached through its existing interfaces.
 
 What it mirrors, with NVIDIA's names (recorded per version in tests/data/trtllm_flags/<version>/llmapi_*.json):
 - `LLM(**model.yaml)`: the LLM() keyword arguments; those the stand-in cannot apply (KV cache, parallelism,
@@ -48,13 +48,16 @@ log = logging.getLogger("tensorrt_llm_llmapi")
 
 # LLM() arguments the double applies; every other name our model.yaml may carry is accepted and not applied.
 _APPLIED_LLM_ARGS = frozenset(
-    {"model", "tokenizer", "max_batch_size", "max_input_len", "max_seq_len", "stream_interval", "lora_config"}
+    {
+        "model", "tokenizer", "max_batch_size", "max_input_len", "max_seq_len", "stream_interval", "lora_config",
+        "guided_decoding_backend",
+    }
 )
 _ACCEPTED_LLM_ARGS = _APPLIED_LLM_ARGS | frozenset(
     {
         "backend", "dtype", "tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
         "max_beam_width", "max_num_tokens", "enable_chunked_prefill", "kv_cache_config", "scheduler_config",
-        "speculative_config", "guided_decoding_backend", "enable_lora", "skip_tokenizer_init",
+        "speculative_config", "enable_lora", "skip_tokenizer_init",
     }
 )
 _FINISH = {
@@ -211,10 +214,14 @@ class GenerationResult:
 class LLM:
     """Stands in for `tensorrt_llm.LLM` (see the module docstring for what it applies)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, double_guided_whitespace: str = "compact", **kwargs: Any) -> None:
+        """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`: the double's own setting
+        (runtime.pytorch.guided_whitespace, the llmapi model's `guided_whitespace` parameter)."""
         unknown = sorted(set(kwargs) - _ACCEPTED_LLM_ARGS)
         if unknown:
             raise TypeError(f"LLM-API double: unexpected LLM() arguments {unknown}")
+        if kwargs.get("guided_decoding_backend") not in (None, "xgrammar", "llguidance"):  # TorchLlmArgs' Literal
+            raise ValueError(f"guided_decoding_backend: {kwargs['guided_decoding_backend']!r} is not xgrammar or llguidance")
         from trtllm_truss.engine_standin import build_engine  # torch is imported with the engine
 
         model = str(kwargs["model"])
@@ -232,6 +239,9 @@ class LLM:
             "max_input_len": str(self.max_input_len),
             "max_output_len": str(max_seq_len),  # the double checks prompt + max_tokens <= max_seq_len itself
             "lora_adapters": json.dumps({str(t): {"name": d, "dir": d} for d, t in self._adapter_task.items()}),
+            # llm_args.py: Optional[Literal["xgrammar", "llguidance"]], None (the default) = no guided decoding.
+            "guided_decoding_backend": kwargs.get("guided_decoding_backend") or "none",
+            "guided_whitespace": double_guided_whitespace,
         }
         if not lora_dirs:
             del parameters["lora_adapters"]

@@ -380,7 +380,7 @@ class StandinEngine(EngineBase):
         if not rows:
             return None
         if self._masker is None:  # a matcher exists, so the compiler's tokenizer is loaded
-            self._masker = TokenMasker(self.guides.tokenizer)
+            self._masker = self.guides.masker()
         return lambda logits: errors.update(self._masker.apply(logits, rows))
 
     def _start(self, seq: _Sequence) -> bool:

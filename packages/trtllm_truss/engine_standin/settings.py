@@ -44,6 +44,11 @@ class StandinSettings:
     # adapters one engine step may run (lora_configuration.max_loras; None: any number).
     lora_adapters: Mapping[int, tuple[str, Path]] = field(default_factory=dict)
     max_loras: int | None = None
+    # runtime.guided_decoding_backend resolved: the grammar engine guides are compiled and masked with
+    # (xgrammar | llguidance, as TensorRT-LLM's PyTorch path); "none": guided requests are refused.
+    guided_decoding_backend: str = "xgrammar"
+    # runtime.pytorch.guided_whitespace: compact (JSON without free whitespace) | flexible (TensorRT-LLM's).
+    guided_whitespace: str = "compact"
 
     @property
     def synthetic(self) -> bool:
@@ -111,6 +116,12 @@ class StandinSettings:
         if model_dir is None and step is None:
             problems.append("parameters.model_dir: required (the Hugging Face checkpoint to run)")
         threads_raw = text("num_threads")
+        guide_engine = (text("guided_decoding_backend") or "xgrammar").lower()
+        if guide_engine not in {"xgrammar", "llguidance", "none"}:
+            problems.append(f"parameters.guided_decoding_backend: {guide_engine!r} is not one of xgrammar, llguidance, none")
+        whitespace = (text("guided_whitespace") or "compact").lower()
+        if whitespace not in {"compact", "flexible"}:
+            problems.append(f"parameters.guided_whitespace: {whitespace!r} is not one of compact, flexible")
         adapters = _lora_adapters(text("lora_adapters"), problems)
         settings = cls(
             limits=limits,
@@ -126,6 +137,8 @@ class StandinSettings:
             stream_interval=integer("stream_interval", 1),
             lora_adapters=adapters,
             max_loras=integer("lora_max_loras", 1) if text("lora_max_loras") else None,
+            guided_decoding_backend=guide_engine,
+            guided_whitespace=whitespace,
         )
         if problems:
             raise SettingsError("; ".join(problems))

@@ -1,17 +1,22 @@
-"""Guided decoding guides in NVIDIA's terms, turned into llguidance grammars and checked.
+"""Guided decoding guides in NVIDIA's terms, checked with the grammar engine that will enforce them.
 
 One vocabulary on every path: a guide is NVIDIA's `guided_decoding_guide_type` (tensorrtllm_backend
 v0.19.0 `tensorrt_llm` input; `GuidedDecodingParams.GuideType` in the executor) with its
 `guided_decoding_guide` text. The API dialects turn their own fields (`response_format`,
-`tool_choice`, vLLM's and trtllm-serve's extensions) into one; the stand-in engine compiles it with
-llguidance and masks the logits at every step; the TensorRT-LLM paths pass it on unchanged.
+`tool_choice`, vLLM's and trtllm-serve's extensions) into one; the engine compiles it with the
+grammar engine `runtime.guided_decoding_backend` names (`guides.engines.guide_engine`): xgrammar
+(`guides.xgrammar_guide`) or llguidance (here), each called as TensorRT-LLM calls it
+(`_torch/pyexecutor/grammar_matcher.py`, v1.0-v1.2), so a guide is refused on the CPU exactly when
+the GPU engine would refuse it, with the engine's own reason.
 
-No torch here: the request path (every supported Python) checks guides with the same compiler the
-stand-in decodes with, so a guide the stand-in cannot enforce is refused before it is queued.
-llguidance is imported on first use and only its 1.x releases (the pin) are used: NVIDIA's images
-from TensorRT-LLM 0.19 carry TensorRT-LLM's own, older llguidance (1.0 pins 0.7.29), which our
-examples for those images do not replace. There `check_guide` checks only the guide's size and type
-and the engine (xgrammar) is the judge of the rest (its refusal reaches the client as a 400).
+llguidance as TensorRT-LLM's `LLGuidanceMatcherFactory` calls it: "json" -> the schema
+`{"type": "object"}`, "json_schema" -> `grammar_from_json_schema(guide)` with llguidance's defaults
+(flexible whitespace, no `lenient`, no `coerce_one_of`: unimplemented keywords are refused),
+"regex" -> `grammar_from_regex`, "ebnf_grammar" -> `grammar_from_lark` (Lark, not GBNF), and no
+"structural_tag" ("Unsupported guide type"). Only llguidance's 1.x releases are used (the pin):
+NVIDIA's images carry TensorRT-LLM's own, older llguidance (1.0 pins 0.7.29); where no 1.x is
+installed (and for xgrammar where it is missing: it needs torch) `check_guide` checks only a guide's
+size and type and the engine is the judge of the rest (its refusal reaches the client as a 400).
 """
 
 from __future__ import annotations
@@ -32,10 +37,13 @@ if TYPE_CHECKING:
 GUIDE_TYPES: tuple[str, ...] = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 
-# JSON without free whitespace, as TensorRT-LLM's guided decoder compiles schemas (xgrammar
-# CompileJSONSchema(guide, any_whitespace=false)): a model cannot stall in blanks. Defaults, so a
-# schema's own "x-guidance" options still win.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"
+# Whitespace between JSON tokens (runtime.pytorch.guided_whitespace, the stand-in's only): "flexible" is
+# TensorRT-LLM's (any amount, no limit); "compact" allows none, the engine's own option for it (xgrammar
+# any_whitespace=False with separators "," ":", llguidance whitespace_flexible: false), because a tiny
+# model loops on blanks (and, after ": ", on an integer's digits).
+WHITESPACE_FLEXIBLE, WHITESPACE_COMPACT = "flexible", "compact"
+_COMPACT_JSON = {"whitespace_flexible": False}  # llguidance's JSON options (x-guidance) for compact
 # Guide text above this is refused before anything compiles it (a bound on work per request).
 MAX_GUIDE_BYTES = 1 << 20
 
@@ -64,71 +72,54 @@ def _llguidance() -> ModuleType:
     return module
 
 
-def grammar_of(guide_type: str, guide: str | None) -> str:
-    """The llguidance grammar of a guide; raises GuideError for an unknown type or malformed text
-    (a grammar that parses here may still fail to compile: `check_guide` compiles it)."""
+def grammar_of(guide_type: str, guide: str | None, whitespace: str = WHITESPACE_FLEXIBLE) -> str:
+    """The llguidance grammar of a guide, as TensorRT-LLM's llguidance matcher builds it (`whitespace`
+    compact: JSON without free whitespace, the stand-in's option); raises GuideError for an unknown type
+    or malformed text (a grammar that parses here may still fail to compile: `check_guide` compiles it)."""
     if guide_type not in GUIDE_TYPES:
         raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
     llguidance = _llguidance()
+    json_options = _COMPACT_JSON if whitespace == WHITESPACE_COMPACT else None
     if guide_type == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=json_options)
     if not guide:
         raise GuideError(f"guide type {guide_type!r} needs a guide")
     if len(guide) > MAX_GUIDE_BYTES // 4 and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
         raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
     try:
         if guide_type == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(guide, defaults=_JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(guide, defaults=json_options)
         if guide_type == "regex":
             return llguidance.LLMatcher.grammar_from_regex(guide)
         if guide_type == "ebnf_grammar":
-            return llguidance.grammar_from("grammar", guide)
+            return llguidance.LLMatcher.grammar_from_lark(guide)
     except ValueError as exc:
         raise GuideError(str(exc)) from None
-    return _structural_tag_grammar(guide)
+    raise GuideError(f"Unsupported guide type: {guide_type} (TensorRT-LLM's llguidance matcher takes json, json_schema, regex, ebnf_grammar)")
 
 
-def _structural_tag_grammar(guide: str) -> str:
-    """xgrammar's structural tag as TensorRT-LLM, vLLM and SGLang take it: `{"structures": [{"begin",
-    "schema", "end"}], "triggers": [...]}`: free text, in which each `begin` (starting with one of the
-    triggers) opens a segment whose content is `schema` JSON, closed by `end`. llguidance's StructTag
-    builds it; triggers are matched as text (they need not be special tokens)."""
-    try:
-        tag = json.loads(guide)
-    except ValueError as exc:
-        raise GuideError(f"structural_tag: not JSON ({exc})") from None
-    structures = tag.get("structures") if isinstance(tag, dict) else None
-    triggers = tag.get("triggers") if isinstance(tag, dict) else None
-    if not isinstance(structures, list) or not structures:
-        raise GuideError("structural_tag.structures: a non-empty list of {begin, schema, end} is required")
-    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
-        raise GuideError("structural_tag.triggers: a non-empty list of non-empty strings is required")
-    llguidance = _llguidance()
-    tags = []
-    for index, structure in enumerate(structures):
-        where = f"structural_tag.structures[{index}]"
-        if not isinstance(structure, dict) or not all(isinstance(structure.get(k), str) for k in ("begin", "end")):
-            raise GuideError(f"{where}: begin and end must be strings")
-        schema = structure.get("schema")
-        if not isinstance(schema, dict):
-            raise GuideError(f"{where}.schema: must be a JSON Schema object")
-        trigger = next((t for t in triggers if structure["begin"].startswith(t)), None)
-        if trigger is None:
-            raise GuideError(f"{where}.begin: {structure['begin']!r} starts with none of the triggers")
-        schema = schema if "x-guidance" in schema else {**schema, "x-guidance": _JSON_OPTIONS}
-        tags.append(llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=schema, end=structure["end"]))
-    return llguidance.LLMatcher.grammar_from_lark(llguidance.StructTag.to_grammar(tags, assume_special=False))
+def check_guide(guide_type: str, guide: str | None, engine: str = XGRAMMAR) -> str | None:
+    """Check the guide without a tokenizer, with `engine` ("xgrammar" | "llguidance") and the options
+    TensorRT-LLM uses; raises GuideError with the engine's message (which names what it refuses).
+    Returns llguidance's grammar (None for xgrammar, and where the engine is not installed: then only
+    the type and size are checked, the engine checks the rest)."""
+    if guide_type not in GUIDE_TYPES:
+        raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
+    if guide is not None and len(guide) > MAX_GUIDE_BYTES // 4 and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
+        raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
+    if engine == XGRAMMAR:
+        from trtllm_truss.guides import xgrammar_guide
 
-
-def check_guide(guide_type: str, guide: str | None) -> str | None:
-    """Compile the guide without a tokenizer; returns its grammar or raises GuideError with
-    llguidance's message (which names an unsupported keyword). Without llguidance 1.x only the type
-    and size are checked (None: the engine checks the rest)."""
+        if xgrammar_guide.module() is None:
+            return None
+        if guide_type != "json" and not guide:
+            raise GuideError(f"guide type {guide_type!r} needs a guide")
+        try:
+            xgrammar_guide.check(guide_type, guide)
+        except ValueError as exc:
+            raise GuideError(str(exc)) from None
+        return None
     if compiler() is None:
-        if guide_type not in GUIDE_TYPES:
-            raise GuideError(f"unknown guide type {guide_type!r}; one of {', '.join(GUIDE_TYPES)}")
-        if guide is not None and len(guide.encode("utf-8")) > MAX_GUIDE_BYTES:
-            raise GuideError(f"the guide has more than {MAX_GUIDE_BYTES} bytes")
         return None
     grammar = grammar_of(guide_type, guide)
     error = _llguidance().LLMatcher.validate_grammar(grammar)
@@ -159,11 +150,16 @@ def load_guide_tokenizer(tokenizer_dir: Path | str) -> llguidance.LLTokenizer:
 
 
 def compile_matcher(
-    guide_type: str, guide: str | None, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits | None = None
+    guide_type: str,
+    guide: str | None,
+    tokenizer: llguidance.LLTokenizer,
+    limits: llguidance.LLParserLimits | None = None,
+    whitespace: str = WHITESPACE_FLEXIBLE,
 ) -> llguidance.LLMatcher:
     """A matcher for the guide over the model's tokenizer, its first mask computed (a guide over the
     per-step limits there is refused now, not mid-generation); raises GuideError with the reason."""
-    matcher = _llguidance().LLMatcher(tokenizer, grammar_of(guide_type, guide), log_level=0, limits=limits)
+    grammar = grammar_of(guide_type, guide, whitespace)
+    matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
     if not matcher.is_error():
         matcher.compute_bitmask()
     if matcher.is_error():

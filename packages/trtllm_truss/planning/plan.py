@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trtllm_truss.guides.engines import engine_guide_types, guided_decoding_off, guided_decoding_problems
+from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.planning import lora
 from trtllm_truss.planning.probe import RuntimeFacts
 from trtllm_truss.planning.speculation import engine_build, speculation_problems
@@ -38,8 +38,7 @@ if TYPE_CHECKING:
     from trtllm_truss.config import ResolvedConfig, RuntimeConfig
 
 # tensorrtllm: a TensorRT engine behind NVIDIA's C++ backend (ensemble layout); llmapi: NVIDIA's LLM API
-# (PyTorch backend, TensorRT-LLM >= 1.0) behind our llmapi python model (the same layout); pytorch: our
-# stand-in.
+# (PyTorch backend, TensorRT-LLM >= 1.0) behind our llmapi python model (same layout); pytorch: the stand-in.
 Backend = Literal["tensorrtllm", "llmapi", "pytorch"]
 LLMAPI_SINCE = (1, 0)
 ArtifactRole = Literal["engine", "tokenizer", "model", "checkpoint", "draft", "adapter"]
@@ -111,15 +110,13 @@ class ServingPlan:
     # checkpoint (draft_target / eagle3 on llmapi) once fetched.
     speculative: Any = None
     draft_dir: Path | None = None
-    # resources.node_count and each node's GPUs: a multi-node plan is one MPI world of
-    # node_count x gpus_per_node ranks (trtllm_truss.runtime.cluster places them).
+    # resources.node_count and each node's GPUs: one MPI world of node_count x gpus_per_node ranks (runtime.cluster).
     node_count: int = 1
     gpus_per_node: int = 1
     # build.lora_adapters (name, NVIDIA task id, folder once fetched) and build.lora_configuration.
     lora_adapters: tuple[lora.PlannedAdapter, ...] = ()
     lora_configuration: Any = None
-    # Backend llmapi where TensorRT-LLM cannot run (no GPU, not installed): our llmapi model drives the
-    # LLM-API double of engine_standin/llmapi_double.py instead of tensorrt_llm.LLM.
+    # Backend llmapi where TensorRT-LLM cannot run: our llmapi model drives engine_standin/llmapi_double.py.
     llm_api_double: bool = False
 
     @property
@@ -128,6 +125,12 @@ class ServingPlan:
         setting = getattr(self.runtime, "guided_decoding_backend", "auto")
         version = self.facts.trtllm_version
         return guided_decoding_off(setting, self.backend, _version_tuple(version), version)
+
+    @property
+    def guide_engine(self) -> str | None:
+        """The grammar engine ("xgrammar" | "llguidance") that enforces guides here; None when off."""
+        setting = getattr(self.runtime, "guided_decoding_backend", "auto")
+        return None if self.guided_decoding_off is not None else guide_engine(setting, self.backend)
 
     @property
     def guide_types(self) -> tuple[str, ...] | None:

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from trtllm_truss.planning.plan import ServingPlan
 
 MODEL_YAML = "model.yaml"  # read by triton_models/tensorrt_llm_llmapi/model.py from its version folder
-# The LLM API's guided_decoding_backend that enforces NVIDIA's guide types, structural tags included.
-GUIDED_DECODING_BACKEND = "xgrammar"
 _POLICY = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
 
 
@@ -40,11 +38,12 @@ def llm_args(
     *,
     adapters: Sequence[PlannedAdapter] = (),
     lora_configuration: Any = None,
-    guided: bool = False,
+    guide_engine: str | None = None,
 ) -> dict[str, Any]:
     """The `LLM(...)` keyword arguments (the whole model.yaml) for this configuration. `adapters`:
-    build.lora_adapters (each request names its own by a LoRARequest); `guided`: this deployment enforces
-    guides (runtime.guided_decoding_backend not none)."""
+    build.lora_adapters (each request names its own by a LoRARequest); `guide_engine`: the grammar engine
+    that enforces guides (runtime.guided_decoding_backend resolved: xgrammar or llguidance, the LLM API's
+    `guided_decoding_backend` values; None: guided decoding off, the LLM API's default)."""
     args: dict[str, Any] = {
         "model": str(model_dir),
         "backend": "pytorch",  # the LLM API's PyTorch backend (the TensorRT-engine LLM is another class)
@@ -79,8 +78,8 @@ def llm_args(
     args["scheduler_config"] = {"capacity_scheduler_policy": _POLICY[runtime.batch_scheduler_policy.value]}
     if speculative is not None:
         args["speculative_config"] = llmapi_speculative_config(speculative, draft_dir)
-    if guided:
-        args["guided_decoding_backend"] = GUIDED_DECODING_BACKEND
+    if guide_engine is not None:
+        args["guided_decoding_backend"] = guide_engine
     if adapters:
         # LoraConfig (the PyTorch backend's): the adapters' folders, and the cache limits they must fit.
         lora: dict[str, Any] = {"lora_dir": [str(a.dir) for a in adapters]}
@@ -97,7 +96,8 @@ def plan_llm_args(plan: ServingPlan) -> dict[str, Any]:
     """`llm_args` of a plan for backend llmapi."""
     return llm_args(
         plan.build, plan.runtime, plan.model_dir, plan.speculative, plan.draft_dir,
-        adapters=plan.lora_adapters, lora_configuration=plan.lora_configuration, guided=plan.guided_decoding_off is None,
+        adapters=plan.lora_adapters, lora_configuration=plan.lora_configuration,
+        guide_engine=plan.guide_engine,
     )
 
 

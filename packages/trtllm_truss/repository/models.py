@@ -193,6 +193,9 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             ("sender_threads", pytorch.sender_threads),
             ("merge_responses", pytorch.merge_responses),
             ("stream_interval", runtime.stream_interval),
+            # runtime.guided_decoding_backend resolved (guides.engines.guide_engine): the engine the stand-in masks with.
+            ("guided_decoding_backend", plan.guide_engine or "none"),
+            ("guided_whitespace", pytorch.guided_whitespace),  # runtime.pytorch.guided_whitespace
             # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
             ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
             ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),
@@ -231,6 +234,8 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
         1,
         _parameters(
             ("llm_api", LLM_API_DOUBLE if plan.llm_api_double else LLM_API_REAL),
+            # runtime.pytorch.guided_whitespace, for the double's stand-in only (no LLM() argument of NVIDIA's).
+            ("guided_whitespace", runtime.pytorch.guided_whitespace if plan.llm_api_double else None),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
             ("max_input_len", plan.max_input_len),
             ("max_output_len", plan.max_output_len),

@@ -38,8 +38,8 @@ from trtllm_truss.api.openai import (
     sse_event,
 )
 from trtllm_truss.api.sse import ChunkTemplate
-from trtllm_truss.api.tools import check_strict_tools, check_tool_choice, check_tools, tool_dicts
-from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request
+from trtllm_truss.api.tools import check_tool_choice, check_tools, strict_guided_tools, tool_dicts
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, parse_request, with_unenforced_header
 from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import (
     openai_error,
@@ -77,7 +77,6 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
     tools = req.tools or []
     check_tools(tools)
     choice = check_tool_choice(tools, req.tool_choice)
-    check_strict_tools(tools, choice)
     kwargs = req.chat_template_kwargs or {}
     for key in kwargs:
         if key in _RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
@@ -93,6 +92,7 @@ def generation_request(req: ChatCompletionRequest) -> GenerationRequest:
         default_top_p=OPENAI_DEFAULT_TOP_P,
         tools=tool_dicts(tools),
         tool_choice=choice,
+        strict_tools=strict_guided_tools(tools, choice),
         parallel_tool_calls=req.parallel_tool_calls,
         guide=request_guide(req),
         chat_template_kwargs=kwargs,
@@ -143,11 +143,12 @@ async def _chat_completions(core: RequestCore, body: Any, http_request: Request 
     req = parse_request(ChatCompletionRequest, body)
     refuse_what_the_engine_cannot_do(req, core.limits)
     request = generation_request(req)
-    specs = core.choice_specs(request, [await core.prepare(request)])
+    prepared = await core.prepare(request)
+    specs = core.choice_specs(request, [prepared])
     generations = await core.open_all(specs, http_request)
     model = req.model or SERVED_MODEL_NAME
     if req.stream:
-        return StreamingResponse(_chat_sse(generations, req, model), media_type="text/event-stream")
+        return with_unenforced_header(StreamingResponse(_chat_sse(generations, req, model), media_type="text/event-stream"), prepared)
     answers = await core.collect(generations, http_request)
     top = req.top_logprobs or 0
     choices = [
@@ -159,9 +160,9 @@ async def _chat_completions(core: RequestCore, body: Any, http_request: Request 
         )
         for index, answer in enumerate(answers)
     ]
-    return ChatCompletion(
+    return with_unenforced_header(ChatCompletion(
         id=completion_id("chatcmpl"), model=model, choices=choices, usage=usage_of([a.finish for a in answers], req.n)
-    ).model_dump()
+    ).model_dump(), prepared)
 
 
 def assistant_message(answer: Answer, parallel_tool_calls: bool = True) -> AssistantMessage:

@@ -25,7 +25,7 @@ from trtllm_truss.api.openai import (
     sse_event,
 )
 from trtllm_truss.api.sse import ChunkTemplate
-from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, check_prompt_bytes, parse_request
+from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered, check_prompt_bytes, parse_request, with_unenforced_header
 from trtllm_truss.serving.generation import Generation, merged_events
 from trtllm_truss.serving.openai_shared import openai_error, refuse_what_the_engine_cannot_do, request_guide, usage_of
 from trtllm_truss.serving.request import Failure, Finish, GenerationRequest, TextDelta
@@ -77,7 +77,7 @@ async def _completions(core: RequestCore, body: Any, http_request: Request | Non
     generations = await core.open_all(core.choice_specs(request, per_prompt), http_request)
     model = req.model or SERVED_MODEL_NAME
     if req.stream:
-        return StreamingResponse(_completion_sse(generations, req, model), media_type="text/event-stream")
+        return with_unenforced_header(StreamingResponse(_completion_sse(generations, req, model), media_type="text/event-stream"), base)
     answers = await core.collect(generations, http_request)
     choices = [
         CompletionChoice(
@@ -88,9 +88,9 @@ async def _completions(core: RequestCore, body: Any, http_request: Request | Non
         )
         for index, answer in enumerate(answers)
     ]
-    return Completion(
+    return with_unenforced_header(Completion(
         id=completion_id("cmpl"), model=model, choices=choices, usage=usage_of([a.finish for a in answers], req.n)
-    ).model_dump()
+    ).model_dump(), base)
 
 
 def _check_token_ids(core: RequestCore, field: str, ids: list[int]) -> None:

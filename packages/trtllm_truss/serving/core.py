@@ -25,13 +25,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from trtllm_truss.api import structured
 from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
-from trtllm_truss.api.tools import tool_guide
+from trtllm_truss.api.tools import check_strict_tools, tool_guide
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
@@ -125,6 +126,7 @@ class _MetricsListener:
             was="running" if first is not None else "waiting",
             draft_tokens=end.draft_tokens if end is not None else 0,
             accepted_draft_tokens=end.accepted_draft_tokens if end is not None else 0,
+            schema_valid=end.schema_valid if end is not None else None,
         )
 
 
@@ -236,8 +238,19 @@ class RequestCore:
                     own or req.tool_choice_field,
                     f"guide type {params.guided_decoding_guide_type!r} is not one this engine takes ({', '.join(limits.guide_types)})",
                 )
-            guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field)
-            await structured.check(guide)
+            check_strict_tools(req.tools, req.strict_tools, limits.guide_engine, req.tools_field)
+            strict = req.guide.strict if req.guide is not None else False
+            guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field, strict)
+            checked = await structured.check(guide, engine=limits.guide_engine)
+            if checked is not None:
+                # The engine gets the schema as it enforces it; the worker validates answers against the original.
+                schema = params.guided_decoding_guide if params.guided_decoding_guide_type == "json_schema" else None
+                spec = dataclasses.replace(
+                    spec,
+                    params=dataclasses.replace(params, guided_decoding_guide=checked.text),
+                    output_schema=schema,
+                    unenforced=checked.unenforced,
+                )
         return spec
 
     def spec(self, req: GenerationRequest) -> GenerationSpec:
@@ -403,6 +416,26 @@ class RequestCore:
             if end is not None and end.error is not None:
                 raise Refused(end.status or 503, end.error, counted=True)
         return answers
+
+
+# The response header naming what of a request's JSON Schema the grammar engine does not enforce (sent
+# without strict: left out of the guide, docs/api.md); its value "<place>: <keyword>; ..." (ASCII).
+UNENFORCED_HEADER = "X-Guided-Decoding-Unenforced"
+MAX_UNENFORCED_HEADER_CHARS = 2048
+
+
+def with_unenforced_header(response: Any, spec: GenerationSpec) -> Any:
+    """`response` (a Starlette response, or the dict truss renders as JSON) with `UNENFORCED_HEADER`
+    when the request's schema had keywords the engine does not enforce."""
+    if not spec.unenforced:
+        return response
+    value = json.dumps("; ".join(spec.unenforced), ensure_ascii=True)[1:-1]
+    if len(value) > MAX_UNENFORCED_HEADER_CHARS:
+        value = value[: MAX_UNENFORCED_HEADER_CHARS - 3] + "..."
+    if isinstance(response, Response):
+        response.headers[UNENFORCED_HEADER] = value
+        return response
+    return JSONResponse(content=response, headers={UNENFORCED_HEADER: value})
 
 
 async def _first_output(stream: ResponseStream) -> tuple[list | None, list]:

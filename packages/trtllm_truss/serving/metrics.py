@@ -57,6 +57,8 @@ E2E_BUCKETS: tuple[float, ...] = (
 )
 
 FINISH_REASONS = ("stop", "length", "abort")
+GUIDED_OUTPUTS = "guided_output_schema_checks"  # trtllm_truss extension: not a vLLM / trtllm-serve name
+GUIDED_RESULTS = ("valid", "invalid")  # completed guided JSON answers checked against their schema
 
 
 class _Histogram:
@@ -118,7 +120,8 @@ _SUCCESS = _HISTOGRAMS_SIZE + 6
 _FIRST_CODE, _LAST_CODE = 100, 599
 _ERRORS = _SUCCESS + len(FINISH_REASONS)
 _OTHER_ERROR = _ERRORS + _LAST_CODE - _FIRST_CODE + 1
-STATE_SIZE = _OTHER_ERROR + 1  # float64 values of one ServingMetrics
+_GUIDED = _OTHER_ERROR + 1
+STATE_SIZE = _GUIDED + len(GUIDED_RESULTS)  # float64 values of one ServingMetrics
 
 
 class ServingMetrics:
@@ -189,6 +192,7 @@ class ServingMetrics:
         was: str = "running",
         draft_tokens: int = 0,
         accepted_draft_tokens: int = 0,
+        schema_valid: bool | None = None,
     ) -> None:
         """A request ended. `status`: a finish reason (`stop`, `length`, `abort` for a client that
         went away) or the HTTP status code of an error (`"400"`, `"429"`, `"503"`). `was`: the
@@ -211,6 +215,8 @@ class ServingMetrics:
             state[_GENERATION] += max(completion_tokens, 0)
             state[_DRAFT] += max(draft_tokens, 0)
             state[_ACCEPTED] += max(accepted_draft_tokens, 0)
+            if schema_valid is not None:
+                state[_GUIDED + GUIDED_RESULTS.index("valid" if schema_valid else "invalid")] += 1
             if ttft_s is not None:
                 self._ttft.observe(ttft_s)
             if gaps_are_summary:
@@ -272,6 +278,14 @@ class ServingMetrics:
             code = "other" if _ERRORS + index == _OTHER_ERROR else str(_FIRST_CODE + int(index))
             errors.add_metric([*values, code], float(total[_ERRORS + index]))
         yield errors
+        guided = CounterMetricFamily(
+            PREFIX + GUIDED_OUTPUTS,
+            "Completed guided JSON answers validated against the request's JSON Schema (jsonschema), by result.",
+            labels=[*labels, "result"],
+        )
+        for i, result in enumerate(GUIDED_RESULTS):
+            guided.add_metric([*values, result], float(total[_GUIDED + i]))
+        yield guided
 
 
 def _error_index(status: str) -> int:
@@ -298,7 +312,7 @@ class _Collector:
                      "time_per_output_token_seconds", "e2e_request_latency_seconds"):
             names.append(HistogramMetricFamily(PREFIX + name, ""))
         for name in ("prompt_tokens", "generation_tokens", "spec_decode_num_draft_tokens",
-                     "spec_decode_num_accepted_tokens", "request_success", "request_error"):
+                     "spec_decode_num_accepted_tokens", "request_success", "request_error", GUIDED_OUTPUTS):
             names.append(CounterMetricFamily(PREFIX + name, ""))
         for name in ("num_requests_running", "num_requests_waiting"):
             names.append(GaugeMetricFamily(PREFIX + name, ""))

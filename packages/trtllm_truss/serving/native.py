@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 from trtllm_truss.api.errors import error_response
 from trtllm_truss.api.native import DEFAULT_MAX_TOKENS, PredictRequest, PredictResponse, Usage
 from trtllm_truss.api.structured import native_guide
-from trtllm_truss.serving.core import RequestCore, answered, parse_request
+from trtllm_truss.serving.core import RequestCore, answered, parse_request, with_unenforced_header
 from trtllm_truss.serving.generation import Generation
 from trtllm_truss.serving.request import Failure, GenerationRequest, TextDelta
 
@@ -59,14 +59,15 @@ def generation_request(req: PredictRequest) -> GenerationRequest:
 
 async def _predict(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_request(PredictRequest, body)
-    generation = await core.open(await core.prepare(generation_request(req)), http_request)
+    prepared = await core.prepare(generation_request(req))
+    generation = await core.open(prepared, http_request)
     if req.stream:
-        return StreamingResponse(_native_body(generation), media_type="text/plain; charset=utf-8")
+        return with_unenforced_header(StreamingResponse(_native_body(generation), media_type="text/plain; charset=utf-8"), prepared)
     (answer,) = await core.collect([generation], http_request)
     finish = answer.finish
-    return PredictResponse(
+    return with_unenforced_header(PredictResponse(
         text=answer.text, finish_reason=finish.reason, usage=Usage.of(finish.prompt_tokens, finish.completion_tokens)
-    ).model_dump()
+    ).model_dump(), prepared)
 
 
 async def _native_body(generation: Generation) -> AsyncIterator[bytes]:

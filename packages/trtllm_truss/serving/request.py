@@ -52,6 +52,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     tools_field: str = "tools"
     tool_choice_field: str = "tool_choice"
+    strict_tools: tuple[int, ...] = ()  # positions in `tools` of strict tools whose calls are guided
     guide: Guide | None = None  # a response-format constraint (api.structured); tool_choice adds its own
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
     parse_reasoning: bool = True  # run the deployment's reasoning parser on chat output

@@ -23,7 +23,7 @@ from trtllm_truss.api.responses import (
 )
 from trtllm_truss.api.responses_events import ResponseEvents
 from trtllm_truss.serving import semantic_events
-from trtllm_truss.serving.core import RequestCore, answered
+from trtllm_truss.serving.core import RequestCore, answered, with_unenforced_header
 from trtllm_truss.api.structured import response_format_guide
 from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
 from trtllm_truss.serving.request import GenerationRequest
@@ -52,9 +52,10 @@ def generation_request(req: ResponsesRequest) -> GenerationRequest:
 
 async def _responses(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     req = parse_responses_request(body)
-    generation = await core.open(await core.prepare(generation_request(req)), http_request)
+    prepared = await core.prepare(generation_request(req))
+    generation = await core.open(prepared, http_request)
     builder = ResponseEvents(req, emit=req.stream)
     if req.stream:
-        return StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS)
+        return with_unenforced_header(StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS), prepared)
     await semantic_events.collect(generation, builder, http_request)
-    return builder.response()
+    return with_unenforced_header(builder.response(), prepared)

@@ -28,6 +28,7 @@ from trtllm_truss.streaming.itl import ItlAccumulator
 from trtllm_truss.engine.preprocess import word_list_tensor
 from trtllm_truss.streaming.lora_tasks import LoraTasks, generate_with_lora
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
+from trtllm_truss.streaming.schema_check import answer_valid
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +264,12 @@ class WorkerModel:
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
         )
         release = LogProbRelease() if params.return_log_probs else None
+        generated: list[str] = []  # the answer's text, validated against spec.output_schema at the end
         async with aclosing(pieces):
             async for piece, tokens, log_probs in pieces:
                 completion += tokens
+                if spec.output_schema is not None:
+                    generated.append(piece)
                 out = stops.feed(piece)
                 entries = None
                 if release is not None:
@@ -297,10 +301,13 @@ class WorkerModel:
             emit(tail, rest or None)
         if reason == "stop" and parser is not None and parser.tool_calls:
             reason = "tool_calls"
+        schema_valid = None
+        if spec.output_schema is not None and completion < params.max_tokens and not stops.stopped:
+            schema_valid = answer_valid(spec.output_schema, "".join(generated))
         return StreamEnd(
             finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
             draft_tokens=draft_totals[0], accepted_draft_tokens=draft_totals[1],
-            stop_sequence=stops.stopped_by,
+            stop_sequence=stops.stopped_by, schema_valid=schema_valid,
         )
 
     async def _pieces(

@@ -50,6 +50,9 @@ class GenerationSpec:
     reasoning_parser: str | None = None
     tool_parser: str | None = None
     tool_parser_arg: str | None = None  # the named function of a guided `tool_choice`
+    # A JSON Schema guide as the client sent it: the worker validates a completed answer against it.
+    output_schema: str | None = None
+    unenforced: tuple[str, ...] = ()  # what of the schema the engine does not enforce (a response header says)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class StreamEnd:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     stop_sequence: str | None = None  # the stop string that ended the generation, if one did
+    # A completed guided JSON answer checked against the request's schema (jsonschema): True valid,
+    # False not, None not checked (no schema, or cut by max_tokens or a stop string).
+    schema_valid: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ client goes away (Triton cancellation) or that NVIDIA's `stop` input names is ab
 Parameters (string_value): llm_api (tensorrt_llm | double: the LLM-API double of
 engine_standin/llmapi_double.py, only where TensorRT-LLM cannot run), tokenizer_dir, max_input_len,
 max_output_len, exclude_input_in_output, prefix_window_tokens, lora_adapters (JSON {"<task id>": {"name",
-"dir"}}: build.lora_adapters, each sent as a LoRARequest).
+"dir"}}: build.lora_adapters, each sent as a LoRARequest), guided_whitespace (compact | flexible:
+runtime.pytorch.guided_whitespace, given to the double only; no LLM() argument of TensorRT-LLM's).
 
 Everything that talks to the LLM runs on one asyncio loop thread: generate_async, iterating its results,
 sending responses and asking the response senders whether their clients cancelled.
@@ -94,6 +95,12 @@ class TritonPythonModel:
             {"model_dir": "-", "lora_adapters": parameters.get("lora_adapters", "")}
         ).lora_adapters
         self.tokenizer_dir = parameters.get("tokenizer_dir") or None
+        # The double's own settings (its stand-in engine), kept apart from model.yaml's LLM() arguments.
+        self.double_settings = (
+            {"double_guided_whitespace": parameters.get("guided_whitespace", "").strip() or "compact"}
+            if self.kind == LLM_API_DOUBLE
+            else {}
+        )
         self._tokenizer = None
         model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / MODEL_YAML
         llm_args = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
@@ -114,7 +121,7 @@ class TritonPythonModel:
         log.info("llmapi model ready: %s LLM API, model.yaml %s", self.kind, model_yaml)
 
     async def _build(self, llm_args: dict):
-        return self.api.LLM(**llm_args)
+        return self.api.LLM(**llm_args, **self.double_settings)
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):

@@ -115,7 +115,9 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   synthetic_step_time_ms, prefix_window_tokens (default 8), sender_threads (default 1),
   merge_responses (default false), stream_interval (default 1: TensorRT-LLM's LLM API setting, see
   engine_standin/stream_interval.py), lora_adapters (JSON {"<task id>": {"name", "dir"}}: peft adapters loaded at
-  startup and mixed row by row in every batch), lora_max_loras (different adapters per engine step).
+  startup and mixed row by row in every batch), lora_max_loras (different adapters per engine step),
+  guided_decoding_backend (xgrammar (default) | llguidance | none: the grammar engine of guided requests),
+  guided_whitespace (compact (default) | flexible: runtime.pytorch.guided_whitespace).
 
 Responses: one per generation (row x sequence) per engine step, as NVIDIA's engine sends them; the
 final flag comes with the last generation's last response; a sender that falls
