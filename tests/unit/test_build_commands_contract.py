@@ -266,8 +266,7 @@ def test_shipped_examples_build_with_flags_of_their_images_release(config_path: 
     settings that release would ignore are refused (none in the shipped examples)."""
     import yaml
     from trtllm_truss.config.schema import TrtLlmConfig
-    from trtllm_truss.planning.plan import backend_setting_problems
-
+    from trtllm_truss.planning.backend_settings import backend_setting_problems
     from trtllm_truss.planning.speculation import engine_build, speculation_problems
 
     raw = yaml.safe_load(config_path.read_text())

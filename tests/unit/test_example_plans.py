@@ -167,14 +167,16 @@ def test_validate_prints_the_llmapi_model_yaml_with_only_names_of_the_1_0_interf
 def test_validate_refuses_settings_llmapi_would_ignore(tmp_path: Path, capsys) -> None:
     def edit(trt):
         trt["runtime"]["backend"] = "auto"
-        # settings of the C++ engine path (as a truss moved from a 0.x image keeps them)
-        trt["runtime"]["preprocessing_instance_count"] = 8
+        # settings of the C++ engine path and of the CPU stand-in (as a truss moved from elsewhere keeps them)
+        trt["runtime"]["max_num_sequences"] = 8
+        trt["runtime"]["pytorch"] = {"num_threads": 4}
         trt["build"]["plugin_configuration"] = {"use_paged_context_fmha": True}
 
     truss = _example_copy(tmp_path, "mixtral-8x7b-tp4-h100", edit)
     code, _, err = _run(capsys, "validate", str(truss), "--trtllm-version", "1.0.0")
     assert code == 1
-    assert "error: model_metadata.trt_llm.runtime.preprocessing_instance_count: not used by backend llmapi" in err
+    assert "error: model_metadata.trt_llm.runtime.max_num_sequences: not used by backend llmapi" in err
+    assert "error: model_metadata.trt_llm.runtime.pytorch.num_threads: a setting of the CPU stand-in" in err
     assert "error: model_metadata.trt_llm.build.plugin_configuration.use_paged_context_fmha: " in err
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 from trtllm_truss.config import load_config
-from trtllm_truss.planning.plan import PlanError, backend_setting_problems, choose_backend
+from trtllm_truss.planning.backend_settings import backend_setting_problems
+from trtllm_truss.planning.plan import PlanError, choose_backend
 from trtllm_truss.planning.plan import make_plan as _make_plan
 from trtllm_truss.planning.probe import GpuInfo, RuntimeFacts
 from trtllm_truss.repository.llmapi import llm_args as model_yaml_document
@@ -146,8 +147,13 @@ def test_rendered_repository_is_the_ensemble_layout_with_our_llmapi_model_and_mo
 
 
 def test_settings_that_would_do_nothing_are_refused_per_backend_and_version(tmp_path):
-    with pytest.raises(PlanError, match=r"runtime\.preprocessing_instance_count: not used by backend llmapi"):
-        make_plan(resolved(tmp_path, "runtime:\n  preprocessing_instance_count: 4\n"), facts("1.0.0"), artifacts_dir=tmp_path)
+    with pytest.raises(PlanError, match=r"runtime\.max_num_sequences: not used by backend llmapi"):
+        make_plan(resolved(tmp_path, "runtime:\n  max_num_sequences: 4\n"), facts("1.0.0"), artifacts_dir=tmp_path)
+    # The stand-in's own settings do nothing on llmapi (the LLM-API double reads only the guide whitespace).
+    with pytest.raises(PlanError, match=r"runtime\.pytorch\.synthetic: a setting of the CPU stand-in"):
+        make_plan(resolved(tmp_path, "runtime:\n  pytorch:\n    synthetic: {step_time_ms: 2}\n"), facts("1.0.0"), artifacts_dir=tmp_path)
+    ensemble_side = resolved(tmp_path, "runtime:\n  preprocessing_instance_count: 4\n  pytorch:\n    guided_whitespace: flexible\n")
+    assert backend_setting_problems(ensemble_side.trt_llm, "llmapi", "1.0.0") == []  # rendered for llmapi too
     with pytest.raises(PlanError, match=r"plugin_configuration\.tokens_per_block: a TensorRT engine build option"):
         make_plan(
             resolved(tmp_path, build_extra="plugin_configuration:\n  tokens_per_block: 32"), facts("1.0.0"),

@@ -9,7 +9,8 @@ under greedy decoding.
 
 from __future__ import annotations
 
-from trtllm_truss.planning.plan import ServingPlan, _version_tuple
+from trtllm_truss.planning.plan import ServingPlan
+from trtllm_truss.planning.probe import version_tuple
 
 # The PyTorch backend's sampler returns k > 1 most likely tokens from 1.1 (NVIDIA PR #7756, Sept 2025;
 # 1.0's returns the sampled token's only, PR #6097): `max_logprobs` in
@@ -22,7 +23,7 @@ def top_logprobs_off(plan: ServingPlan) -> str | None:
     if plan.backend == "tensorrtllm":
         return "NVIDIA's C++ backend (runtime.backend: tensorrtllm) returns the log prob of the sampled token only"
     version = plan.facts.trtllm_version
-    if plan.backend == "llmapi" and not plan.llm_api_double and _version_tuple(version) < LLMAPI_TOP_LOGPROBS_SINCE:
+    if plan.backend == "llmapi" and not plan.llm_api_double and version_tuple(version) < LLMAPI_TOP_LOGPROBS_SINCE:
         return (
             f"TensorRT-LLM {version}'s PyTorch sampler returns the log prob of the sampled token only"
             " (SamplingParams.logprobs > 1 from 1.1)"

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.planning import lora
-from trtllm_truss.planning.probe import RuntimeFacts
+from trtllm_truss.planning.backend_settings import backend_setting_problems
+from trtllm_truss.planning.probe import RuntimeFacts, version_tuple
 from trtllm_truss.planning.speculation import engine_build, speculation_problems
 
 if TYPE_CHECKING:
-    from trtllm_truss.planning.engine_info import EngineInfo
     from trtllm_truss.config import ResolvedConfig, RuntimeConfig
+    from trtllm_truss.planning.engine_info import EngineInfo
 
 # tensorrtllm: a TensorRT engine behind NVIDIA's C++ backend (ensemble layout); llmapi: NVIDIA's LLM API
 # (PyTorch backend, TensorRT-LLM >= 1.0) behind our llmapi python model (same layout); pytorch: the stand-in.
@@ -124,7 +125,7 @@ class ServingPlan:
         """None when this deployment's engine path enforces guides, else why not (guides.engines)."""
         setting = getattr(self.runtime, "guided_decoding_backend", "auto")
         version = self.facts.trtllm_version
-        return guided_decoding_off(setting, self.backend, _version_tuple(version), version)
+        return guided_decoding_off(setting, self.backend, version_tuple(version), version)
 
     @property
     def guide_engine(self) -> str | None:
@@ -169,13 +170,8 @@ class ServingPlan:
 # --- backend choice ------------------------------------------------------------------------------
 
 
-def _version_tuple(version: str | None) -> tuple[int, int]:
-    match = re.match(r"^\s*v?(\d+)\.(\d+)", version or "")
-    return (int(match[1]), int(match[2])) if match else (0, 0)
-
-
 def llmapi_version_ok(version: str | None) -> bool:
-    return _version_tuple(version) >= LLMAPI_SINCE
+    return version_tuple(version) >= LLMAPI_SINCE
 
 
 def llmapi_incompatibility(build: Any) -> str | None:
@@ -254,81 +250,6 @@ def choose_backend(
     return "tensorrtllm", f"backend auto -> tensorrtllm: TensorRT-LLM {facts.trtllm_version} on {facts.gpu_model}"
 
 
-# --- settings that would do nothing on the backend that runs --------------------------------------
-
-# Releases after which an engine build flag stopped existing (trtllm-build of each tag).
-_MULTI_BLOCK_RUNTIME_SINCE = (0, 13)
-_CUSTOM_ALL_REDUCE_FLAG_UNTIL = (0, 14)
-# Set explicitly, these do nothing with NVIDIA's llmapi model: it has no ensemble, no Triton batcher
-# (triton_config.max_batch_size is 0) and builds no engine.
-_LLMAPI_IGNORED_RUNTIME = (
-    "max_num_sequences",
-    "max_queue_size",
-    "max_queue_delay_microseconds",
-    "preprocessing_instance_count",
-    "postprocessing_instance_count",
-    "detokenize_in",
-)
-
-
-def _explicit(model: Any, name: str) -> bool:
-    return name in getattr(model, "model_fields_set", ())
-
-
-def backend_setting_problems(trt: Any, backend: str, trtllm_version: str | None) -> list[str]:
-    """Settings given explicitly that the chosen backend (at this TensorRT-LLM version) would silently ignore,
-    each as one line naming the key. Empty when everything given reaches the backend."""
-    problems: list[str] = []
-    runtime, build = trt.runtime, trt.build
-    plugins = build.plugin_configuration if build is not None else None
-    version = _version_tuple(trtllm_version)
-    if backend == "llmapi":
-        for name in _LLMAPI_IGNORED_RUNTIME:
-            if _explicit(runtime, name):
-                problems.append(
-                    f"model_metadata.trt_llm.runtime.{name}: not used by backend llmapi (NVIDIA's LLM API model has"
-                    " no ensemble or Triton batcher; its batch is build.max_batch_size); remove it"
-                )
-        if plugins is not None and build is not None and _explicit(build, "plugin_configuration"):
-            for name in sorted(plugins.model_fields_set):
-                problems.append(
-                    f"model_metadata.trt_llm.build.plugin_configuration.{name}: a TensorRT engine build option;"
-                    " backend llmapi builds no engine; remove it (or set runtime.backend: tensorrtllm)"
-                )
-    if backend == "tensorrtllm":
-        if build is not None and build.expert_parallel_count is not None:
-            problems.append(
-                "model_metadata.trt_llm.build.expert_parallel_count: only reaches backend llmapi"
-                " (LLM(moe_expert_parallel_size=...)); the engine build path does not take it; remove it"
-            )
-        if runtime.stream_interval != 1:
-            problems.append(
-                "model_metadata.trt_llm.runtime.stream_interval: NVIDIA's C++ backend (tensorrtllm) sends a response"
-                " every decode step and has no such setting (it is TensorRT-LLM's LLM API option: runtime.backend"
-                " llmapi); remove it"
-            )
-        if _explicit(runtime, "max_num_sequences"):
-            problems.append(
-                "model_metadata.trt_llm.runtime.max_num_sequences: NVIDIA's tensorrtllm backend has no such setting"
-                " (the batch manager takes its limit from the engine); set build.max_batch_size instead"
-            )
-        if plugins is not None and version >= _MULTI_BLOCK_RUNTIME_SINCE and _explicit(plugins, "multi_block_mode"):
-            problems.append(
-                f"model_metadata.trt_llm.build.plugin_configuration.multi_block_mode: not a build option on TensorRT-LLM"
-                f" {trtllm_version} (a runtime option since 0.13, on by default); remove it"
-            )
-        if (
-            plugins is not None
-            and version >= _CUSTOM_ALL_REDUCE_FLAG_UNTIL
-            and _explicit(plugins, "use_custom_all_reduce")
-        ):
-            problems.append(
-                f"model_metadata.trt_llm.build.plugin_configuration.use_custom_all_reduce: not a build option on"
-                f" TensorRT-LLM {trtllm_version} (the all-reduce strategy is chosen at runtime since 0.14); remove it"
-            )
-    return problems
-
-
 # --- artifact locations --------------------------------------------------------------------------
 
 
@@ -389,7 +310,7 @@ def make_plan(
     problems = backend_setting_problems(trt, backend, facts.trtllm_version)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
     problems += guided_decoding_problems(
-        runtime.guided_decoding_backend, backend, _version_tuple(facts.trtllm_version), facts.trtllm_version
+        runtime.guided_decoding_backend, backend, version_tuple(facts.trtllm_version), facts.trtllm_version
     )
     problems += lora.backend_problems(trt.build, runtime, backend, facts.trtllm_version)
     if problems:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -142,3 +143,9 @@ def probe_facts(*, nvidia_smi: str | None = None) -> RuntimeFacts:
     )
     logger.debug("probed runtime facts: %s", facts)
     return facts
+
+
+def version_tuple(version: str | None) -> tuple[int, int]:
+    """(major, minor) of a TensorRT-LLM version string; (0, 0) when there is none."""
+    match = re.match(r"^\s*v?(\d+)\.(\d+)", version or "")
+    return (int(match[1]), int(match[2])) if match else (0, 0)
