@@ -163,7 +163,7 @@ def test_readiness_is_503_in_every_process_while_tritonserver_is_down(server: Tr
 @pytest.mark.timeout(420)
 def test_init_front_direct_start_command_serves_the_truss(tmp_path: Path):
     truss_dir = tmp_path / "direct-truss"
-    assert main(["init", str(truss_dir), "--front", "direct", "--from", "llama3-8b-fp8-h100"]) == 0
+    assert main(["init", str(truss_dir), "--front", "direct", "--from", "llama3.1-8b-fp8-h100"]) == 0
     config = yaml.safe_load((truss_dir / "config.yaml").read_text())
     server = config["docker_server"]
     # The embedded default's model section, and its data, in place of the GPU example's: CPU-servable.
