@@ -247,6 +247,8 @@ def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
 CUT_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": False}
 CUT_TOOLS = [("get_weather", "The weather in a city"), ("get_time", "The time in a city")]
 CUT_ASK = "Weather in Paris?"
+# Chat's prompt format: greedy, the model ends this answer after two calls (80 tokens under xgrammar).
+CUT_CHAT_ASK = "Weather and time in Paris, Rome and Oslo?"
 INSIDE_THE_LAST_CALL = 6  # tokens before the uncut answer's end: within its last call's arguments
 LONGER, SHORTER = 120, 60  # limits that both cut an answer that goes on calling
 
@@ -256,7 +258,7 @@ CUT_CHAT_TOOLS = [{"type": "function", "function": {"name": n, "description": d,
 
 def _cut_chat_body(max_tokens: int) -> dict:
     return dict(
-        model="embedded", messages=[{"role": "user", "content": CUT_ASK}], tools=CUT_CHAT_TOOLS, tool_choice="required",
+        model="embedded", messages=[{"role": "user", "content": CUT_CHAT_ASK}], tools=CUT_CHAT_TOOLS, tool_choice="required",
         max_tokens=max_tokens, **GREEDY,
     )
 
@@ -288,7 +290,7 @@ def test_chat_forced_calls_cut_by_max_tokens_keep_the_complete_ones(oai: openai.
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(model="embedded", base_url=str(oai.base_url), api_key="not-checked", temperature=0, max_tokens=cut_at, max_retries=0)
-    message = llm.bind_tools(CUT_CHAT_TOOLS, tool_choice="any").invoke(CUT_ASK)
+    message = llm.bind_tools(CUT_CHAT_TOOLS, tool_choice="any").invoke(CUT_CHAT_ASK)
     assert message.content == "" and message.response_metadata["finish_reason"] == "length"
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [(n, json.loads(a)) for n, a in calls[:-1]]
 
