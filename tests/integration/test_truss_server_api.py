@@ -17,18 +17,18 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import yaml
 
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import FRONTS, poll, serve_front
+from truss_serving import FRONTS, REPO_ROOT, poll, serve_front
 
 pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
 
 PREDICT = "/v1/models/model:predict"
 READY = "/v1/models/model"
-# Limits of the embedded default (config.yaml: model_metadata.trt_llm.build)
-MAX_INPUT_LEN = 512
-MAX_OUTPUT_LEN = 256
-MAX_BATCH_SIZE = 32
+# Limits of the embedded default, read from config.yaml (model_metadata.trt_llm.build)
+_BUILD = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["model_metadata"]["trt_llm"]["build"]
+MAX_INPUT_LEN, MAX_OUTPUT_LEN, MAX_BATCH_SIZE = _BUILD["max_input_len"], _BUILD["max_output_len"], _BUILD["max_batch_size"]
 QUEUED_BEYOND_BATCH = 4
 # The stand-in engine's gauge of requests it holds (running or waiting), on Triton's /metrics.
 ACTIVE_REQUESTS_METRIC = "trtllm_standin_active_requests"
