@@ -307,7 +307,9 @@ def test_image_environment_resolves_imports_plans_and_renders(image: Path, tmp_p
     assert outcome["python"] == data["python"]
     if example == LLMAPI_EXAMPLE:  # planned for the example's own image (26.07), in this image's environment
         assert outcome["backend"] == "llmapi" and "TensorRT-LLM 1." in outcome["planned_for"]
-        assert {"model", "backend", "kv_cache_config", "triton_config"} <= set(outcome["model_yaml_keys"])
+        # our llmapi model's model.yaml holds LLM() arguments only (Triton's settings are in its config.pbtxt)
+        assert {"model", "backend", "kv_cache_config"} <= set(outcome["model_yaml_keys"])
+        assert "triton_config" not in outcome["model_yaml_keys"]
     else:
         assert outcome["backend"] == "tensorrtllm" and outcome["build_trtllm_version"] == data["trtllm_version"]
         assert {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing"} <= set(outcome["models"])
