@@ -66,7 +66,7 @@ def oai(server: TrussServer) -> openai.OpenAI:
 def ready_in_every_process(server: TrussServer, connections: int = 8) -> bool:
     """Ready and answering on several fresh connections in a row: under the direct front each may reach
     another of its processes (the kernel spreads new connections over them). Readiness alone can lead a
-XX
+    process's stream workers by a moment after a tritonserver restart, so a tiny request
     is answered too."""
     for _ in range(connections):
         with httpx.Client(base_url=server.url, timeout=30) as fresh:
