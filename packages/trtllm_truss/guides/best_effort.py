@@ -233,26 +233,23 @@ def _remote_ref(node: dict, engine: str) -> bool:
     return isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#")
 
 
-def _regex_refused(node: dict, engine: str) -> bool:
-    pattern = node.get("pattern")
-    if not isinstance(pattern, str):
-        return False
+def _engine_refuses(fragment: dict, engine: str) -> bool:
+    """Whether the engine refuses a schema made of this fragment alone."""
     try:
-        check_guide("json_schema", json.dumps({"type": "string", "pattern": pattern}), engine)
+        check_guide("json_schema", json.dumps(fragment), engine)
     except GuideError:
         return True
     return False
+
+
+def _regex_refused(node: dict, engine: str) -> bool:
+    pattern = node.get("pattern")
+    return isinstance(pattern, str) and _engine_refuses({"type": "string", "pattern": pattern}, engine)
 
 
 def _pattern_properties_refused(node: dict, engine: str) -> bool:
     value = node.get("patternProperties")
-    if not isinstance(value, Mapping):
-        return False
-    try:
-        check_guide("json_schema", json.dumps({"type": "object", "patternProperties": value}), engine)
-    except GuideError:
-        return True
-    return False
+    return isinstance(value, Mapping) and _engine_refuses({"type": "object", "patternProperties": value}, engine)
 
 
 def _drop_many(*repairs: Callable[[dict, str, list[str]], bool]) -> Callable[[dict, str, list[str]], bool]:
