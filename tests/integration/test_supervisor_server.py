@@ -307,6 +307,58 @@ def test_bad_repository_fails_fast_with_tritons_own_error(tmp_path):
     assert server.failed is not None and not server.failed.will_restart
 
 
+def _listening_socket() -> socket.socket:
+    taker = socket.socket()
+    taker.bind(("", 0))
+    taker.listen()
+    return taker
+
+
+def test_a_port_we_chose_taken_before_triton_binds_it_is_chosen_again(tiny_repository, monkeypatch, caplog):
+    """Triton binds after loading its models; meanwhile another process may take a port we chose."""
+    import trtllm_truss.runtime.supervisor as supervisor
+
+    taker = _listening_socket()
+    choose_free_ports = supervisor.choose_free_ports
+    choices = []
+
+    def choose_with_grpc_taken_first():
+        free = choose_free_ports()
+        if not choices:
+            free = dataclasses.replace(free, grpc=taker.getsockname()[1])
+        choices.append(free)
+        return free
+
+    monkeypatch.setattr(supervisor, "choose_free_ports", choose_with_grpc_taken_first)
+    caplog.set_level(logging.WARNING, logger="trtllm_truss.runtime.supervisor")
+    try:
+        with TritonServer(tiny_repository, startup_timeout_s=120) as server:
+            assert len(choices) == 2 and server.ports == choices[1]
+            assert stream_words(server.grpc_url, "fresh ports") == ["FRESH", "PORTS"]
+            assert server.restarts == 0 and server.failed is None
+    finally:
+        taker.close()
+    assert any("lost a port to another process" in r.getMessage() for r in caplog.records)
+
+
+def test_a_taken_port_the_user_gave_is_a_startup_error(tiny_repository):
+    from trtllm_truss.runtime.launch import choose_free_ports
+
+    taker = _listening_socket()
+    try:
+        ports = dataclasses.replace(choose_free_ports(), http=taker.getsockname()[1])
+        server = TritonServer(tiny_repository, ports=ports)
+        try:
+            server.start()
+            with pytest.raises(TritonStartupError, match="already in use"):
+                server.wait_ready(timeout_s=90)
+            assert server.ports == ports
+        finally:
+            server.stop()
+    finally:
+        taker.close()
+
+
 def test_hanging_model_times_out_and_stop_kills_the_stub(tmp_path):
     repo = make_tiny_repository(tmp_path)
     (repo / "preprocessing" / "1" / "model.py").write_text(

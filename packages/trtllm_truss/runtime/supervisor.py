@@ -14,6 +14,7 @@ stop() (SIGKILL, OOM killer, a test timeout) does not leave tritonserver running
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -55,6 +56,9 @@ _ServerT = TypeVar("_ServerT", bound="TritonServer")
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_READY_MODELS = ("ensemble",)
+# Triton's words when its HTTP, GRPC or metrics service cannot bind ("Socket '0.0.0.0:N' already in use").
+PORT_TAKEN = "already in use"
+PORT_RETRIES = 3
 
 __all__ = [
     "RestartPolicy",
@@ -157,6 +161,10 @@ class TritonServer:
         self._env_overrides = dict(env or {})
         self._secret_values = tuple(secrets)  # besides those load_config remembered; see config.child_env
         self._ports = ports
+        # Ports we chose may be taken by someone else before Triton binds them (it binds after loading
+        # its models); those we can choose again, a user's we cannot.
+        self._ports_are_ours = ports is None
+        self._port_retries = 0
         self._work_dir = work_dir
         self._owns_work_dir = work_dir is None
         self._log_verbose = log_verbose
@@ -463,6 +471,8 @@ class TritonServer:
             assert self._spec is not None
             _remove_shm_regions(self._spec.shm_prefix)
             was_ready = child.ready.is_set()
+            if not self._stopping.is_set() and self._retry_on_fresh_ports(child):
+                continue
             consecutive_failures = 0 if was_ready else consecutive_failures + 1
             stopping = self._stopping.is_set()
             will_restart = (
@@ -506,6 +516,33 @@ class TritonServer:
                 restarted = self._child
             logger.info("tritonserver restarted (restart %d, pid %d)", self._restarts, restarted.pid)
             self._await_restart_ready(restarted)
+
+    def _retry_on_fresh_ports(self, child: _Child) -> bool:
+        """Relaunch on newly chosen ports when a first start lost one of ours to another process."""
+        if (
+            self._ever_ready
+            or not self._ports_are_ours
+            or self._port_retries >= PORT_RETRIES
+            or not any(PORT_TAKEN in line for line in child.forwarder.tail(50))
+        ):
+            return False
+        assert self._spec is not None and self._ports is not None
+        self._port_retries += 1
+        taken = self._ports
+        with self._lock:
+            if self._stopping.is_set():
+                return False
+            self._ports = choose_free_ports()
+            self._spec = dataclasses.replace(self._spec, ports=self._ports)
+            logger.warning(
+                "tritonserver lost a port to another process (http %d grpc %d metrics %d); starting again on"
+                " http %d grpc %d metrics %d", taken.http, taken.grpc, taken.metrics,
+                self._ports.http, self._ports.grpc, self._ports.metrics,
+            )
+            self._child = self._spawn(generation=child.generation + 1)
+        child.will_restart = True
+        child.exited.set()
+        return True
 
     def _await_restart_ready(self, child: _Child) -> None:
         """Marks a restarted child ready (so a later death restarts again); kills it if it hangs."""
