@@ -17,7 +17,7 @@ A `Guide` is TensorRT-LLM's `guided_decoding_guide_type` with its `guided_decodi
   their dialects), the native route's `guided_decoding_guide_type` / `guided_decoding_guide`, and
   the guides `tool_choice` required / named builds (`api.tools.tool_guide`).
 
-Bounds (checked on the event loop, cheap): a guide's text at most `MAX_GUIDE_BYTES`, a schema's JSON
+Bounds (checked on the event loop, cheap): a guide's text at most the engine's `MAX_GUIDE_BYTES`, a schema's JSON
 nesting at most `MAX_GUIDE_DEPTH`. Then the grammar engine the deployment uses (`RequestLimits.guide_engine`:
 xgrammar or llguidance, with TensorRT-LLM's options) judges the guide, off the event loop
 (`guides.best_effort.prepare` for a schema, `guides.guide.check_guide` for the other types): with
@@ -45,9 +45,8 @@ from pydantic import Field
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
 from trtllm_truss.guides import best_effort
-from trtllm_truss.guides.guide import GuideError, check_guide, schema_text
+from trtllm_truss.guides.guide import MAX_GUIDE_BYTES, GuideError, check_guide, schema_text
 
-MAX_GUIDE_BYTES = 128 * 1024  # UTF-8 bytes of a guide's text (a schema as compact JSON, a regex, a grammar)
 MAX_GUIDE_DEPTH = 64  # JSON nesting (objects and arrays) of a schema document
 MAX_CHOICES = 256  # alternatives of vLLM's `choice`
 CHECK_TIMEOUT_S = 5.0  # compiling one guide; longer is a 400 (the compile finishes in its thread and is cached)
