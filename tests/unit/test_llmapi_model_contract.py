@@ -2,9 +2,11 @@
 
 Every keyword our model passes (triton_models/tensorrt_llm_llmapi/llm_request.py: generate_async,
 SamplingParams, GuidedDecodingParams, LoRARequest, all by keyword) and every key of the model.yaml it is
-given must be in the records of tests/data/trtllm_flags/<version>/llmapi_generate.json and
-llmapi_model.json (each names the NVIDIA file and commit it was read from). The LLM-API double must not
-accept a name the real classes lack either.
+given must be in the records of tests/data/trtllm_flags/<version>/llmapi_generate.json (1.0.0: with
+llmapi_model.json). Each record names, part by part, where it was read: 1.1.0 and later from NVIDIA's
+versioned documentation source pages of that release (url, tag, docs build commit), or says plainly that a
+part is still a bracket (`read: false`, `not_read`). The LLM-API double must not accept a name the real
+classes lack either.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 FLAGS = Path(__file__).resolve().parents[1] / "data" / "trtllm_flags"
 PACKAGE = Path(__file__).resolve().parents[2] / "packages" / "trtllm_truss"
 REQUEST_MODULE = PACKAGE / "triton_models" / "tensorrt_llm_llmapi" / "llm_request.py"
-VERSIONS = ("1.0.0", "1.1.0", "1.2.0")
+VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.2.1")
+# Records read part by part from NVIDIA's versioned docs pages (the 1.0.0 record reads a 1.0.0rc4 copy).
+PAGE_READ_VERSIONS = ("1.1.0", "1.2.0", "1.2.1")
 # Call name in llm_request.py -> the record's list of accepted keywords.
 CALLS = {
     "generate_async": "generate_async_keywords",
@@ -32,8 +36,31 @@ CALLS = {
 def record(version: str) -> dict:
     doc = json.loads((FLAGS / version / "llmapi_generate.json").read_text())
     assert doc["trtllm_version"] == version and doc["source"]["repository"] == "NVIDIA/TensorRT-LLM"
-    assert doc["sources"]["sampling_params"]["commit"], "provenance missing"
+    sampling = doc["sources"]["sampling_params"]
+    assert sampling.get("commit") or sampling["stored_copy"]["commit"], "provenance missing"
     return doc
+
+
+def llm_arg_names(version: str) -> dict:
+    """LLM() / KvCacheConfig / SchedulerConfig names of a version: its own record, or 1.0.0's llmapi_model.json."""
+    doc = record(version)
+    if "llm_args" not in doc:
+        doc = json.loads((FLAGS / version / "llmapi_model.json").read_text())
+    return doc
+
+
+@pytest.mark.parametrize("version", PAGE_READ_VERSIONS)
+def test_each_part_of_the_record_says_where_it_was_read_or_that_it_was_not(version):
+    sources = record(version)["sources"]
+    for part in ("generate_async", "sampling_params", "guided_decoding_params", "lora_request", "lora_config",
+                 "llm_args", "kv_cache_config", "scheduler_config", "logprobs"):
+        source = sources[part]
+        if source["read"]:
+            assert f"nvidia.github.io/TensorRT-LLM/{version}/" in source["url"], (part, source)
+            assert source["tag"] == f"v{version}" and source["docs_built_from_commit"], (part, source)
+            assert len(source["stored_copy"]["commit"]) == 40, (part, source)
+        else:
+            assert source["not_read"].startswith("not read"), (part, source)
 
 
 def calls_of(path: Path) -> dict[str, list[ast.Call]]:
@@ -76,8 +103,8 @@ def test_the_double_accepts_no_name_the_real_classes_lack(version):
 
 
 def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
-    """The fullest model.yaml we render (guides, LoRA, chunked prefill, fp8 KV cache) against the 1.0
-    record of LLM() names (llmapi_model.json) and LoraConfig's fields."""
+    """The fullest model.yaml we render (guides, LoRA, chunked prefill, fp8 KV cache, host offload) against each
+    version's record of LLM() / KvCacheConfig / SchedulerConfig names and LoraConfig's fields."""
     from types import SimpleNamespace
 
     from trtllm_truss.config import load_config
@@ -90,18 +117,23 @@ def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
         "model_name: t\nmodel_metadata:\n  trt_llm:\n    build:\n      base_model_architecture: llama\n"
         "      huggingface_ckpt_repository: ckpt\n      quantization_type: fp8_kv\n      max_num_tokens: 4096\n"
         "    runtime:\n      enable_chunked_context: true\n      stream_interval: 4\n"
+        "      max_tokens_in_paged_kv_cache: 8192\n      kv_cache_host_memory_bytes: 1000000\n"
+        "      kv_cache_onboard_blocks: true\n"
     )
     trt = load_config(tmp_path, environ={}).trt_llm
     args = llm_args(
         trt.build, trt.runtime, "/m", guide_engine="xgrammar",
         adapters=(PlannedAdapter("pirate", 1, tmp_path / "pirate"),), lora_configuration=SimpleNamespace(max_lora_rank=8, max_loras=2),
     )
-    names = json.loads((FLAGS / "1.0.0" / "llmapi_model.json").read_text())
-    assert set(args) <= set(names["llm_args"]), set(args) - set(names["llm_args"])
-    assert set(args["kv_cache_config"]) <= set(names["kv_cache_config_fields"])
-    assert set(args["scheduler_config"]) <= set(names["scheduler_config_fields"])
+    assert {"host_cache_size", "max_tokens", "onboard_blocks", "dtype"} <= set(args["kv_cache_config"])
     for version in VERSIONS:
-        assert set(args["lora_config"]) <= set(record(version)["lora_config_fields"])
+        names = llm_arg_names(version)
+        assert set(args) <= set(names["llm_args"]), (version, set(args) - set(names["llm_args"]))
+        assert set(args["kv_cache_config"]) <= set(names["kv_cache_config_fields"]), version
+        assert set(args["scheduler_config"]) <= set(names["scheduler_config_fields"]), version
+        assert args["scheduler_config"]["capacity_scheduler_policy"] in names["capacity_scheduler_policy_members"]
+        assert set(args["lora_config"]) <= set(record(version)["lora_config_fields"]), version
+        assert args["guided_decoding_backend"] in names.get("guided_decoding_backend_values", ["xgrammar"]), version
     assert args["guided_decoding_backend"] == "xgrammar" and args["stream_interval"] == 4
 
 

@@ -3,7 +3,7 @@
 Our llmapi Triton model (model.py beside this file) reads a request's tensors with the stand-in's reader
 (`engine_standin/request_inputs.py`: the same names, defaults and refusals as the tensor stand-in) and
 turns each row into one `LLM.generate_async` call built here, keyword arguments only. Every keyword and
-field named below is checked against NVIDIA's sources of TensorRT-LLM 1.0.0, 1.1.0 and 1.2.x
+field named below is checked against NVIDIA's sources of TensorRT-LLM 1.0.0, 1.1.0, 1.2.0 and 1.2.1
 (tests/data/trtllm_flags/<version>/llmapi_generate.json; tests/unit/test_llmapi_model_contract.py reads
 this file's calls).
 
