@@ -2,11 +2,10 @@
 
 Every keyword our model passes (triton_models/tensorrt_llm_llmapi/llm_request.py: generate_async,
 SamplingParams, GuidedDecodingParams, LoRARequest, all by keyword) and every key of the model.yaml it is
-given must be in the records of tests/data/trtllm_flags/<version>/llmapi_generate.json (1.0.0: with
-llmapi_model.json). Each record names, part by part, where it was read: 1.1.0 and later from NVIDIA's
-versioned documentation source pages of that release (url, tag, docs build commit), or says plainly that a
-part is still a bracket (`read: false`, `not_read`). The LLM-API double must not accept a name the real
-classes lack either.
+given must be in the records of tests/data/trtllm_flags/<version>/llmapi_generate.json. Each record names,
+part by part, where it was read: NVIDIA's versioned documentation source pages of that release (url, tag,
+docs build commit), or says plainly that a part is still a bracket (`read: false`, `not_read`). The
+LLM-API double must not accept a name the real classes lack either, and a name no record has must fail.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ FLAGS = Path(__file__).resolve().parents[1] / "data" / "trtllm_flags"
 PACKAGE = Path(__file__).resolve().parents[2] / "packages" / "trtllm_truss"
 REQUEST_MODULE = PACKAGE / "triton_models" / "tensorrt_llm_llmapi" / "llm_request.py"
 VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.2.1")
-# Records read part by part from NVIDIA's versioned docs pages (the 1.0.0 record reads a 1.0.0rc4 copy).
-PAGE_READ_VERSIONS = ("1.1.0", "1.2.0", "1.2.1")
+# Records read part by part from NVIDIA's versioned docs pages: all of them.
+PAGE_READ_VERSIONS = VERSIONS
 # Call name in llm_request.py -> the record's list of accepted keywords.
 CALLS = {
     "generate_async": "generate_async_keywords",
@@ -41,12 +40,32 @@ def record(version: str) -> dict:
     return doc
 
 
-def llm_arg_names(version: str) -> dict:
-    """LLM() / KvCacheConfig / SchedulerConfig names of a version: its own record, or 1.0.0's llmapi_model.json."""
-    doc = record(version)
-    if "llm_args" not in doc:
-        doc = json.loads((FLAGS / version / "llmapi_model.json").read_text())
-    return doc
+def model_yaml_names_missing(args: dict, version: str) -> dict[str, set]:
+    """The names of a rendered model.yaml (LLM() keywords and the fields of the configs it nests) that the
+    version's record lacks; empty when the version accepts every one."""
+    names = record(version)
+    missing = {
+        "LLM()": set(args) - set(names["llm_args"]),
+        "KvCacheConfig": set(args.get("kv_cache_config", {})) - set(names["kv_cache_config_fields"]),
+        "SchedulerConfig": set(args.get("scheduler_config", {})) - set(names["scheduler_config_fields"]),
+        "LoraConfig": set(args.get("lora_config", {})) - set(names["lora_config_fields"]),
+        "CapacitySchedulerPolicy": {args.get("scheduler_config", {}).get("capacity_scheduler_policy")}
+        - set(names["capacity_scheduler_policy_members"]) - {None},
+        "guided_decoding_backend": {args.get("guided_decoding_backend")} - set(names["guided_decoding_backend_values"])
+        - {None},
+    }
+    return {part: names for part, names in missing.items() if names}
+
+
+def keywords_missing(source: str, version: str) -> dict[str, set]:
+    """Keywords of the LLM-API calls in `source` that the version's record lacks."""
+    accepted = record(version)
+    missing = {}
+    for name, calls in calls_of_source(source).items():
+        used = {k.arg for call in calls for k in call.keywords}
+        if used - set(accepted[CALLS[name]]):
+            missing[name] = used - set(accepted[CALLS[name]])
+    return missing
 
 
 @pytest.mark.parametrize("version", PAGE_READ_VERSIONS)
@@ -64,8 +83,12 @@ def test_each_part_of_the_record_says_where_it_was_read_or_that_it_was_not(versi
 
 
 def calls_of(path: Path) -> dict[str, list[ast.Call]]:
+    return calls_of_source(path.read_text())
+
+
+def calls_of_source(source: str) -> dict[str, list[ast.Call]]:
     found: dict[str, list[ast.Call]] = {name: [] for name in CALLS}
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CALLS:
             found[node.func.attr].append(node)
     return found
@@ -82,10 +105,7 @@ def test_our_model_calls_the_llm_api_by_keyword_only():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_keyword_our_model_passes_is_in_the_record_of_each_version(version):
-    accepted = record(version)
-    for name, calls in calls_of(REQUEST_MODULE).items():
-        used = {k.arg for call in calls for k in call.keywords}
-        assert used <= set(accepted[CALLS[name]]), (version, name, used - set(accepted[CALLS[name]]))
+    assert keywords_missing(REQUEST_MODULE.read_text(), version) == {}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -100,6 +120,26 @@ def test_the_double_accepts_no_name_the_real_classes_lack(version):
     ):
         fields = {f.name for f in dataclasses.fields(cls)}
         assert fields <= set(accepted[key]), (cls.__name__, fields - set(accepted[key]))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_name_no_release_has_fails_the_contract(version):
+    """The checks above must be able to fail: a made-up keyword at each level is reported, by name."""
+    args = {
+        "model": "/m", "made_up_llm_argument": 1,
+        "kv_cache_config": {"max_tokens": 8, "made_up_kv_field": 1},
+        "scheduler_config": {"capacity_scheduler_policy": "MADE_UP_POLICY"},
+        "lora_config": {"lora_dir": [], "made_up_lora_field": 1},
+        "guided_decoding_backend": "made_up_engine",
+    }
+    assert model_yaml_names_missing(args, version) == {
+        "LLM()": {"made_up_llm_argument"}, "KvCacheConfig": {"made_up_kv_field"}, "LoraConfig": {"made_up_lora_field"},
+        "CapacitySchedulerPolicy": {"MADE_UP_POLICY"}, "guided_decoding_backend": {"made_up_engine"},
+    }
+    source = "llm.generate_async(inputs, made_up_keyword=1)\nllmapi.SamplingParams(max_tokens=1, made_up_sampling=2)\n"
+    assert keywords_missing(source, version) == {
+        "generate_async": {"made_up_keyword"}, "SamplingParams": {"made_up_sampling"},
+    }
 
 
 def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
@@ -127,13 +167,7 @@ def test_model_yaml_keys_are_llm_arguments_of_the_record(tmp_path):
     )
     assert {"host_cache_size", "max_tokens", "onboard_blocks", "dtype"} <= set(args["kv_cache_config"])
     for version in VERSIONS:
-        names = llm_arg_names(version)
-        assert set(args) <= set(names["llm_args"]), (version, set(args) - set(names["llm_args"]))
-        assert set(args["kv_cache_config"]) <= set(names["kv_cache_config_fields"]), version
-        assert set(args["scheduler_config"]) <= set(names["scheduler_config_fields"]), version
-        assert args["scheduler_config"]["capacity_scheduler_policy"] in names["capacity_scheduler_policy_members"]
-        assert set(args["lora_config"]) <= set(record(version)["lora_config_fields"]), version
-        assert args["guided_decoding_backend"] in names.get("guided_decoding_backend_values", ["xgrammar"]), version
+        assert model_yaml_names_missing(args, version) == {}, version
     assert args["guided_decoding_backend"] == "xgrammar" and args["stream_interval"] == 4
 
 
