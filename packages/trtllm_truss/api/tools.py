@@ -21,7 +21,7 @@ from pydantic import Field
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
 from trtllm_truss.api.structured import Guide, check_schema
-from trtllm_truss.guides.best_effort import unenforced
+from trtllm_truss.guides.best_effort import cannot_enforce, unenforced
 
 
 # OpenAI's rule for function names.
@@ -110,11 +110,7 @@ def check_strict_tools(tools: Sequence[Mapping[str, Any]], strict: Sequence[int]
     `engine` does not enforce (as `response_format`'s strict)."""
     for i in strict:
         for where, key in unenforced(_parameters(tools[i]), engine):
-            name, _, detail = key.partition(" ")
-            raise field_error(
-                f"{field}[{i}].function.parameters{where}",
-                f"keyword {name!r} cannot be enforced by {engine}" + (f" ({key})" if detail else "") + "; strict: true refuses it",
-            )
+            raise field_error(f"{field}[{i}].function.parameters{where}", f"{cannot_enforce(key, engine)}; strict: true refuses it")
 
 
 def tool_dicts(tools: Sequence[FunctionTool]) -> tuple[dict[str, Any], ...]:

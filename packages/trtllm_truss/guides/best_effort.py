@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +71,15 @@ class KeywordRefused(GuideError):
 
     def __init__(self, place: str, keyword: str, engine: str) -> None:
         self.place = place
-        name, _, detail = keyword.partition(" ")
-        super().__init__(f"keyword {name!r} cannot be enforced by {engine}" + (f" ({keyword})" if detail else ""))
+        super().__init__(cannot_enforce(keyword, engine))
+
+
+def cannot_enforce(keyword: str, engine: str) -> str:
+    """"keyword 'format' cannot be enforced by xgrammar (format 'x')", or "(beside anyOf)" and the like."""
+    name, _, detail = keyword.partition(" ")
+    if detail.startswith("("):
+        return f"keyword {name!r} cannot be enforced by {engine} {detail}"
+    return f"keyword {name!r} cannot be enforced by {engine}" + (f" ({keyword})" if detail else "")
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,8 @@ def _walk(schema: Any, where: str = "") -> Iterator[tuple[str, dict]]:
         stack.extend((p, child) for p, child, _, _ in subschemas(node, place))
 
 
-def unenforced(schema: Any, engine: str, where: str = "") -> Iterator[tuple[str, str]]:
-    """(place, keyword) of each key the engine does not enforce (an unknown `format` as "format 'x'")."""
+def _unknown_keywords(schema: Any, engine: str, where: str = "") -> Iterator[tuple[str, str]]:
+    """(place, keyword) of each key the engine does not know (an unknown `format` as "format 'x'")."""
     enforced = ENFORCED[engine]
     for place, node in _walk(schema, where):
         for key, value in node.items():
@@ -122,13 +130,29 @@ def unenforced(schema: Any, engine: str, where: str = "") -> Iterator[tuple[str,
                 yield place, key
 
 
+def enforceable(schema: Any, engine: str, where: str = "") -> tuple[Any, list[tuple[str, str]]]:
+    """A copy of `schema` rewritten (exactly) into what `engine` enforces, and (place, keyword) of each
+    key it still does not: unknown keywords, and for xgrammar those its combinators override."""
+    rewritten = copy.deepcopy(schema)
+    missing = list(_unknown_keywords(rewritten, engine, where))
+    if engine == XGRAMMAR and isinstance(rewritten, dict):
+        missing += [(place, f"{key} ({why})") for place, _, key, why in xgrammar_combinators(rewritten, where)]
+    return rewritten, missing
+
+
+def unenforced(schema: Any, engine: str, where: str = "") -> list[tuple[str, str]]:
+    """(place, keyword) of each key of `schema` the engine does not enforce, even rewritten."""
+    return enforceable(schema, engine, where)[1]
+
+
 def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool) -> PreparedSchema:
     """The schema as the guide `engine` enforces (module docstring); raises KeywordRefused (strict: the
     place and keyword) or GuideError with the engine's reason."""
     if strict:
-        for place, key in unenforced(schema, engine):
+        rewritten, missing = enforceable(dict(schema), engine)
+        for place, key in missing:
             raise KeywordRefused(place, key, engine)
-        text = schema_text(schema)
+        text = schema_text(rewritten)
         check_guide("json_schema", text, engine)
         return PreparedSchema(text)
     trimmed = copy.deepcopy(dict(schema))
@@ -142,6 +166,28 @@ def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool) -> Prepared
         if isinstance(value, str) and value not in FORMATS[engine]:
             del node["format"]
             notes.append(f"{place or '.'}: format {value!r}")
+    if engine != XGRAMMAR:
+        return _repaired(trimmed, engine, notes)
+    unmerged, unmerged_notes = copy.deepcopy(trimmed), list(notes)
+    _leave_out(xgrammar_combinators(trimmed), notes)
+    try:
+        return _repaired(trimmed, engine, notes)
+    except GuideError:
+        # A merge can make the engine see a part no value satisfies, which xgrammar's override hid:
+        # then do as xgrammar does, leaving out what it ignores (reported).
+        _leave_out(xgrammar_combinators(unmerged, merge=False), unmerged_notes)
+        return _repaired(unmerged, engine, unmerged_notes)
+
+
+def _leave_out(ignored: list[tuple[str, dict, str, str]], notes: list[str]) -> None:
+    for place, node, key, why in ignored:
+        if key != "pattern":  # a pattern whose lookaround is ignored only allows more
+            node.pop(key, None)
+        notes.append(f"{place or '.'}: {key} ({why})")
+
+
+def _repaired(trimmed: dict, engine: str, notes: list[str]) -> PreparedSchema:
+    """The guide once the engine takes it, after the repairs its messages call for."""
     for _ in range(MAX_REPAIRS):
         text = schema_text(trimmed)
         try:
@@ -152,6 +198,133 @@ def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool) -> Prepared
             if repair is None or not repair(trimmed, engine, notes):
                 raise
     raise GuideError("the schema still cannot be enforced after leaving out what the engine named")
+
+
+# --- xgrammar's combinators ----------------------------------------------------------------------
+
+# xgrammar 0.2.8 converts a node by the first of these it has and ignores the node's other keywords
+# (probed: `{"type": "object", "properties": ..., "anyOf": [{"required": ["a"]}, ...]}` allows any JSON
+# value); an `allOf` of two or more branches allows any value. llguidance intersects them all.
+XGRAMMAR_DOMINANT = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
+_CONTAINERS = frozenset({"$defs", "definitions"})
+_OPENS_PROPERTIES = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def xgrammar_combinators(schema: dict, where: str = "", *, merge: bool = True) -> list[tuple[str, dict, str, str]]:
+    """In place: each node's keywords that xgrammar would ignore beside its combinator are merged into
+    it where that is exact (siblings into every `anyOf`/`oneOf` branch, an `allOf` into one schema, a
+    `const`/`enum` kept to the values its siblings allow). Returns (place, node, keyword, why) of each
+    keyword xgrammar still ignores, and of each `allOf` it does not enforce at all (left out, it leaves
+    its siblings enforced). `merge=False`: nothing is merged, everything ignored is returned."""
+    ignored: list[tuple[str, dict, str, str]] = []
+    for place, node in _walk(schema, where):
+        while True:  # a merged allOf may leave the node another combinator
+            dominant = next((k for k in XGRAMMAR_DOMINANT if k in node), None)
+            if dominant is None:
+                break
+            siblings = {k: v for k, v in node.items() if k != dominant and k not in ANNOTATIONS and k not in _CONTAINERS}
+            merged = _merged_combinator(node[dominant], dominant, siblings) if merge else None
+            if merged is None:
+                if dominant == "allOf" and isinstance(node["allOf"], list) and len(node["allOf"]) > 1:
+                    ignored.append((place, node, "allOf", "branches that do not merge into one schema"))
+                else:
+                    ignored += [(place, node, key, f"beside {dominant}") for key in siblings]
+                break
+            for key in siblings:
+                del node[key]
+            if dominant == "allOf":
+                del node["allOf"]
+                node.update(merged)
+                continue
+            node[dominant] = merged
+            break
+        if "items" not in node and (isinstance(node.get("prefixItems"), list) or node.get("minItems")):
+            # xgrammar's strict mode closes an array that says nothing of (further) items; JSON Schema
+            # leaves it open, and xgrammar refuses it outright where minItems needs more items.
+            node["items"] = True
+        ignored += [(place, node, key, why) for key, why in _xgrammar_ignores_beside(node)]
+    return ignored
+
+
+_LOOKAROUND = re.compile(r"\(\?<?[=!]")
+
+
+def _xgrammar_ignores_beside(node: dict) -> Iterator[tuple[str, str]]:
+    """Keywords xgrammar 0.2.8 ignores beside others (its warnings say so)."""
+    for length in ("minLength", "maxLength"):
+        beside = next((k for k in ("pattern", "format") if k in node), None)
+        if length in node and beside:
+            yield length, f"beside {beside}"
+    if "multipleOf" in node and node.get("type") != "integer":
+        yield "multipleOf", "enforced for integers only"
+    if isinstance(node.get("pattern"), str) and _LOOKAROUND.search(node["pattern"]):
+        yield "pattern", "its lookaround is not enforced"  # the rest of it is: best effort keeps it
+
+
+def _merged_combinator(value: Any, dominant: str, siblings: dict) -> Any:
+    """The combinator's value with `siblings` merged in (for allOf: the one schema), None if not exact."""
+    if not siblings and dominant != "allOf":
+        return None
+    if dominant in ("anyOf", "oneOf") and isinstance(value, list):
+        branches = [_merge(siblings, branch) for branch in value]
+        return None if any(b is None for b in branches) else branches
+    if dominant == "allOf" and isinstance(value, list) and (siblings or len(value) > 1):
+        merged: dict | None = dict(siblings)
+        for branch in value:
+            merged = _merge(merged, branch) if merged is not None else None
+        return merged
+    if dominant in ("const", "enum"):
+        allowed = _allowed_values([value] if dominant == "const" else value, siblings)
+        if allowed:
+            return allowed[0] if dominant == "const" else allowed
+    return None
+
+
+def _allowed_values(values: Any, siblings: dict) -> list | None:
+    """The values that satisfy `siblings` (None when they cannot be judged alone, e.g. a `$ref`)."""
+    if not isinstance(values, list):
+        return None
+    try:
+        import jsonschema
+
+        check = jsonschema.Draft202012Validator(siblings)
+        return [v for v in values if check.is_valid(v)]
+    except Exception:  # noqa: BLE001 -- a keyword the validator cannot judge alone
+        return None
+
+
+def _merge(a: Any, b: Any) -> dict | None:
+    """One schema meaning `a` and `b` both, when their keywords combine exactly; otherwise None."""
+    if b is True:
+        return dict(a)
+    if not isinstance(a, dict) or not isinstance(b, dict) or ("$ref" in a and b) or ("$ref" in b and a):
+        return None
+    for x, y in ((a, b), (b, a)):
+        # `additionalProperties` and its kin apply to their own schema's `properties` only.
+        if any(k in x for k in _OPENS_PROPERTIES) and set(y.get("properties") or ()) - set(x.get("properties") or ()):
+            return None
+        if "prefixItems" in x and "items" in y and y.get("items") != x.get("items"):
+            return None
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out or out[key] == value or key in ANNOTATIONS:
+            out.setdefault(key, value)
+        elif key == "required" and isinstance(value, list) and isinstance(out[key], list):
+            out[key] = list(dict.fromkeys([*out[key], *value]))
+        elif key == "properties" and isinstance(value, dict) and isinstance(out[key], dict):
+            if any(name in out[key] and out[key][name] != sub for name, sub in value.items()):
+                return None
+            out[key] = {**out[key], **value}
+        elif key == "type":
+            mine = [out[key]] if isinstance(out[key], str) else out[key]
+            theirs = [value] if isinstance(value, str) else value
+            both = [t for t in mine if t in theirs]
+            if not both:
+                return None
+            out[key] = both[0] if len(both) == 1 else both
+        else:
+            return None
+    return out
 
 
 # --- equivalent rewrites and repairs ------------------------------------------------------------
@@ -259,21 +432,21 @@ def _drop_many(*repairs: Callable[[dict, str, list[str]], bool]) -> Callable[[di
     return repair
 
 
-def _open_tuples(schema: dict, engine: str, notes: list[str]) -> bool:
-    """xgrammar's strict mode closes a `prefixItems` tuple that says nothing of further items, which
-    JSON Schema allows: say so (`items: true`) where `minItems` needs them."""
-    changed = False
-    for _, node in list(_walk(schema)):
-        if isinstance(node.get("prefixItems"), list) and "items" not in node:
-            node["items"] = True
-            changed = True
-    return changed
-
-
 def _drop_meta_schema(schema: dict) -> bool:
     """llguidance fetches a `$schema` it does not know (to learn the draft): the guide goes without it
     (an annotation; the output is still validated with the draft the schema names)."""
     return schema.pop("$schema", None) is not None
+
+
+def _drop_base_uri(schema: dict, engine: str, notes: list[str]) -> bool:
+    """llguidance resolves relative `$ref`s against the root's `$id` into its own copies of the JSON
+    Schema meta-schemas, whose keywords it does not implement: without the `$id` they are unresolved
+    remote references, left out like any other."""
+    if "$id" not in schema:
+        return False
+    del schema["$id"]
+    notes.append(".: $id (a base for references into meta-schemas)")
+    return True
 
 
 def _ref_siblings(schema: dict, engine: str, notes: list[str]) -> bool:
@@ -297,8 +470,8 @@ _REPAIRS: tuple[tuple[str, Callable[[dict, str, list[str]], bool]], ...] = (
     ("min/maxProperties", _drop_many(_drop_where(lambda n, e: True, "minProperties"), _drop_where(lambda n, e: True, "maxProperties"))),
     ("minProperties", _drop_where(lambda n, e: True, "minProperties")),
     ("circular references with sibling keys", _ref_siblings),
+    ("Unimplemented keys", _drop_base_uri),
     ("Cannot find field", _drop_unresolved_refs),
-    ("but additional items are not", _open_tuples),
     ("does not exist", _drop_unresolved_refs),
     ("intersection stack level exceeded", _drop_where(lambda n, e: True, "allOf")),
 )
