@@ -179,14 +179,19 @@ def test_killed_server_and_tritonserver_leave_no_stub(server_root: Path, tmp_pat
 
 
 def _direct_stop_cycle(work: Path, round_: int) -> tuple[int, float]:
-    """As `_truss_stop_cycle`, for `serve --front direct` with two frontends (each with a stream worker)."""
+    """As `_truss_stop_cycle`, for `serve --front direct` with two frontends, every third round with stream
+    worker processes behind them."""
     marker = uuid.uuid4().hex
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", MARKER: marker, "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "2"}
+    workers = round_ % 3 == 2
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", MARKER: marker, "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "2",
+           "TRTLLM_RUNTIME__DIRECT_FRONT__STREAM_WORKER_PROCESSES": str(workers).lower()}
     server = start_direct_server(REPO_ROOT, work / f"direct-{round_}.log", env=env)
     try:
         server.wait_ready(STARTUP_TIMEOUT_S)
-        # launcher, two frontends, their workers, tritonserver, stubs
-        assert len(stack_processes(marker)) >= 7, stack_processes(marker)
+        # launcher, two frontends, (their workers,) tritonserver, its stubs
+        processes = stack_processes(marker)
+        assert len(processes) >= (7 if workers else 5), processes
+        assert sum("streaming.worker" in command for command in processes.values()) == (2 if workers else 0), processes
         open_at_signal = OpenStreams(_completion_stream(server.url), STREAMS).wait_open()
         if round_ % 2:
             os.killpg(server.process.pid, signal.SIGINT)

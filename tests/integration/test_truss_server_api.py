@@ -386,9 +386,10 @@ def test_requests_beyond_the_admission_limit_get_429_with_retry_after(slow_serve
         assert client.post(PREDICT, json={"prompt": "after", "max_tokens": 2, "stream": False}).status_code == 200
 
 
-def test_a_killed_stream_worker_fails_its_streams_and_is_replaced(slow_server: TrussServer):
-    workers = slow_server.stream_workers()
-    assert workers, "no stream worker under the truss server"
+def test_killed_stream_processes_fail_their_streams_and_are_replaced(slow_server: TrussServer):
+    """The stream workers, or under the direct front (no workers) its HTTP processes: restarted either way."""
+    workers = slow_server.stream_processes()
+    assert workers, "no stream worker (nor direct front process) under the server"
     with httpx.Client(base_url=slow_server.url, timeout=60.0) as client:
         body = {"prompt": "A story cut short", "max_tokens": MAX_OUTPUT_LEN, "ignore_eos": True}
         with pytest.raises(httpx.RemoteProtocolError):  # the chunked body never completes
@@ -400,10 +401,10 @@ def test_a_killed_stream_worker_fails_its_streams_and_is_replaced(slow_server: T
                             os.kill(worker.pid, signal.SIGKILL)
         old = {w.pid for w in workers}
         poll(
-            lambda: len(slow_server.stream_workers()) == len(workers)
-            and not old & {w.pid for w in slow_server.stream_workers()},
+            lambda: len(slow_server.stream_processes()) == len(workers)
+            and not old & {w.pid for w in slow_server.stream_processes()},
             timeout_s=60,
-            what="stream workers restarted",
+            what="stream processes restarted",
         )
         answer = poll(
             lambda: (r := client.post(PREDICT, json={"prompt": "again", "max_tokens": 3, "stream": False, "ignore_eos": True}))

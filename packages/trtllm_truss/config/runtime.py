@@ -81,13 +81,19 @@ class DirectFrontConfig(StrictModel):
         None,
         ge=1,
         le=64,
-        description="HTTP front processes sharing the port, each with its own request core, tokenizer and stream"
-        " workers (None: one per 4 CPU cores, 1 to 16).",
+        description="HTTP front processes sharing the port, each with its own request core, tokenizer and engine"
+        " client (None: one per 4 CPU cores, 1 to 16).",
     )
     api_key_secret: NonEmptyStr | None = Field(
         None,
         description="Name of the truss secret (config.yaml `secrets:`) holding an API key: every API request must"
         " then send `Authorization: Bearer <key>` (401 otherwise). None: no key is checked.",
+    )
+    stream_worker_processes: bool = Field(
+        False,
+        description="Stream through worker processes behind each front process (runtime.stream_workers of them"
+        " in all), as the truss front does. false: each front process tokenizes, streams from the engine and"
+        " detokenizes on its own event loop, with no relay hop.",
     )
 
 

@@ -6,23 +6,23 @@ Who owns what:
 | process | owns |
 |---|---|
 | launcher (this module, `DirectFront`) | the stack (`runtime.stack.start_stack`: artifacts, repository, tritonserver and its supervisor, which restarts it), the engine probe, the listening socket, the shared state file (`fronts.replica_state`), the frontends (started, restarted when they die, stopped), readiness of the stack written for all |
-| frontend `i` (`fronts.direct_app`, N of them) | its uvicorn server accepting from the shared socket, its request core and dialects (`serving/`), its stream workers (tokenizer, gRPC streams to the engine, detokenizer: `streaming/`), its slot of admission and its metrics array |
-| stream workers (W per frontend) | as under truss's server (`streaming.worker`); they exit when their frontend's socket closes |
+| frontend `i` (`fronts.direct_app`, N of them) | its uvicorn server accepting from the shared socket, its request core and dialects (`serving/`), on the same event loop its tokenizer, gRPC streams to the engine and detokenizer (`streaming.in_process`), its slot of admission and its metrics array |
+| stream workers (only with `runtime.direct_front.stream_worker_processes`: W per frontend) | as under truss's server (`streaming.worker`); they exit when their frontend's socket closes |
 | tritonserver, stubs | as under truss's server (`runtime/`), in their own session |
 
-Nothing is relayed between processes per request: a frontend talks to tritonserver through its own
-workers. What must be one per replica is shared memory, not a hop: the admission bound (`SharedAdmission`:
+Nothing is relayed between processes per request: a frontend talks to tritonserver itself (or through
+its own workers). What must be one per replica is shared memory, not a hop: the admission bound (`SharedAdmission`:
 a request beyond `max_in_flight` of the whole replica is a 429 whichever frontend takes it), the metrics
 (every frontend's `/metrics` shows the sum of all arrays), readiness (the launcher writes the stack's
-state; each frontend answers 503 while tritonserver is down, as well as while its own workers are).
+state; each frontend answers 503 while tritonserver is down, as well as while its own streaming is).
 
 Stop (SIGTERM or SIGINT to the launcher; Ctrl-C also reaches the frontends and workers directly): every
-frontend gets SIGTERM, kills its stream workers (their open streams end with an error) and exits once its
+frontend gets SIGTERM, ends its open streams with an error (and kills its workers, if any) and exits once its
 responses are out (at most `direct_app.GRACEFUL_SHUTDOWN_S`); one still running after `FRONTEND_STOP_S` is
 killed; then the engine probe and tritonserver stop (`RunningStack.stop`). A frontend whose launcher dies
 without a word gets SIGTERM from the kernel (parent-death signal), like tritonserver (`setpriv --pdeathsig`).
 Secrets stay in the launcher: frontends get the environment of `config.child_env` and the API key over a
-pipe, and their stream workers inherit their (clean) environment.
+pipe, and their stream workers (if any) inherit their (clean) environment.
 """
 
 from __future__ import annotations
@@ -178,8 +178,10 @@ class DirectFront:
         api_key = resolve_api_key(front.api_key_secret, self._secrets, self._environ)
         ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
         frontends = front.processes or default_frontend_count()
-        workers = plan.runtime.stream_workers or default_worker_count()
-        per_frontend = max(1, -(-workers // frontends))  # the workers' total, spread over the frontends
+        per_frontend = 0  # each frontend streams on its own event loop
+        if front.stream_worker_processes:
+            workers = plan.runtime.stream_workers or default_worker_count()
+            per_frontend = max(1, -(-workers // frontends))  # the workers' total, spread over the frontends
         self._work_dir = Path(tempfile.mkdtemp(prefix="trtllm-truss-direct-", dir=_shm_dir()))
         self.state = ReplicaState.create(self._work_dir / "replica", frontends=frontends,
                                          max_in_flight=max_in_flight(plan))
@@ -196,14 +198,14 @@ class DirectFront:
             )
             for i in range(frontends)
         ]
-        progress(f"starting {frontends} frontend process(es), {per_frontend} stream worker(s) each")
+        progress(f"starting {frontends} frontend process(es), {per_frontend or 'no'} stream worker(s) each")
         self._frontends = [self._spawn(settings) for settings in self._settings]
         self._wait_frontends(range(frontends))
         # Ready only now: a frontend up before the others would otherwise answer ready while a stop
         # could still find the launcher starting.
         self.state.stack_ready = bool(server.alive and server.ready())
-        logger.info("direct front on %s: %d frontends (%s, %s), %d stream workers each, up to %d requests in flight",
-                    self.url, frontends, http, loop, per_frontend, self.state.max_in_flight)
+        logger.info("direct front on %s: %d frontends (%s, %s), %s stream workers each, up to %d requests in flight",
+                    self.url, frontends, http, loop, per_frontend or "no", self.state.max_in_flight)
 
     def _start_probe(self, plan: Any) -> None:
         health = plan.runtime.health

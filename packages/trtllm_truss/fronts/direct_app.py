@@ -235,6 +235,7 @@ def serve(settings: FrontendSettings) -> None:
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
         pool.stop()  # waits for the workers the exit signal killed
+        await pool.close()
 
     app = DirectApp(
         core,
@@ -252,13 +253,13 @@ def serve(settings: FrontendSettings) -> None:
 
     gc.freeze()  # what is loaded lives as long as the process (as LLMService.load)
     state.frontend_started(settings.index, os.getpid())  # the launcher waits for this
-    logger.info("serving (pid %d, %d stream workers)", os.getpid(), len(pool.pids))
+    logger.info("serving (pid %d, %s stream workers)", os.getpid(), settings.stream_workers or "no")
     server.run(sockets=[listener])
 
 
 class _Server:
-    """uvicorn's server whose exit signal first kills this frontend's stream workers: their streams then
-    end at once (with an error), so the graceful shutdown does not wait for generations to finish."""
+    """uvicorn's server whose exit signal first ends this frontend's open streams (with an error; its
+    stream workers, if any, are killed), so the graceful shutdown does not wait for generations to finish."""
 
     def __new__(cls, config: Any, on_exit: Callable[[], None]) -> Any:
         import uvicorn

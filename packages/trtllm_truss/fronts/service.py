@@ -23,6 +23,7 @@ from fastapi import Request
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.serving import chat, completions, messages, native, responses
 from trtllm_truss.serving.core import RequestCore, serving_metrics
+from trtllm_truss.streaming.in_process import InProcessPool
 from trtllm_truss.streaming.pool import Admission, StreamPool, default_worker_count
 
 if TYPE_CHECKING:
@@ -174,9 +175,10 @@ def max_in_flight(plan: ServingPlan) -> int:
 
 def stream_pool(
     plan: ServingPlan, grpc_url: str, *, workers: int | None = None, admission: Admission | None = None
-) -> StreamPool:
-    """The stream workers `plan.runtime` asks for (or `workers`), on the engine (or the text ensemble);
-    `admission`: a bound shared with other processes (the direct front)."""
+) -> StreamPool | InProcessPool:
+    """The stream workers `plan.runtime` asks for (or `workers`; 0: none, their work on this process's
+    event loop), on the engine (or the text ensemble); `admission`: a bound shared with other processes
+    (the direct front)."""
     import os
 
     from trtllm_truss.config.enums import DetokenizeIn
@@ -197,6 +199,10 @@ def stream_pool(
         tool_call_parser=runtime.tool_call_parser,
         reasoning_parser=runtime.reasoning_parser, lora_weights=worker_lora_weights(plan.lora_adapters),
     )
+    if workers == 0:
+        return InProcessPool(
+            settings, max_in_flight=max_in_flight(plan), chunk_rate=runtime.max_stream_chunks_per_s, admission=admission
+        )
     return StreamPool(
         settings,
         workers=workers or runtime.stream_workers or default_worker_count(),

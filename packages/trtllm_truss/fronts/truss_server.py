@@ -102,6 +102,13 @@ class TrussServer:
             lambda child: "trtllm_truss.streaming.worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
         )
 
+    def stream_processes(self) -> list[psutil.Process]:
+        """The processes a request's stream runs in: the stream workers, or where there are none (the direct
+        front's default) its HTTP processes, each of which streams on its own event loop."""
+        return self.stream_workers() or self._descendants(
+            lambda child: "trtllm_truss.fronts.direct_app" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
+        )
+
     def _descendants(self, matches: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
         try:
             children = psutil.Process(self.process.pid).children(recursive=True)

@@ -394,6 +394,9 @@ class StreamPool:
     def alive(self) -> bool:
         return any(w.running for w in self._workers)
 
+    async def close(self) -> None:
+        """Nothing to close here: each worker closes its own engine client when its socket closes."""
+
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
         # Counted until the HTTP side closes the stream: a request is admitted until its answer is out.
         if self.admission is None:
