@@ -214,9 +214,16 @@ class GenerationResult:
 class LLM:
     """Stands in for `tensorrt_llm.LLM` (see the module docstring for what it applies)."""
 
-    def __init__(self, *, double_guided_whitespace: str = "compact", **kwargs: Any) -> None:
-        """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`: the double's own setting
-        (runtime.pytorch.guided_whitespace, the llmapi model's `guided_whitespace` parameter)."""
+    def __init__(
+        self,
+        *,
+        double_guided_whitespace: str = "compact",
+        double_synthetic_step_time_ms: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`, `double_synthetic_step_time_ms`:
+        the double's own settings (runtime.pytorch.guided_whitespace and .synthetic, the llmapi model's
+        `guided_whitespace` and `synthetic_step_time_ms` parameters; a step time: the synthetic engine)."""
         unknown = sorted(set(kwargs) - _ACCEPTED_LLM_ARGS)
         if unknown:
             raise TypeError(f"LLM-API double: unexpected LLM() arguments {unknown}")
@@ -243,6 +250,8 @@ class LLM:
             "guided_decoding_backend": kwargs.get("guided_decoding_backend") or "none",
             "guided_whitespace": double_guided_whitespace,
         }
+        if double_synthetic_step_time_ms is not None:  # the stand-in's synthetic engine, at this step time
+            parameters["synthetic_step_time_ms"] = str(double_synthetic_step_time_ms)
         if not lora_dirs:
             del parameters["lora_adapters"]
         max_loras = (kwargs.get("lora_config") or {}).get("max_loras")
@@ -352,7 +361,14 @@ class LLM:
 def applied_summary(llm: LLM, args: Mapping[str, Any]) -> str:
     """One line for the startup log: what the double runs and which LLM() arguments it cannot apply."""
     return (
-        f"LLM-API double (TensorRT-LLM cannot run on this machine): stand-in engine on {args.get('model')},"
+        f"LLM-API double (TensorRT-LLM cannot run on this machine): {_engine_summary(llm, args)},"
         f" stream_interval {llm.stream_interval}, {len(llm._adapter_task)} LoRA adapter(s); LLM() arguments not"
         f" applied by the double: {', '.join(llm.not_applied) or 'none'}"
     )
+
+
+def _engine_summary(llm: LLM, args: Mapping[str, Any]) -> str:
+    step = llm.settings.synthetic_step_time_ms
+    if step is not None:  # runtime.pytorch.synthetic: no model runs, whatever `model` names
+        return f"stand-in's SYNTHETIC engine ({step:g} ms steps, no model: tokens at no model cost)"
+    return f"stand-in engine on {args.get('model')}"
