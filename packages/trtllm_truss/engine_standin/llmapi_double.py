@@ -28,6 +28,7 @@ import json
 import logging
 import secrets
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,6 +262,10 @@ class LLM:
         self.engine = build_engine(self.settings)
         self.not_applied = sorted(set(kwargs) - _APPLIED_LLM_ARGS)
         self._tokenizer = None
+        # Engine outputs on their way to the event loop: one wake-up of the loop per batch (an engine step
+        # emits one output per running request), not one per output.
+        self._inbox: deque[tuple[GenerationResult, int, GenerationOutput]] = deque()
+        self._drain_scheduled = False
 
     @property
     def tokenizer(self):
@@ -348,11 +353,27 @@ class LLM:
                     output = interval.admit(output)
                     if output is None:
                         return
-                loop.call_soon_threadsafe(result._on_output, index, output)
+                self._deliver(loop, result, index, output)
 
             result._engine_ids.append(request.request_id)
             self.engine.submit(request, on_output)
         return result
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop, result: GenerationResult, index: int, output: GenerationOutput) -> None:
+        """Engine thread: queue an output for its result; wake the loop unless a drain is already due."""
+        self._inbox.append((result, index, output))
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """Event loop: hand every queued output to its result, in engine order. The flag is cleared first,
+        so an output queued meanwhile is drained here or schedules another drain."""
+        self._drain_scheduled = False
+        inbox = self._inbox
+        while inbox:
+            result, index, output = inbox.popleft()
+            result._on_output(index, output)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -56,6 +56,9 @@ from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
 
 log = logging.getLogger("tensorrt_llm_llmapi")
 CANCEL_CHECK_PERIOD_S = 0.05
+# is_cancelled() is an IPC round trip to tritonserver made on the loop thread that also sends every response:
+# past this many checks a second (many requests in flight), each request is checked less often instead.
+CANCEL_CHECKS_PER_S = 250
 MODEL_YAML = "model.yaml"
 _UNSUPPORTED_FLAGS = {
     "return_context_logits": "context logits are not wired through this model",
@@ -295,7 +298,7 @@ class TritonPythonModel:
     async def _watch_cancellations(self) -> None:
         """Triton cancellation (the client went away): abort the LLM request, which frees its slot."""
         while True:
-            await asyncio.sleep(CANCEL_CHECK_PERIOD_S)
+            await asyncio.sleep(max(CANCEL_CHECK_PERIOD_S, len(self._flights) / CANCEL_CHECKS_PER_S))
             for flight in list(self._flights.values()):
                 sender = flight.sender
                 try:
