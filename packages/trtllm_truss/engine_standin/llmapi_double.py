@@ -19,6 +19,9 @@ What it mirrors, with NVIDIA's names (recorded per version in tests/data/trtllm_
   the end (engine_standin/stream_interval.py, as TensorRT-LLM's PyExecutor).
 - LoRA: the adapters of `lora_config.lora_dir` are loaded with peft at startup; a `LoRARequest`'s
   `lora_path` picks one of them (TensorRT-LLM loads an adapter on first use instead).
+- Its own settings (keyword arguments of `LLM` beside model.yaml's, from the llmapi model's parameters):
+  the guide whitespace and the synthetic engine (runtime.pytorch.synthetic, to bench the llmapi path:
+  `trtllm-truss bench --compare-backends pytorch,llmapi`, docs/performance.md).
 """
 
 from __future__ import annotations
