@@ -47,3 +47,31 @@ def test_bench_compare_engine_and_ensemble(tmp_path, monkeypatch, capsys):
     assert report["added_ttft_p50_ms"] is not None
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "ratio" in out
+
+
+def test_bench_compare_backends_streams_the_llmapi_path_on_the_synthetic_engine(tmp_path, monkeypatch, capsys):
+    """--compare-backends pytorch,llmapi: two stacks of this truss, the tensor stand-in and our llmapi model on
+    the LLM-API double, both on the synthetic engine (runtime.pytorch.synthetic reaches the double), measured
+    in alternating rounds with each stack's own CPU and the llmapi/pytorch CPU-per-token ratios."""
+    repo_root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("TRTLLM_RUNTIME__PYTORCH__SYNTHETIC__STEP_TIME_MS", "0")
+    report_path = tmp_path / "backends.json"
+    code = main([
+        "bench", str(repo_root), "--compare-backends", "pytorch,llmapi", "--target", "engine",
+        "--concurrency", "4", "--num-requests", "8", "--warmup", "2", "--rounds", "2",
+        "--input-mean", "16", "--output-mean", "24", "--json", str(report_path), "--no-progress",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(report_path.read_text())
+    assert [r["target"] for r in report["runs"]] == ["engine@pytorch", "engine@llmapi"]
+    pytorch, llmapi = report["runs"]
+    for run in report["runs"]:
+        assert run["metrics"]["succeeded"] == 16 and run["metrics"]["failed"] == 0, run["metrics"]["first_errors"]
+        assert len(run["rounds"]) == 2
+    # token ids streamed by both engines, to the requested lengths
+    assert llmapi["metrics"]["output_tokens_total"] == pytorch["metrics"]["output_tokens_total"] == 16 * 24
+    (comparison,) = report["comparisons"]
+    assert (comparison["direct"], comparison["full"]) == ("engine@pytorch", "engine@llmapi")
+    assert comparison["cpu_ratios"]["total"] > 0 and comparison["cpu_ratios"]["triton_and_stubs"] > 0
+    assert "engine@llmapi / engine@pytorch" in out

@@ -40,3 +40,16 @@ def test_an_unreachable_triton_is_a_clear_error(capsys):
 def test_compare_with_a_truss_url_needs_the_triton_behind_it(capsys):
     assert main(["bench", ".", "--compare", "--url", "http://127.0.0.1:9"]) == 2
     assert "--grpc-url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--compare-backends", "pytorch"], "--compare-backends: expected two different backends"),
+        (["--compare-backends", "pytorch,vllm"], "--compare-backends: expected two different backends"),
+        (["--compare-backends", "pytorch,llmapi", "--compare"], "--compare-backends starts its own stacks"),
+    ],
+)
+def test_compare_backends_needs_two_backends_and_its_own_stacks(argv, message, capsys):
+    assert main(["bench", ".", *argv]) == 2
+    assert message in capsys.readouterr().err.replace("\n", "")

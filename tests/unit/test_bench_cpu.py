@@ -159,3 +159,39 @@ async def test_one_round_has_no_spread_and_no_probe_no_cpu():
     assert len(comparison.round_ratios) == 1 and comparison.ratio_stddev is None
     assert comparison.ratio_min == comparison.ratio_max == pytest.approx(comparison.ratio)
     assert all(run.server_cpu is None for run in report.runs)
+
+
+async def test_targets_on_their_own_stacks_are_read_by_their_own_probes_and_their_cpu_per_token_compared():
+    """--compare-backends: each target's rounds read its own stack's processes; the comparison gives the
+    second's CPU per token over the first's, per group (ours, tritonserver + stubs) and in all."""
+    probes = {"http@pytorch": ScriptedProbe(), "http@llmapi": ScriptedProbe()}
+    charge = {"http@pytorch": (1.0, 2.0, 1.0), "http@llmapi": (1.0, 2.0, 1.5)}  # ours, tritonserver, stubs per request
+
+    class Charging(ScriptedTarget):
+        async def stream(self, request):
+            async for chunk in super().stream(request):
+                yield chunk
+            ours, triton, stubs = charge[self.name]
+            cpu = probes[self.name].cpu
+            cpu["serving_path"] += ours
+            cpu["tritonserver"] += triton
+            cpu["python_stubs"] += stubs
+
+    plan = BenchPlan(
+        targets=[Charging("http@pytorch", text=True), Charging("http@llmapi", text=True)],
+        levels=[ClosedLoop(concurrency=2)],
+        requests=_requests(4, output_len=5),
+        workload={},
+        compare=("http@pytorch", "http@llmapi"),
+        warmup_requests=0,
+        rounds=2,
+        cpu_probes=probes,
+    )
+    report = await run_bench(plan, None)
+    pytorch, llmapi = report.runs
+    assert pytorch.server_cpu["python_stubs"].cpu_s == pytest.approx(8 * 1.0)  # 2 rounds x 4 requests
+    assert llmapi.server_cpu["python_stubs"].cpu_s == pytest.approx(8 * 1.5)
+    ratios = report.comparisons[0].cpu_ratios
+    assert ratios["serving_path"] == pytest.approx(1.0)
+    assert ratios["triton_and_stubs"] == pytest.approx(3.5 / 3.0)
+    assert ratios["total"] == pytest.approx(4.5 / 4.0)

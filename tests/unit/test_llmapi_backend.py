@@ -224,3 +224,35 @@ def test_guided_whitespace_reaches_the_stand_in_and_the_double_never_model_yaml(
         assert StandinSettings.from_parameters({**params, "model_dir": "m"}).guided_whitespace == expected
     with pytest.raises(ValueError, match="parameters.guided_whitespace: 'loose'"):
         StandinSettings.from_parameters({"model_dir": "m", "guided_whitespace": "loose"})
+
+
+@pytest.mark.torch  # the double builds the stand-in's engine (torch is imported with it)
+def test_synthetic_engine_reaches_the_double_as_the_stand_ins_parameters_never_model_yaml(tmp_path):
+    """runtime.pytorch.synthetic on backend llmapi (to bench the llmapi path, docs/performance.md): allowed
+    where the LLM-API double runs, written as the stand-in's own parameter names on our llmapi model, read
+    into the double's stand-in settings; refused where TensorRT-LLM runs (it would do nothing there)."""
+    from trtllm_truss.engine_standin.llmapi_double import LLM, applied_summary
+    from trtllm_truss.repository import repository_configs
+    from trtllm_truss.repository.llmapi import plan_llm_args
+    from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import double_settings
+
+    extra = "runtime:\n  backend: llmapi\n  pytorch:\n    synthetic: {step_time_ms: 2.5}\n"
+    double = make_plan(resolved(tmp_path, extra), RuntimeFacts(), artifacts_dir=tmp_path / "a")
+    params = repository_configs(double)["tensorrt_llm"].parameter_dict
+    assert (params["synthetic"], params["synthetic_step_time_ms"]) == ("true", "2.5")
+    assert not any("synthetic" in key for key in plan_llm_args(double))
+    assert double_settings(params)["double_synthetic_step_time_ms"] == 2.5
+    plain = make_plan(resolved(tmp_path, "runtime:\n  backend: llmapi\n"), RuntimeFacts(), artifacts_dir=tmp_path / "b")
+    plain_params = repository_configs(plain)["tensorrt_llm"].parameter_dict
+    assert "synthetic" not in plain_params and "double_synthetic_step_time_ms" not in double_settings(plain_params)
+    with pytest.raises(PlanError, match=r"runtime\.pytorch\.synthetic: a setting of the CPU stand-in"):
+        make_plan(resolved(tmp_path, extra), facts("1.0.0"), artifacts_dir=tmp_path / "c")
+    # The double builds the stand-in's synthetic engine from it and says so in its startup line.
+    args = plan_llm_args(double)
+    llm = LLM(**args, double_synthetic_step_time_ms=2.5)
+    try:
+        assert llm.settings.synthetic and llm.settings.synthetic_step_time_ms == 2.5
+        assert type(llm.engine).__name__ == "SyntheticEngine"
+        assert "SYNTHETIC engine (2.5 ms steps" in applied_summary(llm, args)
+    finally:
+        llm.shutdown()

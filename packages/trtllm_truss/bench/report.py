@@ -8,7 +8,7 @@ JSON layout (schema_version 1):
                             "cores_per_10k_tok_s"}} | null,
              "rounds": [{"duration_s", "output_tokens_per_s", "ttft_p50_ms"}]}],
    "comparisons": [{"level", "direct", "full", "ratio", "added_ttft_p50_ms",
-                    "round_ratios", "ratio_min", "ratio_max", "ratio_stddev"}],
+                    "round_ratios", "ratio_min", "ratio_max", "ratio_stddev", "cpu_ratios"}],
    "ratio": float | null,               # full/direct output tokens/s at the highest load compared
    "added_ttft_p50_ms": float | null,   # full minus direct TTFT p50 at that same load
    "warnings": [str],
@@ -30,9 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtllm_truss.bench.load import ClosedLoop, LoadLevel, OpenLoop
 from trtllm_truss.bench.stats import LevelMetrics
-from trtllm_truss.bench.targets.base import TargetName
-
 SCHEMA_VERSION = 1
+# A run's target: a TargetName (bench.targets.base), or with --compare-backends "<target>@<backend>".
+RunLabel = str
+# Process groups summed into the CPU ratios of a comparison (truss_process is part of serving_path).
+CPU_RATIO_GROUPS = {
+    "serving_path": ("serving_path",),
+    "triton_and_stubs": ("tritonserver", "python_stubs"),
+    "total": ("serving_path", "tritonserver", "python_stubs"),
+}
 
 
 class MachineInfo(BaseModel):
@@ -80,7 +86,7 @@ class RoundResult(BaseModel):
 class RunResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    target: TargetName
+    target: RunLabel
     url: str
     level: ClosedLoop | OpenLoop = Field(discriminator="kind")
     token_counting: str = Field(description="exact (token ids or counts from the server) | retokenized | requested")
@@ -100,8 +106,8 @@ class Comparison(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     level: ClosedLoop | OpenLoop = Field(discriminator="kind")
-    direct: TargetName
-    full: TargetName
+    direct: RunLabel
+    full: RunLabel
     ratio: float | None = Field(description="full output tokens/s divided by direct output tokens/s")
     added_ttft_p50_ms: float | None = Field(description="full TTFT p50 minus direct TTFT p50")
     round_ratios: list[float] = Field(
@@ -110,6 +116,11 @@ class Comparison(BaseModel):
     ratio_min: float | None = None
     ratio_max: float | None = None
     ratio_stddev: float | None = Field(None, description="sample standard deviation of round_ratios (2+ rounds)")
+    cpu_ratios: dict[str, float] | None = Field(
+        None,
+        description="full / direct CPU per token (cores per 10k tok/s) of serving_path, triton_and_stubs"
+        " (tritonserver + python_stubs) and total; null when the CPU was not read",
+    )
 
 
 class BenchReport(BaseModel):
@@ -129,10 +140,10 @@ class BenchReport(BaseModel):
         default=None, description="--guide-schema: compile times per distinct schema, the engine's guide cache hit rate"
     )
 
-    def run_for(self, target: TargetName, level: LoadLevel) -> RunResult | None:
+    def run_for(self, target: RunLabel, level: LoadLevel) -> RunResult | None:
         return next((r for r in self.runs if r.target == target and r.level == level), None)
 
-    def add_comparison(self, level: LoadLevel, direct: TargetName, full: TargetName) -> Comparison:
+    def add_comparison(self, level: LoadLevel, direct: RunLabel, full: RunLabel) -> Comparison:
         """Compare two runs already in the report at `level`; the top-level ratio follows the highest
         load compared so far (the goal is stated at 64 streams, the top of the default sweep)."""
         direct_run = self.run_for(direct, level)
@@ -153,6 +164,7 @@ class BenchReport(BaseModel):
             level=level, direct=direct, full=full, ratio=ratio, added_ttft_p50_ms=added, round_ratios=rounds,
             ratio_min=min(rounds) if rounds else None, ratio_max=max(rounds) if rounds else None,
             ratio_stddev=statistics.stdev(rounds) if len(rounds) > 1 else None,
+            cpu_ratios=_cpu_ratios(direct_run, full_run),
         )
         self.comparisons.append(comparison)
         top = max(self.comparisons, key=lambda c: c.level.x_value)
@@ -166,6 +178,23 @@ class BenchReport(BaseModel):
     @classmethod
     def read_json(cls, path: Path) -> "BenchReport":
         return cls.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def cpu_per_10k(run: RunResult, groups: tuple[str, ...]) -> float | None:
+    """Cores per 10k tokens/s of these process groups together (None where the CPU was not read)."""
+    if not run.server_cpu or not run.metrics.output_tokens_total:
+        return None
+    used = sum(run.server_cpu[g].cpu_s for g in groups if g in run.server_cpu)
+    return used * 10_000 / run.metrics.output_tokens_total
+
+
+def _cpu_ratios(direct: RunResult, full: RunResult) -> dict[str, float] | None:
+    ratios = {}
+    for name, groups in CPU_RATIO_GROUPS.items():
+        d, f = cpu_per_10k(direct, groups), cpu_per_10k(full, groups)
+        if d and f is not None:
+            ratios[name] = f / d
+    return ratios or None
 
 
 def _ms(value: float | None) -> str:
@@ -202,7 +231,12 @@ def render_table(report: BenchReport):
         if len(c.round_ratios) > 1:  # the rounds' spread
             ratio += f" ({c.ratio_min:.3f}-{c.ratio_max:.3f}, sd {c.ratio_stddev:.3f})"
         added = "-" if c.added_ttft_p50_ms is None else f"{c.added_ttft_p50_ms:+.2f} ms"
-        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", "", "", added, "", "", "", style="bold cyan")
+        cpu = "-"
+        if c.cpu_ratios:  # the CPU per token of the two runs, as the CPU column's groups
+            cpu = " / ".join(f"x{c.cpu_ratios[g]:.3f}" if g in c.cpu_ratios else "-"
+                             for g in ("total", "serving_path", "triton_and_stubs"))
+            cpu += " (all / ours / triton+stubs)"
+        table.add_row(f"{c.full}/{c.direct}", c.level.label, "", ratio, "", "", "", added, "", "", cpu, style="bold cyan")
     return table
 
 

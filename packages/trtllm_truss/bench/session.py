@@ -21,7 +21,7 @@ from trtllm_truss.bench.load import ClosedLoop, LoadLevel
 from trtllm_truss.bench.report import BenchReport, GroupCpu, RoundResult, RunResult
 from trtllm_truss.bench.runner import TargetSpec, TokenCounting, count_output_tokens, run_level, run_level_in_processes
 from trtllm_truss.bench.stats import RequestRecord, summarize
-from trtllm_truss.bench.targets.base import BenchTarget, TargetName
+from trtllm_truss.bench.targets.base import BenchTarget
 from trtllm_truss.bench.workload import BenchRequest, TokenizerLike
 
 
@@ -31,7 +31,7 @@ class BenchPlan:
     levels: Sequence[LoadLevel]
     requests: Sequence[BenchRequest]
     workload: dict[str, Any]
-    compare: tuple[TargetName, TargetName] | None = None  # (direct, full)
+    compare: tuple[str, str] | None = None  # (direct, full): target names (RunLabel)
     warmup_requests: int = 4
     timeout_s: float = 600.0
     seed: int = 0
@@ -45,12 +45,14 @@ class BenchPlan:
     target_specs: dict[str, TargetSpec] = field(default_factory=dict)
     # Reads the servers' processes' CPU around each round (bench.cpu); None: not measured.
     cpu_probe: CpuProbe | None = None
+    # Per target name, where targets run on different stacks (--compare-backends); else cpu_probe.
+    cpu_probes: dict[str, CpuProbe] = field(default_factory=dict)
 
 
 class ProgressSink:
     """What the session reports while it runs; the CLI's implementation draws a rich progress bar."""
 
-    def level_started(self, target: TargetName, level: LoadLevel, total: int) -> None: ...
+    def level_started(self, target: str, level: LoadLevel, total: int) -> None: ...
 
     def request_done(self) -> None: ...
 
@@ -73,7 +75,8 @@ async def run_bench(
             for _ in range(plan.rounds):
                 for target in plan.targets:
                     progress.level_started(target.name, level, len(plan.requests))
-                    cpu_before = plan.cpu_probe.snapshot() if plan.cpu_probe is not None else None
+                    probe = plan.cpu_probes.get(target.name, plan.cpu_probe)
+                    cpu_before = probe.snapshot() if probe is not None else None
                     if plan.client_processes > 1:
                         records, cpu_s = await run_level_in_processes(
                             plan.target_specs[target.name], plan.requests, level, plan.client_processes,
@@ -86,7 +89,7 @@ async def run_bench(
                             on_done=progress.request_done,
                         )
                         cpu_s = time.process_time() - client_cpu_before
-                    server_cpu = cpu_between(cpu_before, plan.cpu_probe.snapshot()) if cpu_before is not None else None
+                    server_cpu = cpu_between(cpu_before, probe.snapshot()) if probe is not None and cpu_before is not None else None
                     method, warnings = count_output_tokens(
                         records, plan.token_counting, tokenizer, fixed_length=plan.fixed_length
                     )

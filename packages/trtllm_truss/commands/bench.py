@@ -4,7 +4,8 @@ By default it brings the stack up itself (tritonserver for the gRPC targets; tru
 which starts tritonserver inside it, for the http target) and stops it at the end; with URLs it
 measures servers that are already running. `--compare` measures the engine model streamed directly and
 the full path one after the other at each load, on the same requests, and reports their ratio of
-output tokens/s (docs/performance.md).
+output tokens/s (docs/performance.md). `--compare-backends A,B` measures the same target (--target) on two
+stacks of the truss, one per `runtime.backend`, alternating rounds, and reports B's CPU per token against A's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "on the same requests; the JSON gets their output tokens/s ratio as \"ratio\"")
     what.add_argument("--full-target", choices=("ensemble", "http"), default="http",
                       help="the full path of --compare (default: http, i.e. truss server -> ensemble -> engine)")
+    what.add_argument("--compare-backends", metavar="A,B",
+                      help="start one stack per runtime.backend (e.g. pytorch,llmapi: the tensor stand-in and the"
+                           " LLM-API path), measure --target on both in alternating rounds, and report B/A of output"
+                           " tokens/s and of CPU per token (cpu_ratios: ours, tritonserver + stubs, total)")
     what.add_argument("--front", choices=("truss", "direct"), default="truss",
                       help="what serves HTTP when this command starts it: truss's model server (default) or the"
                            " direct front (`trtllm-truss serve --front direct`, runtime.direct_front.processes)")
@@ -119,6 +124,11 @@ def _levels(args: argparse.Namespace) -> list:
         raise ValueError(f"--client-processes: expected a positive integer, got {args.client_processes}")
     if args.client_processes > 1 and args.request_rate is not None:
         raise ValueError("--client-processes > 1 works with closed-loop levels (--concurrency) only")
+    if args.compare_backends is not None:
+        _backend_pair(args)  # raises on a bad value
+        if args.compare or args.guide_schema is not None or args.url or args.grpc_url:
+            raise ValueError("--compare-backends starts its own stacks and compares them: leave out --compare,"
+                             " --guide-schema, --url and --grpc-url")
     if args.guide_schema is not None and (args.compare or args.client_processes > 1):
         raise ValueError("--guide-schema compares the engine without and with the schema: leave out --compare"
                          " and --client-processes")
@@ -126,6 +136,21 @@ def _levels(args: argparse.Namespace) -> list:
         return [OpenLoop(request_rate=r, max_concurrency=args.max_concurrency)
                 for r in parse_float_list(args.request_rate, "--request-rate")]
     return [ClosedLoop(concurrency=c) for c in parse_int_list(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency")]
+
+
+BACKENDS = ("pytorch", "llmapi", "tensorrtllm")
+
+
+def _backend_pair(args: argparse.Namespace) -> tuple[str, str]:
+    pair = tuple(b.strip() for b in args.compare_backends.split(","))
+    if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(BACKENDS):
+        raise ValueError(f"--compare-backends: expected two different backends of {', '.join(BACKENDS)}"
+                         f" (A,B), got {args.compare_backends!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _labelled(target: str, backend: str) -> str:
+    return f"{target}@{backend}"
 
 
 def _targets_needed(args: argparse.Namespace) -> list[str]:
@@ -137,6 +162,9 @@ def _targets_needed(args: argparse.Namespace) -> list[str]:
 
 
 def _comparison(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.compare_backends is not None:
+        first, second = _backend_pair(args)
+        return (_labelled(args.target, first), _labelled(args.target, second))
     if args.guide_schema is not None:
         return ("engine", "engine_guided")
     return ("engine", args.full_target) if args.compare else None
@@ -252,6 +280,31 @@ def _bring_up(args: argparse.Namespace, names: list[str], cleanup: contextlib.Ex
     return found
 
 
+def _bring_up_backends(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any) -> dict[str, _Endpoints]:
+    """--compare-backends: one stack of the truss per backend (`TRTLLM_RUNTIME__BACKEND`), all up at once
+    (the one not measured idles), each for --target: tritonserver for the gRPC targets, truss's server or the
+    direct front (--front) for http."""
+    import os
+
+    stacks = {}
+    for backend in _backend_pair(args):
+        override = {"TRTLLM_RUNTIME__BACKEND": backend}
+        if args.target == "http":
+            url, pid = _start_truss_server(args, cleanup, err, env=override)
+            found = _Endpoints(grpc_url=None, http_url=url, tokenizer_dir=args.tokenizer, truss_pid=pid)
+        else:
+            stack = _start_stack(args, cleanup, err, environ={**os.environ, **override})
+            found = _Endpoints(grpc_url=stack.server.grpc_url, http_url=None,
+                               tokenizer_dir=args.tokenizer or stack.plan.tokenizer_dir,
+                               metrics_url=stack.server.metrics_url)
+        if found.tokenizer_dir is None:
+            found.tokenizer_dir = _plan_tokenizer_dir(args.truss_dir)
+        if not Path(found.tokenizer_dir).is_dir():
+            raise _SetupError(f"--tokenizer: {found.tokenizer_dir} is not a directory", 2)
+        stacks[backend] = found
+    return stacks
+
+
 def _cpu_probe(endpoints: _Endpoints):
     """Reads the CPU of the servers measured when they run on this machine: truss's server and what
     runs under it (stream workers, tritonserver, its stubs), or the tritonserver behind the gRPC
@@ -290,7 +343,11 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
     names = _targets_needed(args)
     with contextlib.ExitStack() as cleanup:
         try:
-            endpoints = _bring_up(args, names, cleanup, err)
+            if args.compare_backends is not None:
+                stacks: dict[str | None, _Endpoints] = dict(_bring_up_backends(args, cleanup, err))
+            else:
+                stacks = {None: _bring_up(args, names, cleanup, err)}
+            endpoints = next(iter(stacks.values()))  # the tokenizer is the truss's whatever the backend
             tokenizer = _load_tokenizer(Path(endpoints.tokenizer_dir))
             spec, requests = _workload(args, levels, tokenizer)
             guides = _guides(args)
@@ -301,13 +358,18 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
             err.print(f"starting the stack failed: {type(exc).__name__}: {exc}", style="red", markup=False)
             return 1
 
+        targets, specs, probes = [], {}, {}
+        for backend, found in stacks.items():  # one stack unless --compare-backends
+            for n in names:
+                url = found.http_url if n == "http" else found.grpc_url
+                target = make_target(n, url, args.ignore_eos, args.timeout, guides)
+                if backend is not None:
+                    target.name = _labelled(n, backend)
+                    probes[target.name] = _cpu_probe(found)
+                targets.append(target)
+                specs[target.name] = TargetSpec(n, url, args.ignore_eos, args.timeout)
         plan = BenchPlan(
-            targets=[
-                make_target(
-                    n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout, guides
-                )
-                for n in names
-            ],
+            targets=targets,
             levels=levels,
             requests=requests,
             workload=spec.model_dump(mode="json") | {"tokenizer": str(endpoints.tokenizer_dir)},
@@ -322,13 +384,12 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
                 "targets": names, "ignore_eos": args.ignore_eos, "token_counting": args.token_counting,
                 "timeout_s": args.timeout, "warmup_requests": args.warmup, "rounds": args.rounds,
                 "truss_dir": str(args.truss_dir), "client_processes": args.client_processes,
+                "front": args.front, "compare_backends": args.compare_backends,
             },
             client_processes=args.client_processes,
-            cpu_probe=_cpu_probe(endpoints),
-            target_specs={
-                n: TargetSpec(n, endpoints.http_url if n == "http" else endpoints.grpc_url, args.ignore_eos, args.timeout)
-                for n in names
-            },
+            cpu_probe=_cpu_probe(endpoints) if args.compare_backends is None else None,
+            cpu_probes={name: probe for name, probe in probes.items() if probe is not None},
+            target_specs=specs,
         )
         progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -386,7 +447,12 @@ def _write_outputs(report: Any, args: argparse.Namespace, err: Any) -> None:
 
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     out.print(render_table(report))
-    if report.ratio is not None:
+    if args.compare_backends is not None:
+        for c in report.comparisons:
+            cpu = c.cpu_ratios or {}
+            out.print(f"{c.full} / {c.direct} at {c.level.label}: output tokens/s x{c.ratio or 0:.3f}; CPU per token: "
+                      + ", ".join(f"{group} x{value:.3f}" for group, value in cpu.items()))
+    elif report.ratio is not None:
         added = "-" if report.added_ttft_p50_ms is None else f"{report.added_ttft_p50_ms:+.2f} ms"
         out.print(f"ratio (full / direct output tokens/s at the highest load): {report.ratio:.3f};"
                   f" added TTFT p50: {added}")
@@ -408,13 +474,15 @@ def _write_outputs(report: Any, args: argparse.Namespace, err: Any) -> None:
         err.print(f"warning: {warning}", style="yellow", markup=False)
 
 
-def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any):
-    """tritonserver with the truss's rendered repository, as `serve` runs it."""
+def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any, environ: Any = None):
+    """tritonserver with the truss's rendered repository, as `serve` runs it (`environ`: the environment
+    its configuration overrides are read from; default os.environ)."""
     from trtllm_truss.runtime.stack import start_stack
 
     with err.status("starting the stack...") as status:
         stack = start_stack(
             args.truss_dir,
+            environ=environ,
             startup_timeout_s=args.startup_timeout,
             progress=lambda stage: status.update(f"starting the stack: {stage}..."),
         )
@@ -428,15 +496,18 @@ def _start_stack(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: A
     return stack
 
 
-def _start_truss_server(args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any) -> tuple[str, int]:
+def _start_truss_server(
+    args: argparse.Namespace, cleanup: contextlib.ExitStack, err: Any, env: dict[str, str] | None = None
+) -> tuple[str, int]:
     """truss's own model server on the truss directory (which starts tritonserver in model.load()), or with
-    --front direct `trtllm-truss serve --front direct` (which starts tritonserver and the frontends)."""
+    --front direct `trtllm-truss serve --front direct` (which starts tritonserver and the frontends); `env`:
+    variables added to the server's environment (configuration overrides)."""
     if args.front == "direct":
         from trtllm_truss.fronts.direct import start_direct_server
 
         work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trtllm-bench-")))
         with err.status("starting the direct front (and tritonserver)..."):
-            server = start_direct_server(args.truss_dir.resolve(), work_dir / "direct-front.log")
+            server = start_direct_server(args.truss_dir.resolve(), work_dir / "direct-front.log", env=env)
             cleanup.callback(server.stop)
             server.wait_ready(args.startup_timeout)
         return server.url, server.process.pid
@@ -450,7 +521,7 @@ def _start_truss_server(args: argparse.Namespace, cleanup: contextlib.ExitStack,
     work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trtllm-bench-")))
     with err.status("starting truss's model server (and tritonserver inside it)..."):
         fs_root = build_server_root(args.truss_dir.resolve(), work_dir)
-        server = start_truss_server(fs_root, work_dir / "truss-server.log")
+        server = start_truss_server(fs_root, work_dir / "truss-server.log", env=env)
         cleanup.callback(server.stop)
         server.wait_ready(args.startup_timeout)
     return server.url, server.process.pid

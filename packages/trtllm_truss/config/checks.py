@@ -67,17 +67,18 @@ def hardware_problems(
             f"{SECTION_PATH}.build.quantization_type: {build.quantization_type.value} is not applied by the"
             " pytorch stand-in engine (runtime.backend pytorch)"
         )
+    if config.runtime.pytorch.synthetic is not None and build is not None and build.lora_adapters:
+        # The stand-in's synthetic engine, run by backend pytorch or by backend llmapi's LLM-API double.
+        warnings.append(
+            f"{SECTION_PATH}.build.lora_adapters: not applied by the synthetic engine (runtime.pytorch.synthetic):"
+            " requests naming an adapter are served with the same synthetic tokens"
+        )
     if config.runtime.backend is Backend.PYTORCH:
         # Speculation changes speed only (drafts are verified against the model), host offload only capacity.
         if config.speculative is not None:
             warnings.append(
                 f"{SECTION_PATH}.speculative: not applied by the pytorch stand-in engine (runtime.backend pytorch);"
                 " it generates one token per step"
-            )
-        if config.runtime.pytorch.synthetic is not None and build is not None and build.lora_adapters:
-            warnings.append(
-                f"{SECTION_PATH}.build.lora_adapters: not applied by the synthetic engine (runtime.pytorch.synthetic):"
-                " requests naming an adapter are served with the same synthetic tokens"
             )
         for name in ("lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size",
                      "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes"):

@@ -37,7 +37,11 @@ class PytorchEngineConfig(StrictModel):
     )
     device: DeviceName = Field(Device.AUTO, description="auto: cuda when available, else cpu.")
     num_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads (None: torch default).")
-    synthetic: SyntheticEngineConfig | None = Field(None, description="Set to emit tokens at no model cost.")
+    synthetic: SyntheticEngineConfig | None = Field(
+        None,
+        description="Set to emit tokens at no model cost (backend pytorch, and backend llmapi on its LLM-API double,"
+        " where TensorRT-LLM cannot run).",
+    )
     instance_count: int | None = Field(
         None,
         ge=1,

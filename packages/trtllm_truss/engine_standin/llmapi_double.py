@@ -19,6 +19,9 @@ What it mirrors, with NVIDIA's names (recorded per version in tests/data/trtllm_
   the end (engine_standin/stream_interval.py, as TensorRT-LLM's PyExecutor).
 - LoRA: the adapters of `lora_config.lora_dir` are loaded with peft at startup; a `LoRARequest`'s
   `lora_path` picks one of them (TensorRT-LLM loads an adapter on first use instead).
+- Its own settings (keyword arguments of `LLM` beside model.yaml's, from the llmapi model's parameters):
+  the guide whitespace and the synthetic engine (runtime.pytorch.synthetic, to bench the llmapi path:
+  `trtllm-truss bench --compare-backends pytorch,llmapi`, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import logging
 import secrets
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,9 +218,16 @@ class GenerationResult:
 class LLM:
     """Stands in for `tensorrt_llm.LLM` (see the module docstring for what it applies)."""
 
-    def __init__(self, *, double_guided_whitespace: str = "compact", **kwargs: Any) -> None:
-        """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`: the double's own setting
-        (runtime.pytorch.guided_whitespace, the llmapi model's `guided_whitespace` parameter)."""
+    def __init__(
+        self,
+        *,
+        double_guided_whitespace: str = "compact",
+        double_synthetic_step_time_ms: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`, `double_synthetic_step_time_ms`:
+        the double's own settings (runtime.pytorch.guided_whitespace and .synthetic, the llmapi model's
+        `guided_whitespace` and `synthetic_step_time_ms` parameters; a step time: the synthetic engine)."""
         unknown = sorted(set(kwargs) - _ACCEPTED_LLM_ARGS)
         if unknown:
             raise TypeError(f"LLM-API double: unexpected LLM() arguments {unknown}")
@@ -243,6 +254,8 @@ class LLM:
             "guided_decoding_backend": kwargs.get("guided_decoding_backend") or "none",
             "guided_whitespace": double_guided_whitespace,
         }
+        if double_synthetic_step_time_ms is not None:  # the stand-in's synthetic engine, at this step time
+            parameters["synthetic_step_time_ms"] = str(double_synthetic_step_time_ms)
         if not lora_dirs:
             del parameters["lora_adapters"]
         max_loras = (kwargs.get("lora_config") or {}).get("max_loras")
@@ -252,6 +265,10 @@ class LLM:
         self.engine = build_engine(self.settings)
         self.not_applied = sorted(set(kwargs) - _APPLIED_LLM_ARGS)
         self._tokenizer = None
+        # Engine outputs on their way to the event loop: one wake-up of the loop per batch (an engine step
+        # emits one output per running request), not one per output.
+        self._inbox: deque[tuple[GenerationResult, int, GenerationOutput]] = deque()
+        self._drain_scheduled = False
 
     @property
     def tokenizer(self):
@@ -339,11 +356,27 @@ class LLM:
                     output = interval.admit(output)
                     if output is None:
                         return
-                loop.call_soon_threadsafe(result._on_output, index, output)
+                self._deliver(loop, result, index, output)
 
             result._engine_ids.append(request.request_id)
             self.engine.submit(request, on_output)
         return result
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop, result: GenerationResult, index: int, output: GenerationOutput) -> None:
+        """Engine thread: queue an output for its result; wake the loop unless a drain is already due."""
+        self._inbox.append((result, index, output))
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """Event loop: hand every queued output to its result, in engine order. The flag is cleared first,
+        so an output queued meanwhile is drained here or schedules another drain."""
+        self._drain_scheduled = False
+        inbox = self._inbox
+        while inbox:
+            result, index, output = inbox.popleft()
+            result._on_output(index, output)
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -352,7 +385,14 @@ class LLM:
 def applied_summary(llm: LLM, args: Mapping[str, Any]) -> str:
     """One line for the startup log: what the double runs and which LLM() arguments it cannot apply."""
     return (
-        f"LLM-API double (TensorRT-LLM cannot run on this machine): stand-in engine on {args.get('model')},"
+        f"LLM-API double (TensorRT-LLM cannot run on this machine): {_engine_summary(llm, args)},"
         f" stream_interval {llm.stream_interval}, {len(llm._adapter_task)} LoRA adapter(s); LLM() arguments not"
         f" applied by the double: {', '.join(llm.not_applied) or 'none'}"
     )
+
+
+def _engine_summary(llm: LLM, args: Mapping[str, Any]) -> str:
+    step = llm.settings.synthetic_step_time_ms
+    if step is not None:  # runtime.pytorch.synthetic: no model runs, whatever `model` names
+        return f"stand-in's SYNTHETIC engine ({step:g} ms steps, no model: tokens at no model cost)"
+    return f"stand-in engine on {args.get('model')}"

@@ -21,9 +21,13 @@ def _explicit(model: Any, name: str) -> bool:
     return name in getattr(model, "model_fields_set", ())
 
 
-def backend_setting_problems(trt: Any, backend: str, trtllm_version: str | None) -> list[str]:
+def backend_setting_problems(
+    trt: Any, backend: str, trtllm_version: str | None, *, llm_api_double: bool = False
+) -> list[str]:
     """Settings given explicitly that the chosen backend (at this TensorRT-LLM version) would silently ignore,
-    each as one line naming the key. Empty when everything given reaches the backend."""
+    each as one line naming the key. Empty when everything given reaches the backend. `llm_api_double`:
+    backend llmapi runs the LLM-API double (no TensorRT-LLM here), whose stand-in engine also reads
+    runtime.pytorch.synthetic (to bench the llmapi path: docs/performance.md)."""
     problems: list[str] = []
     runtime, build = trt.runtime, trt.build
     plugins = build.plugin_configuration if build is not None else None
@@ -35,8 +39,10 @@ def backend_setting_problems(trt: Any, backend: str, trtllm_version: str | None)
                     f"model_metadata.trt_llm.runtime.{name}: not used by backend llmapi (the LLM API schedules its"
                     " own batch, of build.max_batch_size); remove it"
                 )
-        # runtime.pytorch configures the CPU stand-in; on llmapi only the LLM-API double's guide whitespace reads it.
-        for name in sorted(getattr(runtime.pytorch, "model_fields_set", set()) - {"guided_whitespace"}):
+        # runtime.pytorch configures the CPU stand-in; on llmapi only the LLM-API double's stand-in engine reads
+        # some of it (its guide whitespace, and the synthetic engine).
+        read_by_double = {"guided_whitespace", "synthetic"} if llm_api_double else {"guided_whitespace"}
+        for name in sorted(getattr(runtime.pytorch, "model_fields_set", set()) - read_by_double):
             problems.append(
                 f"model_metadata.trt_llm.runtime.pytorch.{name}: a setting of the CPU stand-in (backend pytorch);"
                 " backend llmapi does not use it; remove it"

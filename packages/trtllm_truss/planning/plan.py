@@ -307,7 +307,7 @@ def make_plan(
     # The config checked that the world fills node_count nodes: each node needs its share of the GPUs.
     ranks_per_node = max(1, trt.world_size // node_count)
     backend, reason = choose_backend(runtime.backend, facts, ranks_per_node, build=trt.build, mode=trt.mode)
-    problems = backend_setting_problems(trt, backend, facts.trtllm_version)
+    problems = backend_setting_problems(trt, backend, facts.trtllm_version, llm_api_double=not facts.trtllm_usable)
     problems += speculation_problems(trt, backend, facts.trtllm_version)
     problems += guided_decoding_problems(
         runtime.guided_decoding_backend, backend, version_tuple(facts.trtllm_version), facts.trtllm_version

@@ -229,13 +229,19 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
     if plan.model_dir is None or plan.build is None:
         raise RepositoryError("plan.model_dir: backend llmapi needs the build section and the checkpoint folder")
     runtime = plan.runtime
+    double = plan.llm_api_double
+    # runtime.pytorch.synthetic: the double's stand-in engine only (planning refuses it with TensorRT-LLM).
+    synthetic = runtime.pytorch.synthetic if double else None
     return _python_engine_config(
         plan,
         1,
         _parameters(
-            ("llm_api", LLM_API_DOUBLE if plan.llm_api_double else LLM_API_REAL),
-            # runtime.pytorch.guided_whitespace, for the double's stand-in only (no LLM() argument of NVIDIA's).
-            ("guided_whitespace", runtime.pytorch.guided_whitespace if plan.llm_api_double else None),
+            ("llm_api", LLM_API_DOUBLE if double else LLM_API_REAL),
+            # The double's own settings (no LLM() argument of NVIDIA's, so not in model.yaml), named as the
+            # stand-in's parameters (pytorch_engine_config): runtime.pytorch.guided_whitespace and .synthetic.
+            ("guided_whitespace", runtime.pytorch.guided_whitespace if double else None),
+            ("synthetic", True if synthetic is not None else None),
+            ("synthetic_step_time_ms", synthetic.step_time_ms if synthetic is not None else None),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
             ("max_input_len", plan.max_input_len),
             ("max_output_len", plan.max_output_len),

@@ -27,6 +27,15 @@ LLM_API_REAL, LLM_API_DOUBLE = "tensorrt_llm", "double"
 ALLOW_N_GREEDY_ENV = "TLLM_ALLOW_N_GREEDY_DECODING"
 
 
+def double_settings(parameters: Mapping[str, str]) -> dict[str, Any]:
+    """The LLM-API double's own keyword arguments (no LLM() argument of TensorRT-LLM's), from our model's
+    parameters, which use the stand-in's names: guided_whitespace, synthetic, synthetic_step_time_ms."""
+    settings: dict[str, Any] = {"double_guided_whitespace": parameters.get("guided_whitespace", "").strip() or "compact"}
+    if parameters.get("synthetic", "").strip().lower() == "true":
+        settings["double_synthetic_step_time_ms"] = float(parameters.get("synthetic_step_time_ms", "").strip() or 0.0)
+    return settings
+
+
 def load_llm_api(kind: str) -> SimpleNamespace:
     """LLM, SamplingParams, GuidedDecodingParams, LoRARequest: TensorRT-LLM's, or the double's."""
     if kind == LLM_API_DOUBLE:

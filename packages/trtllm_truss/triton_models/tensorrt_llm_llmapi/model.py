@@ -20,7 +20,9 @@ Parameters (string_value): llm_api (tensorrt_llm | double: the LLM-API double of
 engine_standin/llmapi_double.py, only where TensorRT-LLM cannot run), tokenizer_dir, max_input_len,
 max_output_len, exclude_input_in_output, prefix_window_tokens, lora_adapters (JSON {"<task id>": {"name",
 "dir"}}: build.lora_adapters, each sent as a LoRARequest), guided_whitespace (compact | flexible:
-runtime.pytorch.guided_whitespace, given to the double only; no LLM() argument of TensorRT-LLM's).
+runtime.pytorch.guided_whitespace, given to the double only; no LLM() argument of TensorRT-LLM's), synthetic
+(true | false) and synthetic_step_time_ms (runtime.pytorch.synthetic: the double's stand-in engine emits tokens
+without a model, for `trtllm-truss bench`; the double only).
 
 Everything that talks to the LLM runs on one asyncio loop thread: generate_async, iterating its results,
 sending responses and asking the response senders whether their clients cancelled.
@@ -45,6 +47,7 @@ from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, R
 from trtllm_truss.runtime.stub_watch import watch_parent
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
     LLM_API_DOUBLE,
+    double_settings,
     load_llm_api,
     submit,
     token_log_probs,
@@ -53,6 +56,9 @@ from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
 
 log = logging.getLogger("tensorrt_llm_llmapi")
 CANCEL_CHECK_PERIOD_S = 0.05
+# is_cancelled() is an IPC round trip to tritonserver made on the loop thread that also sends every response:
+# past this many checks a second (many requests in flight), each request is checked less often instead.
+CANCEL_CHECKS_PER_S = 250
 MODEL_YAML = "model.yaml"
 _UNSUPPORTED_FLAGS = {
     "return_context_logits": "context logits are not wired through this model",
@@ -96,11 +102,7 @@ class TritonPythonModel:
         ).lora_adapters
         self.tokenizer_dir = parameters.get("tokenizer_dir") or None
         # The double's own settings (its stand-in engine), kept apart from model.yaml's LLM() arguments.
-        self.double_settings = (
-            {"double_guided_whitespace": parameters.get("guided_whitespace", "").strip() or "compact"}
-            if self.kind == LLM_API_DOUBLE
-            else {}
-        )
+        self.double_settings = double_settings(parameters) if self.kind == LLM_API_DOUBLE else {}
         self._tokenizer = None
         model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / MODEL_YAML
         llm_args = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
@@ -296,7 +298,7 @@ class TritonPythonModel:
     async def _watch_cancellations(self) -> None:
         """Triton cancellation (the client went away): abort the LLM request, which frees its slot."""
         while True:
-            await asyncio.sleep(CANCEL_CHECK_PERIOD_S)
+            await asyncio.sleep(max(CANCEL_CHECK_PERIOD_S, len(self._flights) / CANCEL_CHECKS_PER_S))
             for flight in list(self._flights.values()):
                 sender = flight.sender
                 try:
