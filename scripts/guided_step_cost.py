@@ -1,12 +1,12 @@
 """What guided decoding adds to a decode step of the stand-in engine (no Triton, no client: the engine alone).
 
-    .venv/bin/python scripts/guided_step_cost.py --schemas FILE.jsonl --requests 64 --batch 32
+    .venv/bin/python scripts/guided_step_cost.py --schemas FILE.jsonl --requests 64 --batch 32 --engine xgrammar
 
 Runs the same requests (bench-style prompts of `--input` tokens, `--output` tokens, greedy, min_length =
 output) through the embedded model twice, unguided then guided (request i uses schema i mod n, JSONL one
 schema per line), with every guide compiled beforehand so compiles stay out of the figures. Prints the
 decode-step time (mean, p99) of each run and, guided, the time of one step's masking of all its guided
-rows (llguidance fill + apply, `TokenMasker.apply`).
+rows (the grammar engine's fill + apply, `TokenMasker.apply`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--input", type=int, default=32)
     parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--engine", choices=("xgrammar", "llguidance"), default="xgrammar", help="grammar engine")
     args = parser.parse_args()
 
     import torch
@@ -41,7 +42,7 @@ def main() -> None:
     from trtllm_truss.bench.tokenizer import BenchTokenizer
     from trtllm_truss.bench.workload import LengthDistribution, WorkloadSpec, generate_workload
     from trtllm_truss.engine_standin import EngineLimits, GenerationRequest, Guide, SamplingParams, StandinEngine
-    from trtllm_truss.engine_standin.guidance import TokenMasker
+    from trtllm_truss.engine_standin.guidance import GuideCompiler, TokenMasker
     from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 
     torch.set_num_threads(1)
@@ -51,7 +52,10 @@ def main() -> None:
         output_length=LengthDistribution(mean=args.output),
     )
     workload = generate_workload(spec, BenchTokenizer.from_dir(MODEL_DIR))
-    engine = StandinEngine(CausalLMRunner(MODEL_DIR), EngineLimits(args.batch, 4 * args.input, args.output)).start()
+    engine = StandinEngine(
+        CausalLMRunner(MODEL_DIR), EngineLimits(args.batch, 4 * args.input, args.output),
+        guides=GuideCompiler(MODEL_DIR, engine=args.engine),
+    ).start()
     mask_s: list[float] = []
     apply = TokenMasker.apply
 
