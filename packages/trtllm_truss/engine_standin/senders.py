@@ -32,6 +32,7 @@ from trtllm_truss.engine_standin.types import (
     FinishReason,
     GenerationOutput,
     GenerationRequest,
+    RequestRejected,
 )
 
 log = logging.getLogger("tensorrt_llm_pytorch")  # the model's logger: one name in tritonserver's log
@@ -46,6 +47,31 @@ def fail(pb_utils, sender, message: str, *, final: bool = True) -> None:
         pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0,
     )
+
+
+def accept_each(pb_utils, requests, accept: Callable[[object], None], engine: str, logger: logging.Logger = log) -> None:
+    """A decoupled model's `execute`: `accept(request)` each; a refused request (RequestRejected, or any
+    error, logged) fails alone, through its sender, `engine` naming who refused it.
+
+    Except when every request was refused (the usual case: a bad request arrives alone): then this raises,
+    the only way a python-backend model makes Triton count a request as failed (nv_inference_request_failure,
+    reason BACKEND: the backend reports statistics per execute(), failed only when it raises, decoupled or
+    not; an error sent through a sender counts as a success). The backend answers every request of this
+    execute() with the error, so only then, and always before any response sender was taken (a raise after
+    one was taken would let the backend delete a factory the stub still uses)."""
+    rejected: list[tuple[object, str]] = []
+    for request in requests:
+        try:
+            accept(request)
+        except RequestRejected as exc:
+            rejected.append((request, str(exc)))
+        except Exception as exc:  # a malformed request fails alone
+            logger.exception("rejected a request")
+            rejected.append((request, f"{engine}: {exc}"))
+    if rejected and len(rejected) == len(requests):
+        raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
+    for request, message in rejected:
+        fail(pb_utils, request.get_response_sender(), message)
 
 
 class Group:

@@ -42,6 +42,7 @@ import triton_python_backend_utils as pb_utils
 import yaml
 from trtllm_truss.engine_standin.request_inputs import STOP_WITHOUT_ID_ERROR, read_generation, read_rows, request_scalar
 from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, ResponseExtras, response_arrays
+from trtllm_truss.engine_standin.senders import accept_each, fail
 from trtllm_truss.engine_standin.settings import StandinSettings
 from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, RequestRejected
 from trtllm_truss.runtime.stub_watch import watch_parent
@@ -127,20 +128,7 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):
-        rejected: list[tuple[object, str]] = []
-        for request in requests:
-            try:
-                self._accept(request)
-            except RequestRejected as exc:
-                rejected.append((request, str(exc)))
-            except Exception as exc:
-                log.exception("rejected a request")
-                rejected.append((request, f"tensorrt_llm (LLM API): {exc}"))
-        if rejected and len(rejected) == len(requests):
-            # Only a raise makes Triton count a failed request (see tensorrt_llm_pytorch/model.py).
-            raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
-        for request, message in rejected:
-            _fail(request.get_response_sender(), message)
+        accept_each(pb_utils, requests, self._accept, "tensorrt_llm (LLM API)", log)
 
     def _validate(self, generation: GenerationRequest) -> None:
         limits = self.limits
@@ -216,7 +204,7 @@ class TritonPythonModel:
                     for parsed, count in rows
                 ]
             except Exception as exc:  # the LLM API refused the request (its own validation)
-                _fail(flight.sender, f"tensorrt_llm (LLM API): {exc}")
+                fail(pb_utils, flight.sender, f"tensorrt_llm (LLM API): {exc}")
                 return
             flight.results = results
             outcome = await asyncio.gather(
@@ -227,7 +215,7 @@ class TritonPythonModel:
             if errors:
                 for result in results:
                     result.abort()
-                _fail(flight.sender, f"tensorrt_llm (LLM API): {errors[0]}")
+                fail(pb_utils, flight.sender, f"tensorrt_llm (LLM API): {errors[0]}")
                 return
             final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             responses = [response for row in outcome for response in row]
@@ -316,13 +304,6 @@ class TritonPythonModel:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self._parent_watch.finalized()
-
-
-def _fail(sender, message: str) -> None:
-    sender.send(
-        pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
-        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-    )
 
 
 def _eos_token_id(model_dir: Path) -> int | None:

@@ -41,6 +41,7 @@ from trtllm_truss.engine_standin.senders import (
     Group,
     InFlight,
     Senders,
+    accept_each,
     fail,
 )
 from trtllm_truss.engine_standin.stop_relay import StopRelay
@@ -229,27 +230,7 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):
-        rejected: list[tuple[object, str]] = []
-        for request in requests:
-            try:
-                self._accept(request)
-            except RequestRejected as exc:
-                rejected.append((request, str(exc)))
-            except Exception as exc:  # a malformed request fails alone
-                log.exception("rejected a request")
-                rejected.append((request, f"tensorrt_llm (PyTorch stand-in): {exc}"))
-        if rejected and len(rejected) == len(requests):
-            # Raising is the only way a python-backend model makes Triton count a request as failed
-            # (nv_inference_request_failure, reason BACKEND: the python backend reports statistics
-            # per execute(), failed only when it raises, decoupled or not; an error response sent
-            # through a sender counts as a success). The backend then answers every request of
-            # this execute() with the error, so only when all of them were refused (the usual case:
-            # a bad request arrives alone), and always before any response sender was taken (a
-            # raise after a sender was taken would let the backend delete a factory the stub still
-            # uses). Otherwise each refusal goes through its sender.
-            raise pb_utils.TritonModelException("; ".join(dict.fromkeys(message for _, message in rejected)))
-        for request, message in rejected:
-            fail(pb_utils, request.get_response_sender(), message)
+        accept_each(pb_utils, requests, self._accept, "tensorrt_llm (PyTorch stand-in)")
 
     def _stop_local(self, triton_id: str) -> bool:
         """Cancel the generations of the request with this Triton id if this instance serves it."""
