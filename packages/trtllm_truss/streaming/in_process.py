@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 
 from trtllm_truss.streaming.generation import WorkerModel, WorkerSettings
-from trtllm_truss.streaming.pool import Admission, PoolBusy, PoolUnavailable, ResponseStream
+from trtllm_truss.streaming.pool import Admission, BoundedPool, PoolUnavailable, ResponseStream
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd, WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -23,19 +22,15 @@ logger = logging.getLogger(__name__)
 STOPPING = StreamEnd(error="the server is stopping", status=503)
 
 
-class InProcessPool:
+class InProcessPool(BoundedPool):
     """`StreamPool`'s interface, its work done here. Also each stream's "worker" (`ResponseStream` reaches
     the pool and `forget` through it)."""
 
     def __init__(
         self, settings: WorkerSettings, *, max_in_flight: int, chunk_rate: float = 10_000.0, admission: Admission | None = None
     ) -> None:
+        super().__init__(max_in_flight=max_in_flight, chunk_rate=chunk_rate, admission=admission)
         self.settings = settings
-        self.admission = admission  # None: max_in_flight bounds this process's own open streams
-        self.max_in_flight = max_in_flight
-        self.chunk_rate = chunk_rate
-        self.open_streams = 0
-        self.restarts = 0  # nothing to restart: kept for the pool's interface
         self.pool = self
         self._model: WorkerModel | None = None
         self._info: WorkerInfo | None = None
@@ -46,17 +41,6 @@ class InProcessPool:
     @property
     def info(self) -> WorkerInfo | None:
         return self._info
-
-    @property
-    def pids(self) -> list[int]:
-        return [os.getpid()] if self._model is not None else []
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._running)
-
-    def chunk_gap_s(self) -> float:
-        return self.open_streams / self.chunk_rate
 
     def start(self) -> None:
         """Load the tokenizer and the engine client (blocking, before serving)."""
@@ -78,11 +62,7 @@ class InProcessPool:
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
         if self._model is None or self._stopping:
             raise PoolUnavailable("the server is stopping")
-        if self.admission is None:
-            if self.open_streams >= self.max_in_flight:
-                raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
-        elif not self.admission.take():
-            raise PoolBusy(f"the replica's {self.max_in_flight} requests in flight are taken")
+        self._claim()
         self.open_streams += 1
         stream = ResponseStream(next(self._rids), self)  # type: ignore[arg-type]  # the pool is its own worker
         task = asyncio.get_running_loop().create_task(self._run(stream, spec))

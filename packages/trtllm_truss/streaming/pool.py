@@ -169,10 +169,7 @@ class ResponseStream:
         if self._closed:
             return
         self._closed = True
-        pool = self._worker.pool
-        pool.open_streams -= 1
-        if pool.admission is not None:
-            pool.admission.give_back()
+        self._worker.pool._release()
         self._worker.forget(self)
         if self.listener is not None:
             self.listener.stream_closed(self)
@@ -317,7 +314,37 @@ def _await_ready(sock: socket.socket, process: subprocess.Popen, timeout_s: floa
                 return message[1]
 
 
-class StreamPool:
+class BoundedPool:
+    """What every pool shares: the bound on requests in flight (its own, or a replica's `admission`) and
+    the pacing of chunks by the streams open."""
+
+    def __init__(self, *, max_in_flight: int, chunk_rate: float, admission: Admission | None) -> None:
+        self.admission = admission  # None: max_in_flight bounds this pool's own open streams
+        self.max_in_flight = max_in_flight
+        self.chunk_rate = chunk_rate
+        self.open_streams = 0  # streams the HTTP side still reads (submitted, not closed)
+
+    def chunk_gap_s(self) -> float:
+        """The shortest time between two chunks of one stream: 0 at low load (every token its own
+        chunk), open streams / chunk_rate when that many streams would exceed the rate."""
+        return self.open_streams / self.chunk_rate
+
+    def _claim(self) -> None:
+        """A slot for one more request, or PoolBusy. Counted until the HTTP side closes the stream: a
+        request is admitted until its answer is out."""
+        if self.admission is None:
+            if self.open_streams >= self.max_in_flight:
+                raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
+        elif not self.admission.take():
+            raise PoolBusy(f"the replica's {self.max_in_flight} requests in flight are taken")
+
+    def _release(self) -> None:
+        self.open_streams -= 1
+        if self.admission is not None:
+            self.admission.give_back()
+
+
+class StreamPool(BoundedPool):
     """N stream workers; `submit` routes a request to the least busy one."""
 
     def __init__(
@@ -331,11 +358,8 @@ class StreamPool:
         start_timeout_s: float = WORKER_START_TIMEOUT_S,
         admission: Admission | None = None,
     ) -> None:
+        super().__init__(max_in_flight=max_in_flight, chunk_rate=chunk_rate, admission=admission)
         self.settings = settings
-        self.admission = admission  # None: max_in_flight bounds this pool's own open streams
-        self.max_in_flight = max_in_flight
-        self.chunk_rate = chunk_rate
-        self.open_streams = 0  # streams the HTTP side still reads (submitted, not closed)
         self.environment = dict(environment)
         self.start_timeout_s = start_timeout_s
         self.restarts = 0
@@ -351,11 +375,6 @@ class StreamPool:
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w.process is not None and w.running]
-
-    def chunk_gap_s(self) -> float:
-        """The shortest time between two chunks of one stream: 0 at low load (every token its own
-        chunk), open streams / chunk_rate when that many streams would exceed the rate."""
-        return self.open_streams / self.chunk_rate
 
     @property
     def in_flight(self) -> int:
@@ -398,12 +417,7 @@ class StreamPool:
         """Nothing to close here: each worker closes its own engine client when its socket closes."""
 
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
-        # Counted until the HTTP side closes the stream: a request is admitted until its answer is out.
-        if self.admission is None:
-            if self.open_streams >= self.max_in_flight:
-                raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
-        elif not self.admission.take():
-            raise PoolBusy(f"the replica's {self.max_in_flight} requests in flight are taken")
+        self._claim()
         candidates = []
         for worker in self._workers:
             if worker.running:
@@ -426,11 +440,6 @@ class StreamPool:
             raise
         worker.streams[rid] = stream
         return stream
-
-    def _release(self) -> None:
-        self.open_streams -= 1
-        if self.admission is not None:
-            self.admission.give_back()
 
     def _restart_later(self, worker: _Worker) -> None:
         if self._stopping or worker.restarting:
