@@ -125,19 +125,24 @@ def _completion_stream(url: str) -> Callable[[], httpx.Response]:
     return lambda: httpx.stream("POST", url + "/v1/completions", json=body, timeout=60)
 
 
+def _stop_while_streaming(server, marker: str, round_: int, what: str) -> tuple[int, float]:
+    """Open streams, then SIGTERM to the server (a container stop) or SIGINT to its process group (Ctrl-C),
+    alternately. Returns (streams open at the signal, seconds until every process of `marker` is gone)."""
+    open_at_signal = OpenStreams(_completion_stream(server.url), STREAMS).wait_open()
+    if round_ % 2:
+        os.killpg(server.process.pid, signal.SIGINT)
+    else:
+        server.process.send_signal(signal.SIGTERM)
+    return open_at_signal, assert_all_gone(marker, EXIT_TIMEOUT_S, f"stop {round_} of {what}")
+
+
 def _truss_stop_cycle(server_root: Path, work: Path, round_: int) -> tuple[int, float]:
-    """One start and stop with streams open; SIGTERM to the server (a container stop) or SIGINT to its
-    process group (Ctrl-C), alternately. Returns (streams open at the signal, seconds until all gone)."""
+    """One start of truss's server and its stop with streams open (`_stop_while_streaming`)."""
     marker = uuid.uuid4().hex
     server = _start_truss(server_root, work / f"server-{round_}.log", marker)
     try:
         assert len(stack_processes(marker)) >= 5, stack_processes(marker)  # server, tritonserver, stubs, worker
-        open_at_signal = OpenStreams(_completion_stream(server.url), STREAMS).wait_open()
-        if round_ % 2:
-            os.killpg(server.process.pid, signal.SIGINT)
-        else:
-            server.process.send_signal(signal.SIGTERM)
-        gone_after = assert_all_gone(marker, EXIT_TIMEOUT_S, f"stop {round_} of truss's server")
+        open_at_signal, gone_after = _stop_while_streaming(server, marker, round_, "truss's server")
     except BaseException:
         print(server.log_tail(80))
         raise
@@ -192,12 +197,7 @@ def _direct_stop_cycle(work: Path, round_: int) -> tuple[int, float]:
         processes = stack_processes(marker)
         assert len(processes) >= (7 if workers else 5), processes
         assert sum("streaming.worker" in command for command in processes.values()) == (2 if workers else 0), processes
-        open_at_signal = OpenStreams(_completion_stream(server.url), STREAMS).wait_open()
-        if round_ % 2:
-            os.killpg(server.process.pid, signal.SIGINT)
-        else:
-            server.process.send_signal(signal.SIGTERM)
-        gone_after = assert_all_gone(marker, EXIT_TIMEOUT_S, f"stop {round_} of the direct front")
+        open_at_signal, gone_after = _stop_while_streaming(server, marker, round_, "the direct front")
         assert server.process.wait(timeout=5) == 0, server.log_tail()
     except BaseException:
         print(server.log_tail(80))
