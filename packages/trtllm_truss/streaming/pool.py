@@ -169,7 +169,10 @@ class ResponseStream:
         if self._closed:
             return
         self._closed = True
-        self._worker.pool._release()
+        pool = self._worker.pool
+        pool.open_streams -= 1
+        if pool.admission is not None:
+            pool.admission.give_back()
         self._worker.forget(self)
         if self.listener is not None:
             self.listener.stream_closed(self)
