@@ -67,6 +67,7 @@ for s in "$@"; do case $s in
   truss-i1-c1) step truss-interval1-c1 70 TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- --front truss $ONE ;;
   direct8-i4-hi) step direct8-interval4-c256-512-n2048 120 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 256,512 --num-requests 2048 --output-stddev 32 --client-processes 8 ;;
   inproc8-i4)  step inproc8-interval4 130 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  inproc8-i4-ee) step inproc8-interval4-eventengine 130 GRPC_EXPERIMENTS= TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   workers8-i4) step workers8-interval4 130 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__STREAM_WORKER_PROCESSES=true -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   smoke)       step smoke 60 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=2 -- --front direct --concurrency 4 --num-requests 16 --output-mean 16 --output-stddev 0 --rounds 1 ;;
   *) log "unknown step $s" ;;

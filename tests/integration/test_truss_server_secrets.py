@@ -67,3 +67,5 @@ def test_stream_workers_inherit_no_secret(server: TrussServer):
     assert workers, children
     for pid in workers:
         assert _leaks(pid) == [], children[pid]
+        # grpc's EventEngine client off where tokens stream from Triton (streaming/environment.py)
+        assert b"GRPC_EXPERIMENTS=-event_engine_client\0" in Path(f"/proc/{pid}/environ").read_bytes()

@@ -253,3 +253,36 @@ async def test_rounds_alternate_targets_and_pool_their_figures():
     # throughput uses the sum of the rounds' wall times, not the span that includes the other target
     assert engine.output_tokens_per_s == pytest.approx(36 / engine.duration_s)
     assert engine.duration_s < 0.8 * wall_s  # the ensemble's rounds took about the other half
+
+
+async def test_matched_lengths_make_the_unguided_requests_ask_what_the_guided_ones_produced():
+    class EndsEarly(ScriptedTarget):
+        """Request i stops after i + 1 tokens, as a guide completing before the asked length."""
+
+        async def stream(self, request):
+            async for chunk in super().stream(BenchRequest(request.index, request.prompt, request.input_ids,
+                                                           min(request.output_len, request.index + 1))):
+                yield chunk
+
+    asked: dict[int, int] = {}
+
+    class Asking(ScriptedTarget):
+        async def stream(self, request):
+            asked[request.index] = request.output_len
+            async for chunk in super().stream(request):
+                yield chunk
+
+    plan = BenchPlan(
+        targets=[Asking("engine", step_s=0.0005), EndsEarly("engine_guided", step_s=0.0005)],
+        levels=[ClosedLoop(concurrency=2)],
+        requests=_requests(4, output_len=8),
+        workload={},
+        compare=("engine", "engine_guided"),
+        warmup_requests=0,
+        lengths_from="engine_guided",
+    )
+    report = await run_bench(plan, None)
+    assert asked == {0: 1, 1: 2, 2: 3, 3: 4}
+    assert report.matched_lengths == {"concurrency 2": {"mean": 2.5, "min": 1, "max": 4}}
+    engine, guided = (r.metrics for r in report.runs)
+    assert engine.output_tokens_total == guided.output_tokens_total == 10

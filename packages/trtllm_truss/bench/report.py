@@ -139,6 +139,11 @@ class BenchReport(BaseModel):
     structured_output: dict[str, Any] | None = Field(
         default=None, description="--guide-schema: compile times per distinct schema, the engine's guide cache hit rate"
     )
+    matched_lengths: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="--match-guided-lengths: per level, the output lengths (mean, min, max) the guided target"
+        " produced and the unguided one then asked for",
+    )
 
     def run_for(self, target: RunLabel, level: LoadLevel) -> RunResult | None:
         return next((r for r in self.runs if r.target == target and r.level == level), None)

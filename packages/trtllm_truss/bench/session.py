@@ -11,6 +11,7 @@ CPU is read before and after every round (bench.cpu).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ class BenchPlan:
     cpu_probe: CpuProbe | None = None
     # Per target name, where targets run on different stacks (--compare-backends); else cpu_probe.
     cpu_probes: dict[str, CpuProbe] = field(default_factory=dict)
+    # A target whose output lengths the others ask for (bench --match-guided-lengths): at each level an
+    # unmeasured pass of it first, then every other target's request i asks for the tokens its request
+    # i produced. Guided requests end where their schema completes; unguided ones asking the same
+    # lengths leave and join the batch at the same points, so a comparison measures the guide's cost
+    # per step rather than a different batch.
+    lengths_from: str | None = None
 
 
 class ProgressSink:
@@ -72,20 +79,26 @@ async def run_bench(
             await _warm_up(target, plan)
         for level in plan.levels:
             pooled = {t.name: _Pooled() for t in plan.targets}
+            requests_of = {t.name: plan.requests for t in plan.targets}
+            if plan.lengths_from is not None:
+                matched = await _lengths_of(_named(plan.targets, plan.lengths_from), plan, level)
+                report.matched_lengths[level.label] = _length_summary(matched)
+                requests_of.update({name: matched for name in requests_of if name != plan.lengths_from})
             for _ in range(plan.rounds):
                 for target in plan.targets:
-                    progress.level_started(target.name, level, len(plan.requests))
+                    requests = requests_of[target.name]
+                    progress.level_started(target.name, level, len(requests))
                     probe = plan.cpu_probes.get(target.name, plan.cpu_probe)
                     cpu_before = probe.snapshot() if probe is not None else None
                     if plan.client_processes > 1:
                         records, cpu_s = await run_level_in_processes(
-                            plan.target_specs[target.name], plan.requests, level, plan.client_processes,
+                            plan.target_specs[target.name], requests, level, plan.client_processes,
                             timeout_s=plan.timeout_s,
                         )
                     else:
                         client_cpu_before = time.process_time()
                         records = await run_level(
-                            target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
+                            target, requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
                             on_done=progress.request_done,
                         )
                         cpu_s = time.process_time() - client_cpu_before
@@ -146,6 +159,26 @@ def _result(
         target=target.name, url=target.url, level=level, token_counting=method,
         metrics=metrics, client_cpu_s=cpu_s, server_cpu=groups,
     )
+
+
+def _named(targets: Sequence[BenchTarget], name: str) -> BenchTarget:
+    for target in targets:
+        if target.name == name:
+            return target
+    raise ValueError(f"lengths_from: no target {name!r} among {[t.name for t in targets]}")
+
+
+async def _lengths_of(target: BenchTarget, plan: BenchPlan, level: LoadLevel) -> list[BenchRequest]:
+    """The plan's requests, each asking for the tokens `target` produced for it at `level` (one
+    unmeasured pass; a request that failed there keeps its own length)."""
+    records = await run_level(target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s)
+    produced = {r.index: r.output_tokens for r in records if r.ok and r.output_tokens}
+    return [dataclasses.replace(r, output_len=produced.get(r.index, r.output_len)) for r in plan.requests]
+
+
+def _length_summary(requests: Sequence[BenchRequest]) -> dict[str, float]:
+    lengths = sorted(r.output_len for r in requests)
+    return {"mean": sum(lengths) / len(lengths), "min": lengths[0], "max": lengths[-1]} if lengths else {}
 
 
 async def _warm_up(target: BenchTarget, plan: BenchPlan) -> None:

@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="structured output: a JSON Schema file (or JSONL, one per line); measures the engine model"
                            " without and with the schema as guided_decoding_guide (engine vs engine_guided, same"
                            " requests) and reports schema compile times and the engine's guide cache hit rate")
+    what.add_argument("--match-guided-lengths", action="store_true",
+                      help="with --guide-schema: at each level an unmeasured guided pass first, then each unguided"
+                           " request asks for the tokens its guided twin produced (guided requests end where their"
+                           " schema completes), so the comparison measures the guide's cost per step, not a batch"
+                           " whose requests end at other points")
     what.add_argument("--tokenizer", type=Path,
                       help="tokenizer directory for prompts and token counting (default: the truss's own)")
 
@@ -129,6 +134,8 @@ def _levels(args: argparse.Namespace) -> list:
         if args.compare or args.guide_schema is not None or args.url or args.grpc_url:
             raise ValueError("--compare-backends starts its own stacks and compares them: leave out --compare,"
                              " --guide-schema, --url and --grpc-url")
+    if args.match_guided_lengths and args.guide_schema is None:
+        raise ValueError("--match-guided-lengths matches the unguided requests to the guided ones: give --guide-schema")
     if args.guide_schema is not None and (args.compare or args.client_processes > 1):
         raise ValueError("--guide-schema compares the engine without and with the schema: leave out --compare"
                          " and --client-processes")
@@ -385,11 +392,13 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
                 "timeout_s": args.timeout, "warmup_requests": args.warmup, "rounds": args.rounds,
                 "truss_dir": str(args.truss_dir), "client_processes": args.client_processes,
                 "front": args.front, "compare_backends": args.compare_backends,
+                "match_guided_lengths": args.match_guided_lengths,
             },
             client_processes=args.client_processes,
             cpu_probe=_cpu_probe(endpoints) if args.compare_backends is None else None,
             cpu_probes={name: probe for name, probe in probes.items() if probe is not None},
             target_specs=specs,
+            lengths_from="engine_guided" if args.match_guided_lengths else None,
         )
         progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -21,7 +21,7 @@ frontend gets SIGTERM, ends its open streams with an error (and kills its worker
 responses are out (at most `direct_app.GRACEFUL_SHUTDOWN_S`); one still running after `FRONTEND_STOP_S` is
 killed; then the engine probe and tritonserver stop (`RunningStack.stop`). A frontend whose launcher dies
 without a word gets SIGTERM from the kernel (parent-death signal), like tritonserver (`setpriv --pdeathsig`).
-Secrets stay in the launcher: frontends get the environment of `config.child_env` and the API key over a
+Secrets stay in the launcher: frontends get the environment of `streaming.environment` (`config.child_env`, no credentials) and the API key over a
 pipe, and their stream workers (if any) inherit their (clean) environment.
 """
 
@@ -217,10 +217,9 @@ class DirectFront:
         self._probe.start()
 
     def _spawn(self, settings: Any) -> subprocess.Popen:
-        from trtllm_truss.config.child_env import child_environment
+        from trtllm_truss.streaming.environment import worker_environment
 
-        env = child_environment()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGES_DIR), env.get("PYTHONPATH", "")) if p)
+        env = worker_environment(os.environ)
         process = subprocess.Popen(
             [sys.executable, "-m", "trtllm_truss.fronts.direct_app"],
             stdin=subprocess.PIPE, env=env, pass_fds=(settings.socket_fd,),

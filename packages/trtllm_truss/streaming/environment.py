@@ -1,4 +1,5 @@
-"""The environment a stream worker starts with: this package importable, no credential inherited."""
+"""The environment a process that streams from Triton starts with (a stream worker, a direct-front
+process): this package importable, no credential inherited, grpc's client set up for streaming."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import trtllm_truss
 from trtllm_truss.config.child_env import child_environment
+from trtllm_truss.engine.client import GRPC_CLIENT_ENVIRONMENT
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -15,4 +17,6 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     # truss puts packages/ on sys.path inside its own process only; the worker is a fresh interpreter.
     package_root = str(Path(trtllm_truss.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    for name, value in GRPC_CLIENT_ENVIRONMENT.items():
+        env.setdefault(name, value)
     return env
