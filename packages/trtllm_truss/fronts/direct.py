@@ -21,8 +21,9 @@ frontend gets SIGTERM, ends its open streams with an error (and kills its worker
 responses are out (at most `direct_app.GRACEFUL_SHUTDOWN_S`); one still running after `FRONTEND_STOP_S` is
 killed; then the engine probe and tritonserver stop (`RunningStack.stop`). A frontend whose launcher dies
 without a word gets SIGTERM from the kernel (parent-death signal), like tritonserver (`setpriv --pdeathsig`).
-Secrets stay in the launcher: frontends get the environment of `streaming.environment` (`config.child_env`, no credentials) and the API key over a
-pipe, and their stream workers (if any) inherit their (clean) environment.
+Secrets stay in the launcher: frontends get the environment of `streaming.environment` (`config.child_env`'s,
+no credentials) and the API key over a pipe, and their stream workers (if any) inherit their (clean)
+environment.
 """
 
 from __future__ import annotations
