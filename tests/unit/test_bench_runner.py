@@ -283,6 +283,30 @@ async def test_matched_lengths_make_the_unguided_requests_ask_what_the_guided_on
     )
     report = await run_bench(plan, None)
     assert asked == {0: 1, 1: 2, 2: 3, 3: 4}
-    assert report.matched_lengths == {"concurrency 2": {"mean": 2.5, "min": 1, "max": 4}}
+    assert report.matched_lengths == {"concurrency 2": {"mean": 2.5, "min": 1, "max": 4, "unmatched": 0}}
     engine, guided = (r.metrics for r in report.runs)
     assert engine.output_tokens_total == guided.output_tokens_total == 10
+    assert report.warnings == []  # the guided target's early ends are the point, not an ignored ignore-EOS
+
+
+async def test_a_request_failing_in_the_lengths_pass_keeps_its_length_and_is_reported():
+    asked: dict[int, int] = {}
+
+    class Asking(ScriptedTarget):
+        async def stream(self, request):
+            asked[request.index] = request.output_len
+            async for chunk in super().stream(request):
+                yield chunk
+
+    plan = BenchPlan(
+        targets=[Asking("engine", step_s=0.0005), ScriptedTarget("engine_guided", step_s=0.0005, fail_index=1)],
+        levels=[ClosedLoop(concurrency=2)],
+        requests=_requests(3, output_len=5),
+        workload={},
+        warmup_requests=0,
+        lengths_from="engine_guided",
+    )
+    report = await run_bench(plan, None)
+    assert asked == {0: 5, 1: 5, 2: 5}
+    assert report.matched_lengths["concurrency 2"]["unmatched"] == 1
+    assert any("1 request(s) failed in the engine_guided pass" in w for w in report.warnings), report.warnings

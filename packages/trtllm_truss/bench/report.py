@@ -13,7 +13,8 @@ JSON layout (schema_version 1):
    "added_ttft_p50_ms": float | null,   # full minus direct TTFT p50 at that same load
    "warnings": [str],
    "structured_output": {"distinct_schemas", "compiled", "refused", "compile_ms_p50", "compile_ms_p99",
-                         "compile_ms_max", "cache_hits", "cache_misses", "cache_hit_rate"} | null}
+                         "compile_ms_max", "cache_hits", "cache_misses", "cache_hit_rate"} | null,
+   "matched_lengths": {level label: {"mean", "min", "max", "unmatched"}}}   # --match-guided-lengths
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class BenchReport(BaseModel):
     matched_lengths: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="--match-guided-lengths: per level, the output lengths (mean, min, max) the guided target"
-        " produced and the unguided one then asked for",
+        " produced and the unguided one then asked for; unmatched: requests whose guided twin failed (they keep"
+        " their own length)",
     )
 
     def run_for(self, target: RunLabel, level: LoadLevel) -> RunResult | None:

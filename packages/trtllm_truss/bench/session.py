@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from trtllm_truss.bench.cpu import CpuProbe, cpu_between
 from trtllm_truss.bench.load import ClosedLoop, LoadLevel
 from trtllm_truss.bench.report import BenchReport, GroupCpu, RoundResult, RunResult
-from trtllm_truss.bench.runner import TargetSpec, TokenCounting, count_output_tokens, run_level, run_level_in_processes
+from trtllm_truss.bench.runner import ProgressCallback, TargetSpec, TokenCounting, count_output_tokens, run_level, run_level_in_processes
 from trtllm_truss.bench.stats import RequestRecord, summarize
 from trtllm_truss.bench.targets.base import BenchTarget
 from trtllm_truss.bench.workload import BenchRequest, TokenizerLike
@@ -81,8 +81,15 @@ async def run_bench(
             pooled = {t.name: _Pooled() for t in plan.targets}
             requests_of = {t.name: plan.requests for t in plan.targets}
             if plan.lengths_from is not None:
-                matched = await _lengths_of(_named(plan.targets, plan.lengths_from), plan, level)
-                report.matched_lengths[level.label] = _length_summary(matched)
+                source = _named(plan.targets, plan.lengths_from)
+                progress.level_started(f"{source.name} (lengths, unmeasured)", level, len(plan.requests))
+                matched, unmatched = await _lengths_of(source, plan, level, progress.request_done)
+                report.matched_lengths[level.label] = _length_summary(matched) | {"unmatched": unmatched}
+                if unmatched:
+                    report.warnings.append(
+                        f"{level.label}: {unmatched} request(s) failed in the {source.name} pass that sets the lengths;"
+                        " the other targets ask their own length for them"
+                    )
                 requests_of.update({name: matched for name in requests_of if name != plan.lengths_from})
             for _ in range(plan.rounds):
                 for target in plan.targets:
@@ -103,9 +110,9 @@ async def run_bench(
                         )
                         cpu_s = time.process_time() - client_cpu_before
                     server_cpu = cpu_between(cpu_before, probe.snapshot()) if probe is not None and cpu_before is not None else None
-                    method, warnings = count_output_tokens(
-                        records, plan.token_counting, tokenizer, fixed_length=plan.fixed_length
-                    )
+                    # The target that sets the lengths ends requests early on purpose (a guide completing).
+                    fixed_length = plan.fixed_length and target.name != plan.lengths_from
+                    method, warnings = count_output_tokens(records, plan.token_counting, tokenizer, fixed_length=fixed_length)
                     report.warnings.extend(f"{target.name} @ {level.label}: {w}" for w in warnings)
                     round_metrics = summarize(records)
                     round_wall_s = round_metrics.duration_s
@@ -168,12 +175,15 @@ def _named(targets: Sequence[BenchTarget], name: str) -> BenchTarget:
     raise ValueError(f"lengths_from: no target {name!r} among {[t.name for t in targets]}")
 
 
-async def _lengths_of(target: BenchTarget, plan: BenchPlan, level: LoadLevel) -> list[BenchRequest]:
+async def _lengths_of(
+    target: BenchTarget, plan: BenchPlan, level: LoadLevel, on_done: ProgressCallback | None
+) -> tuple[list[BenchRequest], int]:
     """The plan's requests, each asking for the tokens `target` produced for it at `level` (one
-    unmeasured pass; a request that failed there keeps its own length)."""
-    records = await run_level(target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s)
+    unmeasured pass), and how many failed there (those keep their own length)."""
+    records = await run_level(target, plan.requests, level, seed=plan.seed, timeout_s=plan.timeout_s, on_done=on_done)
     produced = {r.index: r.output_tokens for r in records if r.ok and r.output_tokens}
-    return [dataclasses.replace(r, output_len=produced.get(r.index, r.output_len)) for r in plan.requests]
+    matched = [dataclasses.replace(r, output_len=produced.get(r.index, r.output_len)) for r in plan.requests]
+    return matched, len(plan.requests) - len(produced)
 
 
 def _length_summary(requests: Sequence[BenchRequest]) -> dict[str, float]:

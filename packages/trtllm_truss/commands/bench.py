@@ -134,8 +134,9 @@ def _levels(args: argparse.Namespace) -> list:
         if args.compare or args.guide_schema is not None or args.url or args.grpc_url:
             raise ValueError("--compare-backends starts its own stacks and compares them: leave out --compare,"
                              " --guide-schema, --url and --grpc-url")
-    if args.match_guided_lengths and args.guide_schema is None:
-        raise ValueError("--match-guided-lengths matches the unguided requests to the guided ones: give --guide-schema")
+    if args.match_guided_lengths and (args.guide_schema is None or args.ignore_eos == "none"):
+        raise ValueError("--match-guided-lengths makes each unguided request run as long as its guided twin: give"
+                         " --guide-schema, and an --ignore-eos other than none")
     if args.guide_schema is not None and (args.compare or args.client_processes > 1):
         raise ValueError("--guide-schema compares the engine without and with the schema: leave out --compare"
                          " and --client-processes")

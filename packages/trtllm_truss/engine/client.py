@@ -60,9 +60,10 @@ RECONNECT_WAIT_S = 2.0
 # For every process that streams from Triton (stream workers, direct-front processes). grpcio's
 # EventEngine client, on by default, passes each read through its own event_engine threads before the
 # poller thread hands it to the event loop; with it off the poller thread reads the socket itself: the
-# direct front spent 10-23 % less CPU per streamed token on a 32-core host (docs/performance.md, "grpcio's
+# direct front spent 9-23 % less CPU per streamed token on a 32-core host (docs/performance.md, "grpcio's
 # EventEngine client off where tokens stream"). `GRPC_EXPERIMENTS` is grpc core's switch for its
-# experiments; a value the user set wins.
+# experiments; a value the user set wins. grpc logs "Unknown experiment" (and then ignores it) for a name
+# its version no longer has: tests/unit/test_stream_environment.py checks the pinned grpcio knows it.
 GRPC_CLIENT_ENVIRONMENT = {"GRPC_EXPERIMENTS": "-event_engine_client"}
 # tritonclient's own defaults for message sizes, plus a short reconnect backoff: after the supervisor
 # restarts a dead tritonserver the channel must find it again within a second or so, not after
