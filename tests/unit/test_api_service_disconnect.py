@@ -13,7 +13,7 @@ from trtllm_truss.engine.client import GenerationParams
 from trtllm_truss.serving.core import Refused as _Refused
 from trtllm_truss.serving.core import RequestCore
 from trtllm_truss.serving.core import unless_disconnected as _unless_disconnected
-from trtllm_truss.streaming.pool import ResponseStream
+from trtllm_truss.streaming.pool import BoundedPool, ResponseStream
 from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
 SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": []}
@@ -60,25 +60,21 @@ async def test_result_is_returned_when_the_client_stays():
     assert await _unless_disconnected(quick(), None, "x") == "done"
 
 
-class _Pool:
-    """Test double of the stream pool's truss side: `submit` hands back one stream and records the
+class _Pool(BoundedPool):
+    """The stream pool's truss side, no worker behind it: `submit` hands back one stream and records the
     cancellation (the real pool sends `cancel` to the worker when the stream closes)."""
 
     def __init__(self) -> None:
-        self.open_streams = 0
-        self.admission = None  # the pool's own bound (no replica-wide one)
+        super().__init__(max_in_flight=8, chunk_rate=float("inf"), admission=None)  # its own bound, no pacing
         self.forgotten: list[ResponseStream] = []
         self.pool = self  # ResponseStream reads worker.pool
         self.stream: ResponseStream | None = None
-
-    def chunk_gap_s(self) -> float:
-        return 0.0
 
     def forget(self, stream: ResponseStream) -> None:
         self.forgotten.append(stream)
 
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
-        self.open_streams += 1
+        self.claim()
         self.stream = ResponseStream(1, self)
         return self.stream
 

@@ -255,6 +255,19 @@ async def test_rounds_alternate_targets_and_pool_their_figures():
     assert engine.duration_s < 0.8 * wall_s  # the ensemble's rounds took about the other half
 
 
+class Asking(ScriptedTarget):
+    """Records the length each request asks for (`asked`: request index -> output_len)."""
+
+    def __init__(self, name: str, **kwargs):
+        super().__init__(name, **kwargs)
+        self.asked: dict[int, int] = {}
+
+    async def stream(self, request):
+        self.asked[request.index] = request.output_len
+        async for chunk in super().stream(request):
+            yield chunk
+
+
 async def test_matched_lengths_make_the_unguided_requests_ask_what_the_guided_ones_produced():
     class EndsEarly(ScriptedTarget):
         """Request i stops after i + 1 tokens, as a guide completing before the asked length."""
@@ -264,16 +277,9 @@ async def test_matched_lengths_make_the_unguided_requests_ask_what_the_guided_on
                                                            min(request.output_len, request.index + 1))):
                 yield chunk
 
-    asked: dict[int, int] = {}
-
-    class Asking(ScriptedTarget):
-        async def stream(self, request):
-            asked[request.index] = request.output_len
-            async for chunk in super().stream(request):
-                yield chunk
-
+    unguided = Asking("engine", step_s=0.0005)
     plan = BenchPlan(
-        targets=[Asking("engine", step_s=0.0005), EndsEarly("engine_guided", step_s=0.0005)],
+        targets=[unguided, EndsEarly("engine_guided", step_s=0.0005)],
         levels=[ClosedLoop(concurrency=2)],
         requests=_requests(4, output_len=8),
         workload={},
@@ -282,7 +288,7 @@ async def test_matched_lengths_make_the_unguided_requests_ask_what_the_guided_on
         lengths_from="engine_guided",
     )
     report = await run_bench(plan, None)
-    assert asked == {0: 1, 1: 2, 2: 3, 3: 4}
+    assert unguided.asked == {0: 1, 1: 2, 2: 3, 3: 4}
     assert report.matched_lengths == {"concurrency 2": {"mean": 2.5, "min": 1, "max": 4, "unmatched": 0}}
     engine, guided = (r.metrics for r in report.runs)
     assert engine.output_tokens_total == guided.output_tokens_total == 10
@@ -290,16 +296,9 @@ async def test_matched_lengths_make_the_unguided_requests_ask_what_the_guided_on
 
 
 async def test_a_request_failing_in_the_lengths_pass_keeps_its_length_and_is_reported():
-    asked: dict[int, int] = {}
-
-    class Asking(ScriptedTarget):
-        async def stream(self, request):
-            asked[request.index] = request.output_len
-            async for chunk in super().stream(request):
-                yield chunk
-
+    unguided = Asking("engine", step_s=0.0005)
     plan = BenchPlan(
-        targets=[Asking("engine", step_s=0.0005), ScriptedTarget("engine_guided", step_s=0.0005, fail_index=1)],
+        targets=[unguided, ScriptedTarget("engine_guided", step_s=0.0005, fail_index=1)],
         levels=[ClosedLoop(concurrency=2)],
         requests=_requests(3, output_len=5),
         workload={},
@@ -307,6 +306,6 @@ async def test_a_request_failing_in_the_lengths_pass_keeps_its_length_and_is_rep
         lengths_from="engine_guided",
     )
     report = await run_bench(plan, None)
-    assert asked == {0: 5, 1: 5, 2: 5}
+    assert unguided.asked == {0: 5, 1: 5, 2: 5}
     assert report.matched_lengths["concurrency 2"]["unmatched"] == 1
     assert any("1 request(s) failed in the engine_guided pass" in w for w in report.warnings), report.warnings

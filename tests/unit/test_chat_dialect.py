@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletionChunk as SdkChunk
 from trtllm_truss.api.openai import ChatCompletionRequest
 from trtllm_truss.serving.chat import _chat_sse, assistant_message
 from trtllm_truss.serving.generation import Generation
-from trtllm_truss.streaming.pool import ResponseStream
+from trtllm_truss.streaming.pool import BoundedPool, ResponseStream
 from trtllm_truss.streaming.protocol import StreamEnd
 
 UPDATES = [
@@ -25,17 +25,14 @@ UPDATES = [
 END = StreamEnd("tool_calls", prompt_tokens=7, completion_tokens=30)
 
 
-class _Pool:
-    """Test double of the pool side a ResponseStream reports to."""
-
-    open_streams = 1
-    admission = None  # the pool's own bound (no replica-wide one)
+class _Pool(BoundedPool):
+    """The pool side a ResponseStream reports to (its own bound, no replica-wide one, no pacing), with
+    the one stream open and no worker behind it."""
 
     def __init__(self) -> None:
+        super().__init__(max_in_flight=1, chunk_rate=float("inf"), admission=None)
+        self.claim()
         self.pool = self
-
-    def chunk_gap_s(self) -> float:
-        return 0.0
 
     def forget(self, stream: ResponseStream) -> None:
         pass

@@ -3,6 +3,11 @@ grpc's EventEngine client off unless the user chose otherwise."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+from trtllm_truss.engine.client import GRPC_CLIENT_ENVIRONMENT
 from trtllm_truss.streaming.environment import worker_environment
 
 
@@ -21,12 +26,6 @@ def test_the_users_grpc_experiments_win():
 def test_the_pinned_grpcio_knows_the_experiment():
     """grpc ignores an experiment it does not know (logging "Unknown experiment"): after a grpcio upgrade
     that drops it, this fails instead of the saving disappearing without notice."""
-    import os
-    import subprocess
-    import sys
-
-    from trtllm_truss.engine.client import GRPC_CLIENT_ENVIRONMENT
-
     probe = "import grpc; grpc.insecure_channel('127.0.0.1:1').close()"
     env = {**os.environ, **GRPC_CLIENT_ENVIRONMENT}
     known = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)

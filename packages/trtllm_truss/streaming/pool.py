@@ -169,10 +169,7 @@ class ResponseStream:
         if self._closed:
             return
         self._closed = True
-        pool = self._worker.pool
-        pool.open_streams -= 1
-        if pool.admission is not None:
-            pool.admission.give_back()
+        self._worker.pool.release()
         self._worker.forget(self)
         if self.listener is not None:
             self.listener.stream_closed(self)
@@ -332,16 +329,17 @@ class BoundedPool:
         chunk), open streams / chunk_rate when that many streams would exceed the rate."""
         return self.open_streams / self.chunk_rate
 
-    def _claim(self) -> None:
-        """A slot for one more request, or PoolBusy. Counted until the HTTP side closes the stream: a
-        request is admitted until its answer is out."""
+    def claim(self) -> None:
+        """A slot for one more request (counted in open_streams), or PoolBusy. Held until the HTTP side
+        closes the stream (`release`): a request is admitted until its answer is out."""
         if self.admission is None:
             if self.open_streams >= self.max_in_flight:
                 raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
         elif not self.admission.take():
             raise PoolBusy(f"the replica's {self.max_in_flight} requests in flight are taken")
+        self.open_streams += 1
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.open_streams -= 1
         if self.admission is not None:
             self.admission.give_back()
@@ -420,7 +418,8 @@ class StreamPool(BoundedPool):
         """Nothing to close here: each worker closes its own engine client when its socket closes."""
 
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
-        self._claim()
+        # Claimed before the first await: requests arriving meanwhile see the slot taken.
+        self.claim()
         candidates = []
         for worker in self._workers:
             if worker.running:
@@ -428,18 +427,16 @@ class StreamPool(BoundedPool):
             else:  # died before its socket was watched (between load() and the first request)
                 self._restart_later(worker)
         if not candidates:
-            if self.admission is not None:
-                self.admission.give_back()
+            self.release()
             raise PoolUnavailable("no stream worker is running")
         worker = min(candidates, key=lambda w: len(w.streams))
-        self.open_streams += 1  # before the first await: requests arriving meanwhile see it taken
         try:
             await worker.attach()
             rid = next(self._rids)
             stream = ResponseStream(rid, worker)
             worker.send(("start", rid, spec))
         except BaseException:
-            self._release()
+            self.release()
             raise
         worker.streams[rid] = stream
         return stream
