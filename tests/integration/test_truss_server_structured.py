@@ -21,6 +21,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+import schemastore_corpus
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 from trtllm_truss.fronts.truss_server import TrussServer
@@ -155,6 +156,28 @@ def test_a_bad_schema_is_400_within_a_second_while_a_stream_runs_beside_it(oai: 
     rest = list(chunks)
     assert first.choices[0].delta.role == "assistant"
     assert rest[-1].usage.completion_tokens == 40  # the stream beside it ran to its end
+
+
+@pytest.mark.skipif(not schemastore_corpus.available(), reason="corpus not installed")
+def test_cloudformations_schema_without_strict_is_answered_reduced_while_a_stream_runs_beside_it(oai: openai.OpenAI):
+    """AWS CloudFormation's 1.9 MB schema (SchemaStore): over the guide bound, so reduced to its root and
+    nearest definitions (guides.oversized); the header says what was left out, the stream beside it runs on."""
+    schema = next(item.schema for item in schemastore_corpus.load_corpus() if item.url.endswith("/cloudformation.schema.json"))
+    stream = oai.chat.completions.create(**GREEDY, messages=ASK, max_tokens=40, stream=True, stream_options={"include_usage": True},
+                                         extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)
+    raw = oai.chat.completions.with_raw_response.create(
+        **GREEDY, messages=[{"role": "user", "content": "A CloudFormation template:"}], max_tokens=24,
+        response_format={"type": "json_schema", "json_schema": {"name": "template", "schema": schema}},
+    )
+    assert raw.http_response.status_code == 200
+    unenforced = raw.headers["x-guided-decoding-unenforced"]
+    assert unenforced.startswith(".: $ref (to 4007 of 4008 definitions, left out: the schema is over the guide bound")
+    assert ".properties.Resources.patternProperties.^[a-zA-Z0-9]+$: anyOf (a branch refers to a definition left out)" in unenforced
+    answer = raw.parse().choices[0]
+    assert answer.finish_reason == "length" or json.loads(answer.message.content)
+    assert list(chunks)[-1].usage.completion_tokens == 40
 
 
 @pytest.mark.parametrize(

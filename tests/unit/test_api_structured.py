@@ -140,7 +140,6 @@ for _ in range(MAX_GUIDE_DEPTH):
     [
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema: is required"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}, "response_format.json_schema.schema: is required"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "objekt"}}}}, "response_format.json_schema.schema: not a valid JSON Schema"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": DEEP}}}, "response_format.json_schema.schema: nests"),
         ({"response_format": {"type": "regex"}}, "response_format.regex: a regex guide needs its text"),
         ({"response_format": {"type": "json"}}, "response_format.schema: is required"),
@@ -209,6 +208,61 @@ def test_without_strict_what_the_engine_does_not_enforce_is_left_out_and_reporte
     checked = asyncio.run(structured.check(loose, engine=engine))
     assert checked.unenforced == (left_out,)
     assert left_out.split(": ")[1].split(" ")[0] not in checked.text  # the guide sent goes without it
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_schema_that_is_not_one_is_400_from_the_check_off_the_event_loop(strict):
+    """The meta-schema check runs with the engine's compile in its thread (a large schema's takes
+    seconds): building the guide on the event loop does not run it."""
+    schema = {"type": "object", "properties": {"a": {"type": "objekt"}}}
+    guide = _chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "strict": strict, "schema": schema}})
+    detail = _refused(lambda: _check(guide))
+    assert "response_format.json_schema.schema: not a valid JSON Schema: " in detail and "(at properties/a/type)" in detail
+
+
+def _oversized_schema(definitions: int = 600) -> dict:
+    """Over the 1 MiB guide bound like AWS CloudFormation's schema: a root whose `kind` refers to one
+    small definition and whose `resources` may be any of many large ones."""
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 40} for i in range(40)}}
+    return {
+        "type": "object",
+        "properties": {
+            "kind": {"$ref": "#/definitions/Kind"},
+            "resources": {"type": "array", "items": {"anyOf": [{"$ref": f"#/definitions/R{i}"} for i in range(definitions)]}},
+        },
+        "required": ["kind"],
+        "definitions": {"Kind": {"enum": ["a", "b"]}, **{f"R{i}": big for i in range(definitions)}},
+    }
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_strict_a_schema_over_the_guide_bound_is_reduced_to_the_part_near_its_root(engine):
+    from trtllm_truss.guides.oversized import REDUCED_GUIDE_BYTES
+
+    schema = _oversized_schema()
+    assert len(json.dumps(schema)) > MAX_GUIDE_BYTES
+    guide = _chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    checked = asyncio.run(structured.check(guide, engine=engine))
+    sent = json.loads(checked.text)
+    assert len(checked.text.encode()) <= REDUCED_GUIDE_BYTES
+    assert sent["definitions"] == {"Kind": {"enum": ["a", "b"]}}  # the anyOf's 600 could not all fit: none kept
+    assert sent["properties"]["resources"] == {"type": "array", "items": {}}
+    assert checked.unenforced[:2] == (
+        ".: $ref (to 600 of 601 definitions, left out: the schema is over the guide bound, a reference to one allows any value)",
+        ".properties.resources.items: anyOf (a branch refers to a definition left out)",
+    )
+    strict = dataclasses.replace(guide, strict=True)
+    assert "strict: true sends it as it is" in _refused(lambda: _check(strict, engine=engine))
+
+
+def test_a_schema_over_the_request_bound_is_400_before_anything_compiles():
+    from trtllm_truss.guides.oversized import MAX_SCHEMA_BYTES
+
+    schema = _oversized_schema(definitions=2000)
+    size = len(structured.schema_text(schema).encode())
+    assert size > MAX_SCHEMA_BYTES
+    detail = _refused(lambda: _chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}))
+    assert f"response_format.json_schema.schema: is {size} bytes; at most {MAX_SCHEMA_BYTES} are accepted" in detail
 
 
 # What each engine itself refuses (with TensorRT-LLM's options), in its own words.

@@ -3,8 +3,8 @@ category (accepted / all, exact counts for the pinned corpora, xgrammar 0.2.8 an
 in docs/api.md), and parity: what the request path accepts is what the engine's own compiler,
 called as TensorRT-LLM calls it over the model's tokenizer, compiles (the guide actually sent).
 
-Coverage is checked for every schema (the request path's check: no tokenizer, ~20 s for both engines
-and modes); parity compiles a deterministic sample over the tokenizer (every PARITY_STRIDE-th schema of
+Coverage is checked for every schema (the request path's check: the meta-schema, an oversized schema
+reduced, the engine's conversion without a tokenizer; about a minute for both engines and modes); parity compiles a deterministic sample over the tokenizer (every PARITY_STRIDE-th schema of
 each category, 155 of 3,754: xgrammar's compile of the whole corpus takes about a minute, a few schemas 5-20 s each).
 Generation over the corpora: tests/unit/test_standin_guided_corpus.py.
 """
@@ -30,7 +30,7 @@ ENGINES = ("xgrammar", "llguidance")
 # (accepted, schemas) per engine, mode and category.
 EXPECTED = {
     ("xgrammar", "best effort"): {
-        "draft-04": (230, 230), "draft-06": (13, 13), "draft-07": (209, 214), "2019-09/2020-12": (17, 17), "unspecified": (20, 22),
+        "draft-04": (230, 230), "draft-06": (13, 13), "draft-07": (209, 214), "2019-09/2020-12": (17, 17), "unspecified": (21, 22),
         "bfcl": (3258, 3258),
     },
     ("xgrammar", "strict"): {
@@ -38,7 +38,7 @@ EXPECTED = {
         "bfcl": (2724, 3258),
     },
     ("llguidance", "best effort"): {
-        "draft-04": (223, 230), "draft-06": (13, 13), "draft-07": (206, 214), "2019-09/2020-12": (17, 17), "unspecified": (19, 22),
+        "draft-04": (223, 230), "draft-06": (13, 13), "draft-07": (206, 214), "2019-09/2020-12": (17, 17), "unspecified": (21, 22),
         "bfcl": (3255, 3258),
     },
     ("llguidance", "strict"): {
@@ -95,7 +95,8 @@ def test_coverage_per_engine_mode_and_category(results):
             counts[category][1] += 1
         table[key] = {category: tuple(c) for category, c in counts.items()}
     assert table == EXPECTED
-    for engine in ENGINES:  # best effort: every BFCL category and most SchemaStore drafts at >= 0.95
+    for engine in ENGINES:  # best effort: every category at >= 0.95 (issue 32's goal), BFCL at >= 0.99
+        assert all(accepted / total >= 0.95 for accepted, total in table[engine, "best effort"].values())
         assert table[engine, "best effort"]["bfcl"][0] / table[engine, "best effort"]["bfcl"][1] >= 0.99
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtllm_truss.guides.oversized import MAX_SCHEMA_BYTES
 from trtllm_truss.planning.logprobs import top_logprobs_off
 from trtllm_truss.planning.plan import ServingPlan
 
@@ -11,9 +12,10 @@ from trtllm_truss.planning.plan import ServingPlan
 # spaces or punctuation): `max_input_len` times this bounds a prompt that can fit, before tokenizing.
 MAX_TOKEN_BYTES = 256
 # A JSON string escape is at most 6 bytes per UTF-8 byte (`\u0001`), so a body holding a prompt that
-# fits is at most this many times the prompt's bytes, plus room for the other fields.
+# fits is at most this many times the prompt's bytes, plus room for a JSON Schema as large as a request
+# may send (reduced if over the guide bound: guides.oversized) and the other fields.
 JSON_ESCAPE_FACTOR = 6
-BODY_OVERHEAD_BYTES = 1 << 20
+BODY_OVERHEAD_BYTES = MAX_SCHEMA_BYTES + (1 << 20)
 
 
 @dataclass(frozen=True)

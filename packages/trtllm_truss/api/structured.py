@@ -45,7 +45,8 @@ from pydantic import Field
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
 from trtllm_truss.guides import best_effort
-from trtllm_truss.guides.guide import MAX_GUIDE_BYTES, GuideError, check_guide, schema_text
+from trtllm_truss.guides.guide import MAX_GUIDE_BYTES, GuideError, NotASchema, check_guide, check_meta_schema, schema_text
+from trtllm_truss.guides.oversized import MAX_SCHEMA_BYTES
 
 MAX_GUIDE_DEPTH = 64  # JSON nesting (objects and arrays) of a schema document
 MAX_CHOICES = 256  # alternatives of vLLM's `choice`
@@ -252,32 +253,33 @@ def text_guide(guide_type: str, text: str | None, field: str) -> Guide:
 
 
 def schema_guide(schema: Mapping[str, Any], field: str, *, strict: bool = False) -> Guide:
-    """A JSON Schema object as a "json_schema" guide: a valid schema, bounded (size, depth); `strict` is
-    carried to the engine's check (`check`), which refuses what the engine does not enforce."""
+    """A JSON Schema object as a "json_schema" guide, bounded (size, depth); `strict` is carried to the
+    engine's check (`check`), which checks it against its metaschema (off the event loop: a large
+    schema takes seconds) and refuses what the engine does not enforce."""
     depth = json_depth(schema)
     if depth > MAX_GUIDE_DEPTH:
         raise field_error(field, f"nests {depth} levels deep; at most {MAX_GUIDE_DEPTH} are accepted")
-    check_schema(field, schema)
     text = schema_text(schema)
-    _check_size(field, text)
+    _check_size(field, text, MAX_SCHEMA_BYTES)
     return Guide("json_schema", text, field, strict)
 
 
 def check_schema(field: str, schema: Any) -> None:
     """400 naming the field when `schema` is not a JSON Schema (checked against its metaschema)."""
-    import jsonschema
-
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path)
-        raise field_error(field, f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")) from None
+        check_meta_schema(schema)
+    except NotASchema as exc:
+        raise field_error(field, not_a_schema(exc)) from None
 
 
-def _check_size(field: str, text: str) -> None:
+def not_a_schema(exc: NotASchema) -> str:
+    return f"not a valid JSON Schema: {exc}" + (f" (at {exc.where})" if exc.where else "")
+
+
+def _check_size(field: str, text: str, bound: int = MAX_GUIDE_BYTES) -> None:
     size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_GUIDE_BYTES:
-        raise field_error(field, f"is {size} bytes; at most {MAX_GUIDE_BYTES} are accepted")
+    if size > bound:
+        raise field_error(field, f"is {size} bytes; at most {bound} are accepted")
 
 
 def json_depth(value: Any) -> int:
@@ -312,24 +314,26 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why the engine cannot enforce a guide; `place`: where under the guide's field of a keyword that
-    strict mode refuses (None: the engine refused the guide itself)."""
+    """Why a guide cannot be enforced: the 400's message, and `place`, where under the guide's field
+    it points (a keyword strict mode refuses; "" for the guide itself)."""
 
-    reason: str
-    place: str | None = None
+    message: str
+    place: str = ""
 
 
 def _compile(guide_type: str, guide: str | None, engine: str, strict: bool) -> CheckedGuide | Refusal:
-    """The guide as `engine` enforces it, or the engine's reason it cannot."""
+    """The guide as `engine` enforces it, or why it cannot be."""
     try:
         if guide_type == "json_schema" and guide is not None:
             prepared = best_effort.prepare(json.loads(guide), engine, strict=strict)
             return CheckedGuide(prepared.text, prepared.unenforced)
         check_guide(guide_type, guide, engine)
     except best_effort.KeywordRefused as exc:
-        return Refusal(str(exc), exc.place)
+        return Refusal(f"{exc}; strict: true refuses it (without strict it is left out)", exc.place)
+    except NotASchema as exc:
+        return Refusal(not_a_schema(exc))
     except GuideError as exc:
-        return Refusal(str(exc))
+        return Refusal(f"cannot be enforced: {exc}")
     return CheckedGuide(guide)
 
 
@@ -355,7 +359,7 @@ async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S, *, engi
     if guide is None:
         return None
     if guide.guide is not None:
-        _check_size(guide.field, guide.guide)
+        _check_size(guide.field, guide.guide, MAX_SCHEMA_BYTES if guide.type == "json_schema" else MAX_GUIDE_BYTES)
     future = _checking(guide, engine)
     if future.done():
         result = future.result()
@@ -365,11 +369,7 @@ async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S, *, engi
         except asyncio.TimeoutError:
             raise field_error(guide.field, f"took longer than {timeout_s:g} s to compile; simplify it") from None
     if isinstance(result, Refusal):
-        if result.place is not None:
-            raise field_error(
-                f"{guide.field}{result.place}", f"{result.reason}; strict: true refuses it (without strict it is left out)"
-            )
-        raise field_error(guide.field, f"cannot be enforced: {result.reason}")
+        raise field_error(f"{guide.field}{result.place}", result.message)
     return result
 
 

@@ -12,6 +12,10 @@ properties it cannot combine; draft-04 tuple `items` and boolean `exclusiveMinim
 `exclusiveMaximum` are rewritten in their 2020-12 spelling, which both engines enforce). The guide
 sent is compiled by the engine with TensorRT-LLM's options like any other, so what the CPU accepts
 the GPU accepts. Outputs are validated against the original schema (`jsonschema`) after generation.
+
+Both modes first check the schema against its meta-schema (`guides.guide.check_meta_schema`). A schema
+over the guide bound is refused when strict and otherwise reduced to the part nearest its root
+(`guides.oversized`), and then only that part is checked and prepared.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trtllm_truss.guides.guide import LLGUIDANCE, XGRAMMAR, GuideError, check_guide, schema_text
+from trtllm_truss.guides import oversized
+from trtllm_truss.guides.guide import LLGUIDANCE, MAX_GUIDE_BYTES, XGRAMMAR, GuideError, check_guide, check_meta_schema, schema_text
 
 _COMMON = frozenset(
     {
@@ -146,8 +151,19 @@ def unenforced(schema: Any, engine: str, where: str = "") -> list[tuple[str, str
 
 
 def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool) -> PreparedSchema:
-    """The schema as the guide `engine` enforces (module docstring); raises KeywordRefused (strict: the
-    place and keyword) or GuideError with the engine's reason."""
+    """The schema as the guide `engine` enforces (module docstring); raises NotASchema (not a JSON
+    Schema), KeywordRefused (strict: the place and keyword) or GuideError with the engine's reason. A
+    schema over the guide bound is reduced first (`guides.oversized`; strict: refused)."""
+    size = len(schema_text(schema).encode("utf-8", "surrogatepass"))
+    notes: list[str] = []
+    if size > MAX_GUIDE_BYTES:
+        if strict:
+            raise GuideError(
+                f"the schema is {size} bytes; strict: true sends it as it is, and a guide holds at most {MAX_GUIDE_BYTES}"
+                " (without strict it is reduced to the part nearest its root)"
+            )
+        schema, notes = oversized.reduce_to_fit(schema)
+    check_meta_schema(schema)
     if strict:
         rewritten, missing = enforceable(dict(schema), engine)
         for place, key in missing:
@@ -156,7 +172,6 @@ def prepare(schema: Mapping[str, Any], engine: str, *, strict: bool) -> Prepared
         check_guide("json_schema", text, engine)
         return PreparedSchema(text)
     trimmed = copy.deepcopy(dict(schema))
-    notes: list[str] = []
     _normalise(trimmed)
     for place, node in list(_walk(trimmed)):
         for key in [k for k in node if k not in ENFORCED[engine] and k not in ANNOTATIONS]:

@@ -98,6 +98,26 @@ def grammar_of(guide_type: str, guide: str | None, whitespace: str = WHITESPACE_
     raise GuideError(f"Unsupported guide type: {guide_type} (TensorRT-LLM's llguidance matcher takes json, json_schema, regex, ebnf_grammar)")
 
 
+class NotASchema(GuideError):
+    """The schema is not a JSON Schema: jsonschema's message and `where` (a "/"-joined path, "" for the root)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        self.where = where
+        super().__init__(message)
+
+
+def check_meta_schema(schema: object) -> None:
+    """Raise NotASchema unless `schema` is a JSON Schema: checked against the meta-schema of the draft
+    its `$schema` names (2020-12 by default, jsonschema's). Formats are not checked: a `pattern` is an
+    ECMA-262 regex (`(?<name>...)`), which Python's `re` refuses; the grammar engine judges it."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema, format_checker=None)
+    except jsonschema.SchemaError as exc:
+        raise NotASchema(exc.message, "/".join(str(p) for p in exc.absolute_path)) from None
+
+
 def check_guide(guide_type: str, guide: str | None, engine: str = XGRAMMAR) -> str | None:
     """Check the guide without a tokenizer, with `engine` ("xgrammar" | "llguidance") and the options
     TensorRT-LLM uses; raises GuideError with the engine's message (which names what it refuses).
