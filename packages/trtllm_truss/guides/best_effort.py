@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_truss.guides import oversized
-from trtllm_truss.guides.guide import LLGUIDANCE, MAX_GUIDE_BYTES, XGRAMMAR, GuideError, check_guide, check_meta_schema, schema_text
+from trtllm_truss.guides.guide import (
+    ANNOTATIONS,
+    LLGUIDANCE,
+    MAX_GUIDE_BYTES,
+    XGRAMMAR,
+    GuideError,
+    check_guide,
+    check_meta_schema,
+    schema_text,
+)
 
 _COMMON = frozenset(
     {
@@ -56,13 +65,6 @@ FORMATS: dict[str, frozenset[str]] = {
     ),
     LLGUIDANCE: frozenset({"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri", "unknown"}),
 }
-# Constrain nothing: accepted in both modes.
-ANNOTATIONS = frozenset(
-    {
-        "$schema", "$id", "id", "$anchor", "$comment", "title", "description", "default", "examples",
-        "readOnly", "writeOnly", "deprecated", "contentEncoding", "contentMediaType", "markdownDescription",
-    }
-)
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames", "additionalItems",

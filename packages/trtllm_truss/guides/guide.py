@@ -44,6 +44,13 @@ XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"
 # model loops on blanks (and, after ": ", on an integer's digits).
 WHITESPACE_FLEXIBLE, WHITESPACE_COMPACT = "flexible", "compact"
 _COMPACT_JSON = {"whitespace_flexible": False}  # llguidance's JSON options (x-guidance) for compact
+# JSON Schema keywords that constrain nothing: accepted in both modes, and a schema of only these allows any value.
+ANNOTATIONS = frozenset(
+    {
+        "$schema", "$id", "id", "$anchor", "$comment", "title", "description", "default", "examples",
+        "readOnly", "writeOnly", "deprecated", "contentEncoding", "contentMediaType", "markdownDescription",
+    }
+)
 # Guide text above this is refused before anything compiles it (a bound on work per request).
 MAX_GUIDE_BYTES = 1 << 20
 

@@ -20,12 +20,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from trtllm_truss.guides.guide import GuideError, schema_text
+from trtllm_truss.guides.guide import ANNOTATIONS, GuideError, schema_text
 
 MAX_SCHEMA_BYTES = 4 << 20  # a schema a request may send without strict (reduced past MAX_GUIDE_BYTES)
 REDUCED_GUIDE_BYTES = 128 << 10  # what a reduced schema's guide may hold (compiles in seconds: docs/api.md)
 _CONTAINERS = ("$defs", "definitions")
-_ANNOTATIONS = frozenset({"$comment", "title", "description", "default", "examples", "markdownDescription", "deprecated"})
 
 DefinitionKey = tuple[str, str]  # (container, name)
 
@@ -57,7 +56,7 @@ def _references(value: Any) -> set[DefinitionKey]:
 
 
 def _unconstrained(branch: Any) -> bool:
-    return branch is True or (isinstance(branch, dict) and not set(branch) - _ANNOTATIONS)
+    return branch is True or (isinstance(branch, dict) and not set(branch) - ANNOTATIONS)
 
 
 def _units(value: Any) -> list[frozenset[DefinitionKey]]:
