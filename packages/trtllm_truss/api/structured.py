@@ -17,13 +17,14 @@ A `Guide` is TensorRT-LLM's `guided_decoding_guide_type` with its `guided_decodi
   their dialects), the native route's `guided_decoding_guide_type` / `guided_decoding_guide`, and
   the guides `tool_choice` required / named builds (`api.tools.tool_guide`).
 
-Bounds (checked on the event loop, cheap): a guide's text at most the engine's `MAX_GUIDE_BYTES`, a schema's JSON
-nesting at most `MAX_GUIDE_DEPTH`. Then the grammar engine the deployment uses (`RequestLimits.guide_engine`:
-xgrammar or llguidance, with TensorRT-LLM's options) judges the guide, off the event loop
-(`guides.best_effort.prepare` for a schema, `guides.guide.check_guide` for the other types): with
-`strict: true` a keyword that engine does not enforce is a 400 naming its place under the field; without
-it, it is left out of the guide and reported (`CheckedGuide.unenforced`); a guide the engine refuses is a
-400 with the engine's reason. Compiling runs in a small thread pool with a timeout (`CHECK_TIMEOUT_S`): a
+Bounds (checked on the event loop, cheap): a guide's text at most the engine's `MAX_GUIDE_BYTES`, a schema at most
+`MAX_SCHEMA_BYTES` (past the guide bound it is reduced, without strict: `guides.oversized`) and `MAX_GUIDE_DEPTH`
+levels of JSON nesting. Then, off the event loop, a schema is checked against its meta-schema (seconds for a
+large one) and the grammar engine the deployment uses (`RequestLimits.guide_engine`: xgrammar or llguidance, with
+TensorRT-LLM's options) judges the guide (`guides.best_effort.prepare` for a schema, `guides.guide.check_guide` for
+the other types): with `strict: true` a keyword that engine does not enforce is a 400 naming its place under
+the field; without it, it is left out of the guide and reported (`CheckedGuide.unenforced`); a guide the
+engine refuses is a 400 with the engine's reason. Compiling runs in a small thread pool with a timeout (`CHECK_TIMEOUT_S`): a
 slow guide delays only its own request. Results, refusals included, are kept in an LRU keyed by the
 engine, strictness and the guide's hash, so a repeated guide costs one dictionary lookup.
 """
