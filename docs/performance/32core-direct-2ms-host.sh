@@ -69,6 +69,8 @@ for s in "$@"; do case $s in
   inproc8-i4)  step inproc8-interval4 130 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   inproc8-i4-ee) step inproc8-interval4-eventengine 130 GRPC_EXPERIMENTS= TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   workers8-i4) step workers8-interval4 130 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__STREAM_WORKER_PROCESSES=true -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  p8-lo)       step procs8-interval4-lo 150 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  p4-lo)       step procs4-interval4-lo 150 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=4 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   smoke)       step smoke 60 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=2 -- --front direct --concurrency 4 --num-requests 16 --output-mean 16 --output-stddev 0 --rounds 1 ;;
   *) log "unknown step $s" ;;
 esac; done
