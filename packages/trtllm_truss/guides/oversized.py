@@ -89,7 +89,7 @@ def _nearest_that_fit(root: dict, definitions: dict[DefinitionKey, Any], budget:
 
     def reach(value: Any, distance: int) -> None:
         for unit in _units(value):
-            if unit <= definitions.keys():  # a unit with a reference to nothing is left to the engine's repairs
+            if unit <= definitions.keys():  # a reference to no definition is never kept: it allows any value
                 heapq.heappush(queue, (distance, sum(cost[k] for k in unit), next(order), unit))
 
     reach(root, 1)
