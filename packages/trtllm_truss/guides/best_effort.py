@@ -223,7 +223,6 @@ def _repaired(trimmed: dict, engine: str, notes: list[str]) -> PreparedSchema:
 # (probed: `{"type": "object", "properties": ..., "anyOf": [{"required": ["a"]}, ...]}` allows any JSON
 # value); an `allOf` of two or more branches allows any value. llguidance intersects them all.
 XGRAMMAR_DOMINANT = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
-_CONTAINERS = frozenset({"$defs", "definitions"})
 _OPENS_PROPERTIES = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
@@ -239,7 +238,9 @@ def xgrammar_combinators(schema: dict, where: str = "", *, merge: bool = True) -
             dominant = next((k for k in XGRAMMAR_DOMINANT if k in node), None)
             if dominant is None:
                 break
-            siblings = {k: v for k, v in node.items() if k != dominant and k not in ANNOTATIONS and k not in _CONTAINERS}
+            siblings = {
+                k: v for k, v in node.items() if k != dominant and k not in ANNOTATIONS and k not in oversized.DEFINITION_CONTAINERS
+            }
             merged = _merged_combinator(node[dominant], dominant, siblings) if merge else None
             if merged is None:
                 if dominant == "allOf" and isinstance(node["allOf"], list) and len(node["allOf"]) > 1:

@@ -24,7 +24,7 @@ from trtllm_truss.guides.guide import ANNOTATIONS, GuideError, schema_text
 
 MAX_SCHEMA_BYTES = 4 << 20  # a schema a request may send without strict (reduced past MAX_GUIDE_BYTES)
 REDUCED_GUIDE_BYTES = 128 << 10  # what a reduced schema's guide may hold (compiles in seconds: docs/api.md)
-_CONTAINERS = ("$defs", "definitions")
+DEFINITION_CONTAINERS = ("$defs", "definitions")  # where a schema keeps the subschemas its $refs name
 
 DefinitionKey = tuple[str, str]  # (container, name)
 
@@ -46,7 +46,7 @@ def _definition_of(ref: Any) -> DefinitionKey | None:
     if not isinstance(ref, str) or not ref.startswith("#/"):
         return None
     tokens = ref[2:].split("/")
-    if len(tokens) < 2 or tokens[0] not in _CONTAINERS:
+    if len(tokens) < 2 or tokens[0] not in DEFINITION_CONTAINERS:
         return None
     return tokens[0], unquote(tokens[1]).replace("~1", "/").replace("~0", "~")
 
@@ -112,11 +112,11 @@ def reduce_to_fit(schema: Mapping[str, Any], budget: int = REDUCED_GUIDE_BYTES) 
     GuideError when the root alone (without its definitions) is over the budget."""
     definitions: dict[DefinitionKey, Any] = {
         (container, name): value
-        for container in _CONTAINERS
+        for container in DEFINITION_CONTAINERS
         if isinstance(schema.get(container), Mapping)
         for name, value in schema[container].items()
     }
-    root = {key: value for key, value in schema.items() if key not in _CONTAINERS}
+    root = {key: value for key, value in schema.items() if key not in DEFINITION_CONTAINERS}
     size = len(schema_text(root).encode("utf-8", "surrogatepass"))
     if size > budget:
         raise GuideError(f"the schema's root alone (without its definitions) is {size} bytes; a reduced guide holds at most {budget}")
@@ -146,7 +146,7 @@ def reduce_to_fit(schema: Mapping[str, Any], budget: int = REDUCED_GUIDE_BYTES) 
     while frontier:
         reachable |= frontier
         frontier = {k for key in frontier if key in copies for k in _references(copies[key])} - reachable
-    for container in _CONTAINERS:
+    for container in DEFINITION_CONTAINERS:
         entries = {name: value for (c, name), value in copies.items() if c == container and (c, name) in reachable}
         if entries:
             reduced[container] = entries
