@@ -55,6 +55,7 @@ step() {
   [ $rc -eq 0 ] || [ -n "${KEEP_GOING:-}" ] || { log "stopping after a failed step"; exit 1; }
 }
 
+AB=0  # numbers the alternating A/B steps
 for s in "$@"; do case $s in
   direct8-i4)  step direct8-interval4 200 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct $HIGH ;;
   truss-i4)    step truss-interval4 200 TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- --front truss $HIGH ;;
@@ -71,6 +72,15 @@ for s in "$@"; do case $s in
   workers8-i4) step workers8-interval4 130 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__STREAM_WORKER_PROCESSES=true -- --front direct --concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   p8-lo)       step procs8-interval4-lo 150 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
   p4-lo)       step procs4-interval4-lo 150 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=4 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  spread8-lo)  step spread8-interval4-lo 150 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS=0 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  fill8-lo)    step fill8-interval4-lo 150 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  spread8-hi)  step spread8-interval4-hi 110 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS=0 -- --front direct --concurrency 512 --num-requests 2048 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  fill8-hi)    step fill8-interval4-hi 110 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 512 --num-requests 2048 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  fill8-c1)    step fill8-interval4-c1 60 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct $ONE ;;
+  spread8-i1)  step spread8-interval1 150 TRTLLM_RUNTIME__STREAM_INTERVAL=1 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS=0 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  fill8-i1)    step fill8-interval1 150 TRTLLM_RUNTIME__STREAM_INTERVAL=1 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 64,128,256 --num-requests 1024 --output-stddev 32 --client-processes 8 --rounds 2 ;;
+  fill8-256)   step fill8-interval4-c256-$((++AB)) 60 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- --front direct --concurrency 256 --num-requests 1024 --output-stddev 32 --client-processes 8 ;;
+  spread8-256) step spread8-interval4-c256-$((++AB)) 60 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS=0 -- --front direct --concurrency 256 --num-requests 1024 --output-stddev 32 --client-processes 8 ;;
   smoke)       step smoke 60 TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=2 -- --front direct --concurrency 4 --num-requests 16 --output-mean 16 --output-stddev 0 --rounds 1 ;;
   *) log "unknown step $s" ;;
 esac; done

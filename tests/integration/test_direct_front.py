@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -44,6 +44,8 @@ def server(tmp_path_factory) -> Iterator[TrussServer]:
     work = tmp_path_factory.mktemp("direct_front")
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **SECRET_ENV,
            "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": str(FRONTENDS),
+           # One connection fills a frontend (fronts.accept): held connections reach both (from_every_frontend).
+           "TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS": "1",
            "TRTLLM_RUNTIME__DIRECT_FRONT__API_KEY_SECRET": "hf_access_token"}
     proc = start_direct_server(REPO_ROOT, work / "direct.log", env=env)
     try:
@@ -134,15 +136,14 @@ def _successes(text: str) -> float:
 
 def test_metrics_are_the_sum_over_the_processes_whichever_answers(server: TrussServer):
     before = _successes(httpx.get(server.url + "/metrics", timeout=10).text)
-    requests = 8
-    for _ in range(requests):  # a new connection each: the kernel hands them to either frontend
-        answer = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=_auth(),
-                            timeout=60)
-        assert answer.status_code == 200
-    for _ in range(6):
-        assert _successes(httpx.get(server.url + "/metrics", timeout=10).text) == before + requests
-    served = [p for p in frontends(server) if p.cpu_times().user > 0]
-    assert len(served) == FRONTENDS
+
+    def complete(client: httpx.Client) -> httpx.Response:
+        return client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=_auth(), timeout=60)
+
+    answers = from_every_frontend(server, complete)
+    assert all(answer.status_code == 200 for answer in answers)
+    for _ in range(6):  # whichever frontend answers /metrics (a new connection each)
+        assert _successes(httpx.get(server.url + "/metrics", timeout=10).text) == before + len(answers)
 
 
 # --------------------------------------------------------------------------------------- readiness
@@ -152,13 +153,63 @@ def test_readiness_is_503_in_every_process_while_tritonserver_is_down(server: Tr
     (triton,) = server.descendants("tritonserver")
     os.kill(triton.pid, signal.SIGKILL)
     poll(lambda: httpx.get(server.url + "/health/ready", timeout=5).status_code == 503, 10, 0.02, "readiness 503")
-    # Each request on a new connection, so both frontends answer some (none may say ready).
-    statuses = [httpx.get(server.url + "/health/ready", timeout=5).status_code for _ in range(10)]
-    assert set(statuses) <= {503}, statuses
+    statuses = [answer.status_code for answer in from_every_frontend(server, lambda c: c.get("/health/ready", timeout=5))]
+    assert set(statuses) <= {503}, statuses  # none may say ready
     assert httpx.get(server.url + "/health/live", timeout=5).status_code == 200  # restarting, not dead
     poll(lambda: _ready(server.url), STARTUP_TIMEOUT_S, 0.2, "ready again after the restart")
     answer = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=_auth(), timeout=60)
     assert answer.status_code == 200
+
+
+# ---------------------------------------------------------------------- which frontend takes a connection
+
+
+def test_a_killed_frontend_is_replaced_and_connections_are_served_meanwhile(server: TrussServer):
+    """Killed, a frontend stops counting for new connections (the launcher clears its slot, fronts.accept):
+    the other takes them until it is started again, and then it takes its share again."""
+    before = {p.pid for p in frontends(server)}
+    first = min(before)  # frontend 0, the first to fill
+    os.kill(first, signal.SIGKILL)
+    for _ in range(4):  # a new connection each, right after the kill
+        answer = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=_auth(),
+                            timeout=30)
+        assert answer.status_code == 200
+    poll(lambda: len(frontends(server)) == FRONTENDS and first not in {p.pid for p in frontends(server)},
+         30, 0.1, "frontend 0 started again")
+    (again,) = {p.pid for p in frontends(server)} - before
+    poll(lambda: f"serving (pid {again}," in server.log_path.read_text(errors="replace"), STARTUP_TIMEOUT_S, 0.2,
+         "the new frontend serving")
+    answers = from_every_frontend(server, lambda c: c.get("/health/ready", timeout=5))
+    assert [a.status_code for a in answers] == [200] * len(answers)
+
+
+def from_every_frontend(server: TrussServer, request: Callable[[httpx.Client], httpx.Response]) -> list[httpx.Response]:
+    """`request` on new connections, each held open, until every frontend has answered one: the fixture's
+    `fill_connections` 1 hands the next connection to a frontend holding the fewest, whatever connections
+    earlier tests left open."""
+    pids = {p.pid for p in frontends(server)}
+    answered: set[int] = set()
+    answers, clients = [], []
+    try:
+        while answered != pids:
+            assert len(clients) < 12, f"frontends {sorted(pids - answered)} took none of {len(clients)} connections"
+            clients.append(httpx.Client(base_url=server.url))
+            answer = request(clients[-1])
+            answers.append(answer)
+            answered.add(_frontend_of(server, answer))
+    finally:
+        for client in clients:
+            client.close()
+    return answers
+
+
+def _frontend_of(server: TrussServer, answer: httpx.Response) -> int:
+    """The pid of the frontend holding the connection `answer` came on (still open)."""
+    client_port = answer.extensions["network_stream"].get_extra_info("client_addr")[1]
+    for process in frontends(server):
+        if any(c.raddr and c.raddr.port == client_port for c in process.net_connections("tcp")):
+            return process.pid
+    raise AssertionError(f"no frontend holds the connection from port {client_port}")
 
 
 # ---------------------------------------------------------------------------------- init --front direct

@@ -93,6 +93,14 @@ class DirectFrontConfig(StrictModel):
         description="Name of the truss secret (config.yaml `secrets:`) holding an API key: every API request must"
         " then send `Authorization: Bearer <key>` (401 otherwise). None: no key is checked.",
     )
+    fill_connections: int | None = Field(
+        None,
+        ge=0,
+        le=100_000,
+        description="Open connections the lowest front process takes before the next one takes any; once every"
+        " process holds this many, all accept and the kernel spreads them. Fewer processes carrying more streams"
+        " spend less CPU per token. None: 8 x stream_interval. 0: the kernel spreads every connection.",
+    )
     stream_worker_processes: bool = Field(
         False,
         description="Stream through worker processes behind each front process (runtime.stream_workers of them"

@@ -6,7 +6,7 @@ Who owns what:
 | process | owns |
 |---|---|
 | launcher (this module, `DirectFront`) | the stack (`runtime.stack.start_stack`: artifacts, repository, tritonserver and its supervisor, which restarts it), the engine probe, the listening socket, the shared state file (`fronts.replica_state`), the frontends (started, restarted when they die, stopped), readiness of the stack written for all |
-| frontend `i` (`fronts.direct_app`, N of them) | its uvicorn server accepting from the shared socket, its request core and dialects (`serving/`), on the same event loop its tokenizer, gRPC streams to the engine and detokenizer (`streaming.in_process`), its slot of admission and its metrics array |
+| frontend `i` (`fronts.direct_app`, N of them) | its uvicorn server accepting from the shared socket (the lowest frontend with room first: `fronts.accept`), its request core and dialects (`serving/`), on the same event loop its tokenizer, gRPC streams to the engine and detokenizer (`streaming.in_process`), its slot of admission and its metrics array |
 | stream workers (only with `runtime.direct_front.stream_worker_processes`: W per frontend) | as under truss's server (`streaming.worker`); they exit when their frontend's socket closes |
 | tritonserver, stubs | as under truss's server (`runtime/`), in their own session |
 
@@ -61,6 +61,14 @@ def default_frontend_count(cpu_count: int | None = None) -> int:
     rest), 1 to 16."""
     cpus = cpu_count or os.cpu_count() or 1
     return max(1, min(16, cpus // 4))
+
+
+def fill_connections(configured: int | None, stream_interval: int) -> int:
+    """Open connections a frontend takes before the next one takes any (`fronts.accept`; 0: the kernel
+    spreads them). Default: 8 per step of `stream_interval`, i.e. about 4,000 engine responses a second
+    per frontend at 2 ms steps, which one frontend carried within issue 31's goals on the 32-core host
+    (32 streams at interval 4: docs/performance.md)."""
+    return 8 * stream_interval if configured is None else configured
 
 
 def http_implementation(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -179,6 +187,7 @@ class DirectFront:
         api_key = resolve_api_key(front.api_key_secret, self._secrets, self._environ)
         ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
         frontends = front.processes or default_frontend_count()
+        fill = fill_connections(front.fill_connections, plan.runtime.stream_interval) if frontends > 1 else 0
         per_frontend = 0  # each frontend streams on its own event loop
         if front.stream_worker_processes:
             workers = plan.runtime.stream_workers or default_worker_count()
@@ -194,7 +203,7 @@ class DirectFront:
             FrontendSettings(
                 index=i, launcher_pid=os.getpid(), socket_fd=self._socket.fileno(), state_path=str(self.state.path),
                 plan=plan, grpc_url=server.grpc_url, stream_workers=per_frontend, api_key=api_key,
-                secret_values=known_secret_values(), http=http, loop=loop,
+                secret_values=known_secret_values(), http=http, loop=loop, fill_connections=fill,
                 log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             )
             for i in range(frontends)
@@ -205,8 +214,9 @@ class DirectFront:
         # Ready only now: a frontend up before the others would otherwise answer ready while a stop
         # could still find the launcher starting.
         self.state.stack_ready = bool(server.alive and server.ready())
-        logger.info("direct front on %s: %d frontends (%s, %s), %s stream workers each, up to %d requests in flight",
-                    self.url, frontends, http, loop, per_frontend or "no", self.state.max_in_flight)
+        logger.info("direct front on %s: %d frontends (%s, %s), %s stream workers each, up to %d requests in flight,"
+                    " %s", self.url, frontends, http, loop, per_frontend or "no", self.state.max_in_flight,
+                    f"each filled up to {fill} connections before the next" if fill else "connections spread by the kernel")
 
     def _start_probe(self, plan: Any) -> None:
         health = plan.runtime.health
@@ -267,6 +277,7 @@ class DirectFront:
         for i, process in enumerate(self._frontends):
             if process is not None and process.poll() is not None and not self._stopping:
                 logger.warning("frontend %d exited with %s; starting it again", i, process.returncode)
+                self.state.frontend_exited(i)
                 self._frontends[i] = self._spawn(self._settings[i])
                 self.frontend_restarts += 1
         return True

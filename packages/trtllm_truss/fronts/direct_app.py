@@ -45,6 +45,7 @@ from starlette.routing import Route
 from trtllm_truss.api.body import read_json_body
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.messages import error_response as anthropic_error
+from trtllm_truss.fronts.accept import RECHECK_SIGNAL, ConnectionFiller
 from trtllm_truss.serving import chat, completions, messages, native, responses
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, use_serving_metrics
 from trtllm_truss.serving.metrics import ServingMetrics
@@ -73,6 +74,7 @@ class FrontendSettings:
     secret_values: frozenset[str]
     http: str
     loop: str
+    fill_connections: int = 0  # fronts.accept; 0: the kernel spreads connections (uvicorn's own listener)
     log_level: str = "INFO"
 
 
@@ -247,21 +249,27 @@ def serve(settings: FrontendSettings) -> None:
         app, http=settings.http, loop=settings.loop, lifespan="on", access_log=False, log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=30,
     )
-    server = _Server(config, on_exit=lambda: pool.stop(wait=False))
     listener = socket.socket(fileno=settings.socket_fd)
+    filler = None
+    if settings.fill_connections > 0:
+        filler = ConnectionFiller(listener, state, settings.index, settings.fill_connections)
+        signal.signal(RECHECK_SIGNAL, signal.SIG_IGN)  # before the pid is published: peers signal it
+    server = _Server(config, on_exit=lambda: pool.stop(wait=False), filler=filler)
     import gc
 
     gc.freeze()  # what is loaded lives as long as the process (as LLMService.load)
     state.frontend_started(settings.index, os.getpid())  # the launcher waits for this
-    logger.info("serving (pid %d, %s stream workers)", os.getpid(), settings.stream_workers or "no")
-    server.run(sockets=[listener])
+    logger.info("serving (pid %d, %s stream workers, %s)", os.getpid(), settings.stream_workers or "no",
+                f"filled up to {settings.fill_connections} connections" if filler else "connections spread by the kernel")
+    server.run(sockets=[] if filler else [listener])
 
 
 class _Server:
     """uvicorn's server whose exit signal first ends this frontend's open streams (with an error; its
-    stream workers, if any, are killed), so the graceful shutdown does not wait for generations to finish."""
+    stream workers, if any, are killed), so the graceful shutdown does not wait for generations to finish.
+    With a `ConnectionFiller`, it accepts through that instead of a listening server of its own."""
 
-    def __new__(cls, config: Any, on_exit: Callable[[], None]) -> Any:
+    def __new__(cls, config: Any, on_exit: Callable[[], None], filler: ConnectionFiller | None = None) -> Any:
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -269,6 +277,18 @@ class _Server:
                 if not self.should_exit:
                     on_exit()
                 super().handle_exit(sig, frame)
+
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                if filler is not None and not self.should_exit:
+                    protocol = filler.protocol_class(self.config.http_protocol_class)
+                    filler.start(lambda: protocol(config=self.config, server_state=self.server_state,
+                                                  app_state=self.lifespan.state))
+
+            async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+                if filler is not None:
+                    filler.stop()
+                await super().shutdown(sockets=sockets)
 
         return Server(config)
 

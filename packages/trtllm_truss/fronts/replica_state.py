@@ -1,9 +1,10 @@
 """What the direct front's processes share: one small file mapped into each of them.
 
 Layout (little-endian 8-byte values): a header (`stack_ready`, `stack_failed`, `max_in_flight`,
-`frontends`), one admission count and one pid per frontend, then each frontend's serving-metrics
-array (`serving.metrics.STATE_SIZE` float64s). The launcher creates the file and writes the header;
-frontend `i` writes only its own count, pid and metrics array, and reads everyone's.
+`frontends`), one admission count, one pid and one open-connection count per frontend, then each
+frontend's serving-metrics array (`serving.metrics.STATE_SIZE` float64s). The launcher creates the file,
+writes the header and clears the slot of a frontend that died; frontend `i` writes only its own count,
+pid, connections and metrics array, and reads everyone's.
 
 Admission is one bound for the whole replica: a frontend takes a slot by checking the sum of all
 counts and adding to its own under `flock` on the file (two system calls per request, not per token;
@@ -24,10 +25,11 @@ from trtllm_truss.serving.metrics import STATE_SIZE
 
 _HEADER = 4
 _READY, _FAILED, _MAX_IN_FLIGHT, _FRONTENDS = range(_HEADER)
+_PER_FRONTEND = 3  # admission count, pid, open connections
 
 
 def _size(frontends: int) -> int:
-    return 8 * (_HEADER + 2 * frontends + frontends * STATE_SIZE)
+    return 8 * (_HEADER + _PER_FRONTEND * frontends + frontends * STATE_SIZE)
 
 
 class ReplicaState:
@@ -39,10 +41,12 @@ class ReplicaState:
         header = np.frombuffer(os.pread(fd, 8 * _HEADER, 0), dtype=np.int64)
         self.frontends = int(header[_FRONTENDS])
         self._map = mmap.mmap(fd, _size(self.frontends))
-        self._ints = np.frombuffer(self._map, dtype=np.int64, count=_HEADER + 2 * self.frontends)
-        self._counts = self._ints[_HEADER:_HEADER + self.frontends]
-        self._pids = self._ints[_HEADER + self.frontends:]
-        offset = 8 * (_HEADER + 2 * self.frontends)
+        n = self.frontends
+        self._ints = np.frombuffer(self._map, dtype=np.int64, count=_HEADER + _PER_FRONTEND * n)
+        self._counts = self._ints[_HEADER:_HEADER + n]
+        self._pids = self._ints[_HEADER + n:_HEADER + 2 * n]
+        self._connections = self._ints[_HEADER + 2 * n:]
+        offset = 8 * (_HEADER + _PER_FRONTEND * n)
         self._metrics = np.frombuffer(self._map, dtype=np.float64, offset=offset).reshape(self.frontends, STATE_SIZE)
 
     @classmethod
@@ -91,10 +95,28 @@ class ReplicaState:
         """Frontend `index` (re)starts: its predecessor's admitted requests are gone."""
         with self._locked():
             self._counts[index] = 0
+        self._connections[index] = 0
         self._pids[index] = pid
+
+    def frontend_exited(self, index: int) -> None:
+        """The launcher found frontend `index` dead: its connections died with it, and until it is up
+        again the others must not leave new connections to it (`fronts.accept`)."""
+        self._pids[index] = 0
+        self._connections[index] = 0
 
     def frontend_pid(self, index: int) -> int:
         return int(self._pids[index])
+
+    def frontend_pids(self) -> list[int]:
+        """Every frontend's pid, 0 for one not up."""
+        return [int(pid) for pid in self._pids]
+
+    def set_connections(self, index: int, open_connections: int) -> None:
+        self._connections[index] = open_connections
+
+    def connections(self) -> list[int]:
+        """Every frontend's open connections (0 for one not up)."""
+        return [int(n) for n in self._connections]
 
     def admitted(self) -> int:
         return int(self._counts.sum())
@@ -106,7 +128,7 @@ class ReplicaState:
         return _FileLock(self._fd)
 
     def close(self) -> None:
-        self._ints = self._counts = self._pids = self._metrics = None  # type: ignore[assignment]
+        self._ints = self._counts = self._pids = self._connections = self._metrics = None  # type: ignore[assignment]
         try:
             self._map.close()
         except BufferError:  # a metrics view still held (the process is ending anyway)
