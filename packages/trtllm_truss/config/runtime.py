@@ -97,9 +97,10 @@ class DirectFrontConfig(StrictModel):
         None,
         ge=0,
         le=100_000,
-        description="Open connections the lowest front process takes before the next one takes any; once every"
-        " process holds this many, all accept and the kernel spreads them. Fewer processes carrying more streams"
-        " spend less CPU per token. None: 8 x stream_interval. 0: the kernel spreads every connection.",
+        description="Open connections the lowest front process takes before the next one takes any (a burst"
+        " waiting to be accepted is shared by as many as have room for it); once every process holds this many,"
+        " those holding the fewest take new ones. Fewer processes carrying more streams spend less CPU per token."
+        " None: 8 x stream_interval. 0: the kernel hands each connection to any process.",
     )
     stream_worker_processes: bool = Field(
         False,
