@@ -22,9 +22,8 @@ connections in the replica's shared file (`fronts.replica_state`). One whose cou
 matters to the others (crossing `fill`, or at or above it), or that sees more connections waiting than
 it has room for, sends them `RECHECK_SIGNAL`, so the next one starts accepting within a wake-up, not a
 poll; a timer rechecks every `RECHECK_S` as well, for a frontend that died (the launcher clears its
-slot). Connections stay where they were accepted: this
-decides placement, never moves a stream. `fill` 0 is not handled here: uvicorn's own listener then
-leaves every connection to the kernel.
+slot). Connections stay where they were accepted: this decides placement, never moves a stream. `fill`
+0 is not handled here: uvicorn's own listener then leaves every connection to the kernel.
 """
 
 from __future__ import annotations
@@ -119,12 +118,15 @@ class ConnectionFiller:
 
     # --- deciding -------------------------------------------------------------------------------------
 
-    def recheck(self) -> None:
+    def recheck(self, waiting: int | None = None) -> None:
+        """Read the socket or not, by `accepts_connections`; `waiting` when the caller just read it."""
         loop = self._loop
         if loop is None:
             return
         state = self._state
-        wanted = accepts_connections(self._index, state.connections(), state.frontend_pids(), self.fill, self._waiting())
+        if waiting is None:
+            waiting = self._waiting()
+        wanted = accepts_connections(self._index, state.connections(), state.frontend_pids(), self.fill, waiting)
         if wanted and loop.time() < self._paused_until:
             wanted = False
         if wanted and not self._reading:
@@ -152,10 +154,11 @@ class ConnectionFiller:
         """Publish the count; tell the others when it may change who accepts: crossing `fill`, any change
         at or above it (where the fewest connections decide), or more waiting than this one has room for."""
         self._state.set_connections(self._index, self.open_connections)
-        overflowing = self._reading and self._waiting() > self.fill - self.open_connections > 0
+        waiting = self._waiting()
+        overflowing = self._reading and waiting > self.fill - self.open_connections > 0
         if peers_affected or (overflowing and not self._overflowing):
             self._tell_peers()
-            self.recheck()
+            self.recheck(waiting)
         self._overflowing = overflowing
 
     def _tell_peers(self) -> None:
