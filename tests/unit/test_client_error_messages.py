@@ -75,3 +75,34 @@ def test_an_engine_refusal_shows_the_models_message_without_triton_wrapper_or_tr
     )
     assert engine_message(raw) == "runtime_top_p: must be within [0, 1], got 5.0"
     assert engine_message("the engine's own words at /opt/x/y.py") == "the engine's own words at <internal>"
+
+
+def test_the_engine_interface_is_read_once_for_a_burst_and_again_after_a_failure(monkeypatch):
+    """The first requests of a burst on a fresh process wait for one read of the engine model's config;
+    a failed read (tritonserver down) is not remembered."""
+    from trtllm_truss.engine.client import EnsembleInterface
+
+    client = EngineClient("127.0.0.1:1")
+    reads: list[int] = []
+    outcomes = [UpstreamError("the engine is unavailable"), None]
+
+    async def read_interface():
+        reads.append(1)
+        await asyncio.sleep(0.01)
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+        return EnsembleInterface(batched=True, inputs=frozenset({"input_ids"}), outputs=frozenset({"output_ids"}))
+
+    monkeypatch.setattr(client._ensemble, "read_interface", read_interface)
+
+    async def burst():
+        return await asyncio.gather(*(client.interface() for _ in range(8)), return_exceptions=True)
+
+    async def scenario():
+        return await burst(), await burst()
+
+    first, second = asyncio.run(scenario())
+    assert isinstance(first[0], UpstreamError)  # the first read failed; the next caller read again
+    assert all(result is first[1] for result in first[1:] + second) and first[1].batched
+    assert len(reads) == 2

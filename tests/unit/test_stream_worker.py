@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,61 @@ def test_a_hermes_answer_cut_inside_a_call_keeps_the_complete_ones(model: Worker
         assert end.finish_reason == "length" and text == ""
     else:
         assert end.finish_reason == "tool_calls" and text.startswith('<tool_call>{"name": "get_weather", "arguments": {"city": "R')
+
+
+def test_the_chat_tokenizer_loads_once_off_the_event_loop_while_other_work_goes_on(monkeypatch):
+    """Importing transformers takes seconds: the first chat requests wait for one load on a thread,
+    and the event loop (which carries other streams) keeps turning meanwhile."""
+    model = WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    model.engine = ScriptedEngine([])
+    read_chat = model._read_chat
+    loads: list[int] = []
+    released = threading.Event()
+
+    def slow_read():
+        loads.append(1)
+        assert released.wait(10), "the loop never let the load finish"
+        return read_chat()
+
+    monkeypatch.setattr(model, "_read_chat", slow_read)
+
+    async def scenario() -> tuple[list[StreamEnd], int]:
+        spec = GenerationSpec(GenerationParams("", max_tokens=2), messages=(("user", "Hi"),), prompt_field="messages")
+        runs = [asyncio.ensure_future(model.run(spec, lambda *_: None)) for _ in range(3)]
+        turns = 0
+        while not loads or turns < 20:  # the loop turns while the load is held
+            await asyncio.sleep(0)
+            turns += 1
+        assert not any(run.done() for run in runs)
+        released.set()
+        return list(await asyncio.gather(*runs)), turns
+
+    ends, turns = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [end.error for end in ends] == [None, None, None] and len(loads) == 1 and turns >= 20
+    assert len(model.engine.sent) == 3 and model.engine.sent[0][0] == model.chat.chat_ids((("user", "Hi"),), "messages")
+
+
+def test_a_failed_chat_tokenizer_load_is_tried_again_by_the_next_chat_request(monkeypatch):
+    model = WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    model.engine = ScriptedEngine([])
+    read_chat = model._read_chat
+    calls: list[int] = []
+
+    def flaky_read():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("tokenizer_config.json: not readable")
+        return read_chat()
+
+    monkeypatch.setattr(model, "_read_chat", flaky_read)
+    spec = GenerationSpec(GenerationParams("", max_tokens=2), messages=(("user", "Hi"),), prompt_field="messages")
+    with pytest.raises(OSError, match="not readable"):
+        asyncio.run(model.run(spec, lambda *_: None))
+    assert asyncio.run(model.run(spec, lambda *_: None)).error is None and len(calls) == 2
+
+
+def test_warm_up_builds_the_literal_tokenizer_and_leaves_an_unreachable_engine_to_the_first_request():
+    model = WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    assert "_literal" not in model.tokenizer.__dict__
+    asyncio.run(model.warm_up())  # nothing listens on port 1: logged, not raised
+    assert "_literal" in model.tokenizer.__dict__

@@ -5,6 +5,7 @@ caller leaves early)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import uuid
@@ -158,6 +159,7 @@ class EngineClient:
         self.model_name = model_name
         self._ensemble = EnsembleClient(grpc_url, model_name=model_name, connect_timeout_s=connect_timeout_s)
         self._interface: EnsembleInterface | None = None
+        self._interface_lock = asyncio.Lock()
 
     async def close(self) -> None:
         await self._ensemble.close()
@@ -166,8 +168,11 @@ class EngineClient:
         return await self._ensemble.is_ready(timeout_s)
 
     async def interface(self) -> EnsembleInterface:
+        """The engine model's inputs and outputs, read once: the first requests of a burst wait for one read."""
         if self._interface is None:
-            self._interface = await self._ensemble.read_interface()
+            async with self._interface_lock:
+                if self._interface is None:  # a failed read (tritonserver down) is tried again by the next
+                    self._interface = await self._ensemble.read_interface()
         return self._interface
 
     async def generate_ids(

@@ -235,6 +235,7 @@ def serve(settings: FrontendSettings) -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await pool.warm_up()  # before accepting: a frontend's first burst finds it built (streaming.generation)
         yield
         pool.stop()  # waits for the workers the exit signal killed
         await pool.close()

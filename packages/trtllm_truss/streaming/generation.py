@@ -6,7 +6,9 @@ returns the request's `StreamEnd`, so it is tested without processes or sockets.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -39,6 +41,7 @@ Emit = Callable[["str | list", "list[LogProbEntry] | None"], None]
 
 # Tokens a tokenizer may add that cover no byte of the text (BOS/EOS, a sentencepiece dummy prefix).
 TOKENS_A_TOKENIZER_ADDS = 4
+WARM_UP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ class WorkerModel:
 
         self.settings = settings
         self.tokenizer = load_tokenizer(Path(settings.tokenizer_dir), trust_remote_code=settings.trust_remote_code)
-        self._chat: Any = None  # transformers' tokenizer, for chat templates: loaded at the first chat request
+        self._chat: Any = None  # transformers' tokenizer, for chat templates: loaded at the first chat request (_load_chat)
+        self._chat_loading: concurrent.futures.Future | None = None
         self.decoder = TokenDecoder(self.tokenizer, skip_special_tokens=True)
         # No token covers more bytes than the longest one in the vocabulary: a prompt longer than
         # max_input_len such tokens is over the limit without being tokenized.
@@ -149,12 +153,40 @@ class WorkerModel:
     @property
     def chat(self) -> Any:
         if self._chat is None:
-            from trtllm_truss.api.prompt import PromptTokenizer
-
-            self._chat = PromptTokenizer.load(
-                Path(self.settings.tokenizer_dir), trust_remote_code=self.settings.trust_remote_code
-            )
+            self._chat = self._read_chat()
         return self._chat
+
+    def _read_chat(self) -> Any:
+        from trtllm_truss.api.prompt import PromptTokenizer
+
+        return PromptTokenizer.load(Path(self.settings.tokenizer_dir), trust_remote_code=self.settings.trust_remote_code)
+
+    async def _load_chat(self) -> None:
+        """`chat` loaded on a thread: importing transformers takes seconds, and this event loop carries
+        other streams meanwhile. Chat requests that arrive during the load wait for the same one."""
+        loading = self._chat_loading
+        if loading is None:
+            executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chat-template")
+            loading = self._chat_loading = executor.submit(self._read_chat)
+            executor.shutdown(wait=False)  # its thread ends with the load
+        try:
+            chat = await asyncio.shield(asyncio.wrap_future(loading))
+        except Exception:
+            if self._chat_loading is loading:
+                self._chat_loading = None  # the next chat request tries again, as the first did
+            raise
+        self._chat = chat
+
+    async def warm_up(self) -> None:
+        """Build now what the first request would otherwise build on the event loop while the requests
+        of a burst wait: the tokenizer's literal copy and the engine's interface (the gRPC channel up, the
+        model's config read). Best effort: a tritonserver not yet reachable leaves the interface to the
+        first request."""
+        self.tokenizer.encode("warm-up", add_special_tokens=False, literal_special_tokens=True)
+        try:
+            await asyncio.wait_for((self.ensemble or self.engine).interface(), WARM_UP_TIMEOUT_S)
+        except (UpstreamError, asyncio.TimeoutError) as exc:
+            logger.debug("engine interface not read at start (%s); the first request reads it", exc)
 
     def info(self) -> WorkerInfo:
         import os
@@ -230,6 +262,8 @@ class WorkerModel:
     async def run(self, spec: GenerationSpec, emit: Emit) -> StreamEnd:
         prompt_tokens = 0
         try:
+            if spec.messages is not None and self._chat is None:
+                await self._load_chat()
             text = self.prompt_text(spec)
             ids = self.prompt_ids(spec, text)
             prompt_tokens = len(ids)

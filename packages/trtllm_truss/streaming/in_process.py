@@ -47,6 +47,10 @@ class InProcessPool(BoundedPool):
         self._model = WorkerModel(self.settings)
         self._info = self._model.info()
 
+    async def warm_up(self) -> None:  # BoundedPool's
+        if self._model is not None:
+            await self._model.warm_up()
+
     def alive(self) -> bool:
         return self._model is not None and not self._stopping
 

@@ -324,6 +324,10 @@ class BoundedPool:
         self.chunk_rate = chunk_rate
         self.open_streams = 0  # streams the HTTP side still reads (submitted, not closed)
 
+    async def warm_up(self) -> None:
+        """Before serving, on the serving loop: what a first request would build (stream workers warm
+        themselves as they start)."""
+
     def chunk_gap_s(self) -> float:
         """The shortest time between two chunks of one stream: 0 at low load (every token its own
         chunk), open streams / chunk_rate when that many streams would exceed the rate."""

@@ -107,6 +107,7 @@ def _joined(pieces: list) -> str | list:
 
 async def serve(sock: socket.socket, settings: WorkerSettings) -> None:
     model = WorkerModel(settings)
+    await model.warm_up()
     loop = asyncio.get_running_loop()
     closed: asyncio.Future = loop.create_future()
     transport, _ = await loop.create_unix_connection(lambda: WorkerProtocol(model, closed), sock=sock)
