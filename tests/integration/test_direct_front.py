@@ -68,7 +68,15 @@ def _auth(key: str = API_KEY) -> dict[str, str]:
 
 
 def frontends(server: TrussServer) -> list[psutil.Process]:
-    return [p for p in psutil.Process(server.process.pid).children() if "trtllm_truss.fronts.direct_app" in p.cmdline()]
+    """The frontend processes alive now: a killed one the launcher has not reaped yet (a zombie) is not."""
+    alive = []
+    for process in psutil.Process(server.process.pid).children():
+        try:
+            if "trtllm_truss.fronts.direct_app" in process.cmdline():
+                alive.append(process)
+        except psutil.NoSuchProcess:  # ZombieProcess included
+            pass
+    return alive
 
 
 # ------------------------------------------------------------------------------------------- API key
