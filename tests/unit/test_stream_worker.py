@@ -53,9 +53,14 @@ class ScriptedEngine:
         pass
 
 
+def _new_model() -> WorkerModel:
+    """A worker model of the embedded tokenizer whose engine address answers nothing (tests set `engine`)."""
+    return WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+
+
 @pytest.fixture(scope="module")
 def model() -> WorkerModel:
-    return WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    return _new_model()
 
 
 def _run(model: WorkerModel, engine: ScriptedEngine, spec: GenerationSpec, log_probs: list | None = None) -> tuple[list[str], StreamEnd]:
@@ -284,7 +289,7 @@ def test_a_hermes_answer_cut_inside_a_call_keeps_the_complete_ones(model: Worker
 def test_the_chat_tokenizer_loads_once_off_the_event_loop_while_other_work_goes_on(monkeypatch):
     """Importing transformers takes seconds: the first chat requests wait for one load on a thread,
     and the event loop (which carries other streams) keeps turning meanwhile."""
-    model = WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    model = _new_model()
     model.engine = ScriptedEngine([])
     read_chat = model._read_chat
     loads: list[int] = []
@@ -314,7 +319,7 @@ def test_the_chat_tokenizer_loads_once_off_the_event_loop_while_other_work_goes_
 
 
 def test_a_failed_chat_tokenizer_load_is_tried_again_by_the_next_chat_request(monkeypatch):
-    model = WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    model = _new_model()
     model.engine = ScriptedEngine([])
     read_chat = model._read_chat
     calls: list[int] = []
@@ -333,7 +338,7 @@ def test_a_failed_chat_tokenizer_load_is_tried_again_by_the_next_chat_request(mo
 
 
 def test_warm_up_builds_the_literal_tokenizer_and_leaves_an_unreachable_engine_to_the_first_request():
-    model = WorkerModel(WorkerSettings(grpc_url="127.0.0.1:1", tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=32))
+    model = _new_model()
     assert "_literal" not in model.tokenizer.__dict__
     asyncio.run(model.warm_up())  # nothing listens on port 1: logged, not raised
     assert "_literal" in model.tokenizer.__dict__
