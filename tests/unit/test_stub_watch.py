@@ -68,3 +68,20 @@ def test_a_watched_process_ends_when_its_parent_is_killed(mode: str, hang_s: flo
     finally:
         if not _gone(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_watched_stub_that_crashes_writes_its_threads_stacks():
+    """watch_parent() enables faulthandler: a segfault leaves the stacks that say where the stub died."""
+    crash = textwrap.dedent("""
+        import os, signal
+        from trtllm_truss.runtime.stub_watch import watch_parent
+        watch_parent("crash-test")
+        def die_here():
+            os.kill(os.getpid(), signal.SIGSEGV)
+        die_here()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert "in die_here" in done.stderr

@@ -275,6 +275,27 @@ def test_gpu_noise_is_quiet_only_on_a_host_without_gpus():
     assert triton_error_lines(lines, gpu_host=False) == [ERROR_LINE, "error: creating server: Internal"]
 
 
+def test_a_stubs_crash_dump_is_forwarded_as_errors_and_the_lines_after_it_keep_their_level(caplog):
+    """A real faulthandler dump (the stubs enable it: runtime/stub_watch.py) from a process that segfaults."""
+    import subprocess
+
+    from trtllm_truss.runtime.triton_logs import LogForwarder
+
+    crash = "import faulthandler, os, signal; faulthandler.enable(file=2, all_threads=True); os.kill(os.getpid(), signal.SIGSEGV)"
+    script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {crash!r}]); print('I1122 01:51:13.0 1 x.cc:1] after', flush=True)"
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    forwarder = LogForwarder(process.stdout, "tritonserver", log=logging.getLogger("test.crash"))
+    with caplog.at_level(logging.DEBUG, logger="test.crash"):
+        forwarder.start()
+        process.wait(timeout=60)
+        forwarder.join(timeout=60)
+    levels = {record.getMessage().removeprefix("[tritonserver] "): record.levelno for record in caplog.records}
+    assert levels["Fatal Python error: Segmentation fault"] == logging.ERROR
+    stack_lines = [line for line in levels if line.startswith(("Current thread 0x", '  File "<string>"'))]
+    assert stack_lines and all(levels[line] == logging.ERROR for line in stack_lines)
+    assert levels["I1122 01:51:13.0 1 x.cc:1] after"] == logging.INFO
+
+
 def test_restart_backoff_doubles_up_to_the_cap():
     policy = RestartPolicy(initial_backoff_s=1.0, max_backoff_s=5.0)
     assert [policy.backoff_s(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]

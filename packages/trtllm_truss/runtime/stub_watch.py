@@ -14,6 +14,8 @@ health thread waiting for the mutex).
 - re-arms faulthandler's watchdog (`dump_traceback_later(hang_s, exit=True)`), a C thread that needs no
   GIL: if this thread cannot run for `hang_s` (the GIL held by a thread blocked for good), the watchdog
   writes every thread's stack to stderr and ends the process.
+`watch_parent()` also enables faulthandler for fatal signals: a stub that crashes or hangs leaves every
+thread's stack in tritonserver's log (forwarded as errors: runtime/triton_logs.py).
 `ParentWatch.finalized()` (called at the end of a model's `finalize`) gives the stub `grace_s` to exit:
 tritonserver waits for the stub without a timeout once it has sent the finalize.
 """
@@ -72,4 +74,5 @@ def _arm(timeout_s: float) -> None:
 
 def watch_parent(name: str) -> ParentWatch:
     """Start watching tritonserver from this stub (call once, from a model's `initialize`)."""
+    faulthandler.enable(file=2, all_threads=True)
     return ParentWatch(name).start()

@@ -39,6 +39,11 @@ _HARMLESS_WITHOUT_GPU = (
 
 HOST_HAS_GPU = any(Path("/dev").glob("nvidia[0-9]*"))
 
+# Python's faulthandler in a stub (runtime/stub_watch.py): a fatal signal or the hang watchdog writes a
+# header, then every thread's stack. The whole dump is an error: it says why a stub died.
+_FAULT_DUMP_HEADER = re.compile(r"^(Fatal Python error: |Timeout \(\d+:\d{2}:\d{2}(\.\d+)?\)!)")
+_FAULT_DUMP_BODY = re.compile(r'^(Thread 0x[0-9a-f]+|Current thread 0x[0-9a-f]+|  File "|  <no Python frame>|Extension modules: |$)')
+
 
 def log_level_of(line: str, *, gpu_host: bool = HOST_HAS_GPU) -> int:
     """logging level for one Triton log line."""
@@ -82,12 +87,15 @@ class LogForwarder(threading.Thread):
         self._lock = threading.Lock()
 
     def run(self) -> None:
+        in_fault_dump = False
         try:
             for raw in iter(self._stream.readline, b""):
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 with self._lock:
                     self._tail.append(line)
-                self._log.log(log_level_of(line), "[%s] %s", self._prefix, line)
+                in_fault_dump = bool(_FAULT_DUMP_HEADER.match(line) or (in_fault_dump and _FAULT_DUMP_BODY.match(line)))
+                level = logging.ERROR if in_fault_dump else log_level_of(line)
+                self._log.log(level, "[%s] %s", self._prefix, line)
         except (OSError, ValueError):  # pipe closed under us during shutdown
             pass
         finally:
