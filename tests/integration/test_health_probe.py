@@ -91,3 +91,43 @@ def test_an_unreachable_server_is_unhealthy_with_the_reason():
         wait_for(lambda: probe.probe_count >= 1, 30.0)
         assert not probe.healthy and probe.last_error
         assert "tensorrt_llm" in probe.last_error
+
+
+def test_the_stacks_probe_goes_through_the_window_relay_and_reads_its_dead_stub_unhealthy(tmp_path):
+    """`detokenize_in: postprocessing` on the relay layout: the probe of the stack reaches the relay. When the
+    relay's stub dies (as after python_backend's deadlock, docs/deploy.md) the stack reads unhealthy, while a
+    probe of the engine alone would still pass. Real tritonserver; the engine is the echo TEST DOUBLE."""
+    import signal
+
+    import psutil
+    from trtllm_truss.config.runtime import RuntimeConfig
+    from trtllm_truss.engine.health import stack_probe
+    from trtllm_truss.planning.plan import ServingPlan
+    from trtllm_truss.repository import WINDOW_RELAY, render_repository
+    from trtllm_truss.runtime.supervisor import TritonServer
+
+    models = Path(__file__).resolve().parent
+    embedded = models.parents[1] / "data" / "embedded-llama"
+    runtime = RuntimeConfig(
+        preprocessing_instance_count=1,
+        postprocessing_instance_count=1,
+        detokenize_in="postprocessing",
+        health={"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S},
+    )
+    plan = ServingPlan(backend="pytorch", tokenizer_dir=embedded, model_dir=embedded, max_batch_size=8,
+                       max_input_len=64, max_output_len=16, runtime=runtime)
+    repository = render_repository(plan, tmp_path / "model_repository",
+                                   engine_model_source=models / "triton_models" / "tensorrt_llm_echo_double" / "model.py",
+                                   window_relay=True)
+    with TritonServer(repository, startup_timeout_s=180.0) as server:
+        with stack_probe(server.grpc_url, repository, plan) as probe, EngineProbe(server.grpc_url, INTERVAL_S, TIMEOUT_S) as engine_probe:
+            assert probe.model_name == WINDOW_RELAY
+            wait_for(lambda: probe.healthy and engine_probe.healthy, 60.0)
+            tree = psutil.Process(server.pid).children(recursive=True)
+            relay_stub = next(p for p in tree if any(WINDOW_RELAY in part for part in p.cmdline()))
+            relay_stub.send_signal(signal.SIGKILL)
+            wait_for(lambda: not probe.healthy, 30.0)
+            assert "not healthy" in (probe.last_error or "")
+            failures = probe.failure_count
+            wait_for(lambda: probe.failure_count > failures, 30.0)  # still failing: nothing brings the stub back
+            assert engine_probe.healthy, engine_probe.last_error

@@ -71,9 +71,10 @@ class PytorchEngineConfig(StrictModel):
 
 
 class HealthProbeConfig(StrictModel):
-    """A one-token generation sent straight to the engine model, so a hung engine reads unhealthy."""
+    """A one-token generation sent to the engine model (through the `tensorrt_llm_window` relay when our routes
+    stream text through it), so a hung engine or a dead relay reads unhealthy."""
 
-    enabled: bool = Field(True, description="Probe the engine model on an interval.")
+    enabled: bool = Field(True, description="Probe the engine model (or the relay in front of it) on an interval.")
     interval_s: float = Field(10.0, gt=0.0, le=3600.0, description="Seconds between probes.")
     timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="A probe not answered within this is a failure.")
 

@@ -23,9 +23,14 @@ import itertools
 import logging
 import threading
 import time
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
+from trtllm_truss.config.enums import DetokenizeIn
 from trtllm_truss.engine.stream_end import read_to_end
+from trtllm_truss.repository.models import ENGINE, WINDOW_RELAY
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +46,7 @@ class EngineProbe:
         interval_s: float = 10.0,
         timeout_s: float = 5.0,
         *,
-        model_name: str = "tensorrt_llm",
+        model_name: str = ENGINE,
         probe_token_id: int = 1,
     ):
         if interval_s <= 0 or timeout_s <= 0:
@@ -213,3 +218,16 @@ class EngineProbe:
             logger.debug("engine probe answered in %.3f s", time.monotonic() - started)
         elif was_healthy:
             logger.warning("engine unhealthy: %s", error)
+
+
+def stack_probe(grpc_url: str, repository: Path, plan: Any) -> EngineProbe:
+    """The probe of a served stack (`plan.runtime.health`), not started.
+
+    It reaches the `tensorrt_llm_window` relay when our routes stream text through it
+    (`runtime.detokenize_in: postprocessing` with the relay rendered): the relay forwards the probe to
+    the engine, and a relay whose stub has died (python_backend's deadlock, docs/deploy.md) then reads
+    unhealthy too, where a probe of the engine alone would still pass. Otherwise it reaches the engine.
+    """
+    health = plan.runtime.health
+    through_relay = plan.runtime.detokenize_in == DetokenizeIn.POSTPROCESSING and (Path(repository) / WINDOW_RELAY).is_dir()
+    return EngineProbe(grpc_url, health.interval_s, health.timeout_s, model_name=WINDOW_RELAY if through_relay else ENGINE)

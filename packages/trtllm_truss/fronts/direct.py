@@ -219,12 +219,11 @@ class DirectFront:
                     f"each filled up to {fill} connections before the next" if fill else "connections spread by the kernel")
 
     def _start_probe(self, plan: Any) -> None:
-        health = plan.runtime.health
-        if not health.enabled:
+        if not plan.runtime.health.enabled:
             return
-        from trtllm_truss.engine.health import EngineProbe
+        from trtllm_truss.engine.health import stack_probe
 
-        self._probe = EngineProbe(self.stack.server.grpc_url, health.interval_s, health.timeout_s)
+        self._probe = stack_probe(self.stack.server.grpc_url, self.stack.repository_dir, plan)
         self._probe.start()
 
     def _spawn(self, settings: Any) -> subprocess.Popen:

@@ -90,15 +90,10 @@ class LLMService:
             self._pool,
             RequestLimits.from_plan(plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes),
         )
-        health = plan.runtime.health
-        if health.enabled:
-            from trtllm_truss.engine.health import EngineProbe
+        if plan.runtime.health.enabled:
+            from trtllm_truss.engine.health import stack_probe
 
-            self._engine_probe = EngineProbe(
-                self._stack.server.grpc_url,
-                health.interval_s,
-                health.timeout_s,
-            )
+            self._engine_probe = stack_probe(self._stack.server.grpc_url, self._stack.repository_dir, plan)
             self._engine_probe.start()
         # Everything loaded so far lives as long as the process; left to the collector, each full
         # collection walks all of it with the event loop stopped. Frozen, it is never walked again.
