@@ -44,7 +44,7 @@ def _prompts(count: int) -> list[str]:
 # it takes the GIL back. py-spy showed one relay thread in `exec` on a mutex and one in `next` waiting for the
 # GIL, every other thread waiting for the GIL or tritonserver. stub_watch's watchdog then ends the stub after
 # 10 s, and Triton does not restart a decoupled model's stub ("Stub process ... is not healthy" afterwards).
-# Reproduced here 2 times in about 50 bursts (docs/deploy.md, "The window relay's deadlock").
+# Reproduced here twice in 51 bursts (docs/deploy.md, "The window relay's deadlock").
 RELAY_STUB_DEADLOCK = pytest.mark.xfail(
     reason="python_backend's stub can deadlock under concurrent decoupled BLS streams (docs/deploy.md)", strict=False
 )
