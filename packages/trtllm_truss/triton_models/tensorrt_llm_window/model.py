@@ -18,6 +18,11 @@ Parameters: `engine_model` (default tensorrt_llm), `prefix_window_tokens` (defau
 `max_concurrent_streams` (default 64): engine streams relayed at once; more wait here, as they would
 in the engine's queue (the engine runs at most max_batch_size sequences anyway). Bounding them keeps
 the python backend's BLS machinery from being flooded by hundreds of simultaneous streams.
+
+Known: python_backend's stub itself can deadlock when several threads run BLS streams at once (a lock-order
+cycle between `exec`, its message thread and `next`; docs/deploy.md, "The window relay's deadlock"). The
+stub's watchdog then ends it, and the stack's health probe, which goes through this relay when our routes
+do, reads unhealthy.
 """
 
 from __future__ import annotations
