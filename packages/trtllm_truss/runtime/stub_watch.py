@@ -14,8 +14,10 @@ health thread waiting for the mutex).
 - re-arms faulthandler's watchdog (`dump_traceback_later(hang_s, exit=True)`), a C thread that needs no
   GIL: if this thread cannot run for `hang_s` (the GIL held by a thread blocked for good), the watchdog
   writes every thread's stack to stderr and ends the process.
-`watch_parent()` also enables faulthandler for fatal signals: a stub that crashes or hangs leaves every
-thread's stack in tritonserver's log (forwarded as errors: runtime/triton_logs.py).
+`watch_parent()` also enables faulthandler for fatal signals: a stub that crashes or hangs while serving
+leaves every thread's stack in tritonserver's log (forwarded as errors: runtime/triton_logs.py). It is
+disabled again at `finalized()`: a stub of the stack segfaults while its interpreter tears down
+(seen at the end of `make predict`), which ends nothing that serves.
 `ParentWatch.finalized()` (called at the end of a model's `finalize`) gives the stub `grace_s` to exit:
 tritonserver waits for the stub without a timeout once it has sent the finalize.
 """
@@ -54,6 +56,8 @@ class ParentWatch:
         with self._lock:
             self._finalized = True
             _arm(grace_s)
+        # A crash while the interpreter tears down is no longer a serving failure: keep the log quiet.
+        faulthandler.disable()
 
     def _run(self) -> None:
         while os.getppid() == self.parent:
