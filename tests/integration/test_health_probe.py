@@ -100,25 +100,20 @@ def test_the_stacks_probe_goes_through_the_window_relay_and_reads_its_dead_stub_
     import signal
 
     import psutil
+    from conftest import ECHO_ENGINE_DOUBLE, _plan
     from trtllm_truss.config.runtime import RuntimeConfig
     from trtllm_truss.engine.health import stack_probe
-    from trtllm_truss.planning.plan import ServingPlan
     from trtllm_truss.repository import WINDOW_RELAY, render_repository
     from trtllm_truss.runtime.supervisor import TritonServer
 
-    models = Path(__file__).resolve().parent
-    embedded = models.parents[1] / "data" / "embedded-llama"
     runtime = RuntimeConfig(
         preprocessing_instance_count=1,
         postprocessing_instance_count=1,
         detokenize_in="postprocessing",
         health={"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S},
     )
-    plan = ServingPlan(backend="pytorch", tokenizer_dir=embedded, model_dir=embedded, max_batch_size=8,
-                       max_input_len=64, max_output_len=16, runtime=runtime)
-    repository = render_repository(plan, tmp_path / "model_repository",
-                                   engine_model_source=models / "triton_models" / "tensorrt_llm_echo_double" / "model.py",
-                                   window_relay=True)
+    plan = _plan(runtime, max_batch_size=8)
+    repository = render_repository(plan, tmp_path / "model_repository", engine_model_source=ECHO_ENGINE_DOUBLE, window_relay=True)
     with TritonServer(repository, startup_timeout_s=180.0) as server:
         with stack_probe(server.grpc_url, repository, plan) as probe, EngineProbe(server.grpc_url, INTERVAL_S, TIMEOUT_S) as engine_probe:
             assert probe.model_name == WINDOW_RELAY
