@@ -252,7 +252,7 @@ def test_synthetic_engine_reaches_the_double_as_the_stand_ins_parameters_never_m
     llm = LLM(**args, double_synthetic_step_time_ms=2.5)
     try:
         assert llm.settings.synthetic and llm.settings.synthetic_step_time_ms == 2.5
-        assert type(llm.engine).__name__ == "SyntheticEngine"
+        assert llm.executor.info["engine"] == "SyntheticEngine"  # built in the executor worker process
         assert "SYNTHETIC engine (2.5 ms steps" in applied_summary(llm, args)
     finally:
         llm.shutdown()

@@ -5,7 +5,8 @@ The processes are grouped by what they are:
   (the stream workers);
 - `tritonserver`: the tritonserver process itself (its gRPC side, the ensemble scheduler, the
   python backend's IPC; NVIDIA's C++ engine would run here too);
-- `python_stubs`: Triton's python-backend stub processes (the engine stand-in, pre/postprocessing);
+- `python_stubs`: Triton's python-backend stub processes (the engine stand-in, pre/postprocessing) and
+  the processes they start (the llmapi model's LLM host and its executor's worker: the engine's side);
 - `truss_process`: truss's server process alone (also counted in `serving_path`): its one event-loop
   thread handles every HTTP request and chunk, so its cores near 1 mean that thread is the limit.
 
@@ -48,6 +49,7 @@ class CpuProbe:
 
     def snapshot(self) -> Snapshot:
         seen: Snapshot = {}
+        parents: dict[int, int] = {}
         for root in self.roots:
             try:
                 top = psutil.Process(root)
@@ -65,9 +67,20 @@ class CpuProbe:
                         if process is top and group == "serving_path":
                             group = TRUSS_PROCESS  # a root that is not Triton's: truss's server
                         seen[process.pid] = (group, process.create_time(), times.user + times.system)
+                        parents[process.pid] = process.ppid()
                 except psutil.Error:
                     continue
+        for pid, (group, created, cpu) in list(seen.items()):
+            if group == "serving_path" and _under_a_stub(pid, seen, parents):
+                seen[pid] = ("python_stubs", created, cpu)
         return seen
+
+
+def _under_a_stub(pid: int, seen: Snapshot, parents: dict[int, int]) -> bool:
+    while (pid := parents.get(pid, 0)) in seen:
+        if seen[pid][0] == "python_stubs":
+            return True
+    return False
 
 
 def cpu_between(before: Snapshot, after: Snapshot) -> dict[str, float]:

@@ -150,9 +150,10 @@ class BenchReport(BaseModel):
     def run_for(self, target: RunLabel, level: LoadLevel) -> RunResult | None:
         return next((r for r in self.runs if r.target == target and r.level == level), None)
 
-    def add_comparison(self, level: LoadLevel, direct: RunLabel, full: RunLabel) -> Comparison:
+    def add_comparison(self, level: LoadLevel, direct: RunLabel, full: RunLabel, *, primary: bool = True) -> Comparison:
         """Compare two runs already in the report at `level`; the top-level ratio follows the highest
-        load compared so far (the goal is stated at 64 streams, the top of the default sweep)."""
+        load of the primary pair compared so far (the goal is stated at 64 streams, the top of the default
+        sweep); other pairs are listed beside it."""
         direct_run = self.run_for(direct, level)
         full_run = self.run_for(full, level)
         if direct_run is None or full_run is None:
@@ -174,8 +175,9 @@ class BenchReport(BaseModel):
             cpu_ratios=_cpu_ratios(direct_run, full_run),
         )
         self.comparisons.append(comparison)
-        top = max(self.comparisons, key=lambda c: c.level.x_value)
-        self.ratio, self.added_ttft_p50_ms = top.ratio, top.added_ttft_p50_ms
+        if primary:
+            top = max((c for c in self.comparisons if (c.direct, c.full) == (direct, full)), key=lambda c: c.level.x_value)
+            self.ratio, self.added_ttft_p50_ms = top.ratio, top.added_ttft_p50_ms
         return comparison
 
     def write_json(self, path: Path) -> None:

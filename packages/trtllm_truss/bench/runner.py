@@ -77,7 +77,15 @@ async def run_level(
     timeout_s: float = 600.0,
     on_done: ProgressCallback | None = None,
 ) -> list[RequestRecord]:
-    """Send `requests` to `target` under `level`; records come back in request order."""
+    """Send `requests` to `target` under `level`; records come back in request order. A target that runs
+    whole levels itself (`llm`: the load must live in the LLM's own process) is handed the level."""
+    own = getattr(target, "run_level", None)
+    if own is not None:
+        records = await own(requests, level, timeout_s)
+        if on_done is not None:
+            for _ in records:
+                on_done()
+        return sorted(records, key=lambda r: r.index)
     if isinstance(level, ClosedLoop):
         return await _closed_loop(target, requests, level.concurrency, timeout_s, on_done)
     if isinstance(level, OpenLoop):

@@ -32,7 +32,8 @@ class BenchPlan:
     levels: Sequence[LoadLevel]
     requests: Sequence[BenchRequest]
     workload: dict[str, Any]
-    compare: tuple[str, str] | None = None  # (direct, full): target names (RunLabel)
+    compare: tuple[str, str] | None = None  # (direct, full): target names (RunLabel); sets the report's ratio
+    also_compare: Sequence[tuple[str, str]] = ()  # more (direct, full) pairs (bench --with-llm)
     warmup_requests: int = 4
     timeout_s: float = 600.0
     seed: int = 0
@@ -75,6 +76,8 @@ async def run_bench(
         for target in plan.targets:
             stack.push_async_callback(target.close)  # also after a failed open (close is idempotent)
             await target.open()
+            if getattr(target, "pid", None) is not None:  # a target with processes of its own (llm): their CPU
+                plan.cpu_probes.setdefault(target.name, CpuProbe((target.pid,)))
         for target in plan.targets:
             await _warm_up(target, plan)
         for level in plan.levels:
@@ -97,7 +100,7 @@ async def run_bench(
                     progress.level_started(target.name, level, len(requests))
                     probe = plan.cpu_probes.get(target.name, plan.cpu_probe)
                     cpu_before = probe.snapshot() if probe is not None else None
-                    if plan.client_processes > 1:
+                    if plan.client_processes > 1 and not hasattr(target, "run_level"):
                         records, cpu_s = await run_level_in_processes(
                             plan.target_specs[target.name], requests, level, plan.client_processes,
                             timeout_s=plan.timeout_s,
@@ -108,7 +111,8 @@ async def run_bench(
                             target, requests, level, seed=plan.seed, timeout_s=plan.timeout_s,
                             on_done=progress.request_done,
                         )
-                        cpu_s = time.process_time() - client_cpu_before
+                        # A target that runs levels in its own process (llm) reports that process's CPU.
+                        cpu_s = getattr(target, "cpu_s", time.process_time() - client_cpu_before)
                     server_cpu = cpu_between(cpu_before, probe.snapshot()) if probe is not None and cpu_before is not None else None
                     # The target that sets the lengths ends requests early on purpose (a guide completing).
                     fixed_length = plan.fixed_length and target.name != plan.lengths_from
@@ -129,6 +133,8 @@ async def run_bench(
                 report.runs.append(result)
             if plan.compare is not None:
                 report.add_comparison(level, *plan.compare)
+            for direct, full in plan.also_compare:
+                report.add_comparison(level, direct, full, primary=False)
     return report
 
 

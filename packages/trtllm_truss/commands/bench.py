@@ -28,12 +28,17 @@ DEFAULT_CONCURRENCY = "1,8,32,64"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("truss_dir", nargs="?", default=".", type=Path, help="truss directory (default: .)")
     what = parser.add_argument_group("what to measure")
-    what.add_argument("--target", choices=("engine", "ensemble", "http"), default="ensemble",
+    what.add_argument("--target", choices=("engine", "ensemble", "http", "llm"), default="ensemble",
                       help="engine: the tensorrt_llm model, token ids over gRPC; ensemble: text over gRPC; "
-                           "http: truss's POST /v1/models/model:predict (default: ensemble)")
+                           "http: truss's POST /v1/models/model:predict; llm: the LLM API driven directly in one"
+                           " process (backend llmapi; no Triton) (default: ensemble)")
     what.add_argument("--compare", action="store_true",
                       help="measure the engine model directly AND the full path (--full-target) at each load, "
                            "on the same requests; the JSON gets their output tokens/s ratio as \"ratio\"")
+    what.add_argument("--with-llm", action="store_true",
+                      help="with --compare on backend llmapi: also measure the LLM API driven directly in one process"
+                           " (generate_async, the shape of trtllm-serve) and compare the engine model and the full"
+                           " path against it (the report's ratio: full / llm)")
     what.add_argument("--full-target", choices=("ensemble", "http"), default="http",
                       help="the full path of --compare (default: http, i.e. truss server -> ensemble -> engine)")
     what.add_argument("--compare-backends", metavar="A,B",
@@ -137,6 +142,8 @@ def _levels(args: argparse.Namespace) -> list:
     if args.match_guided_lengths and (args.guide_schema is None or args.ignore_eos == "none"):
         raise ValueError("--match-guided-lengths makes each unguided request run as long as its guided twin: give"
                          " --guide-schema, and an --ignore-eos other than none")
+    if args.with_llm and (not args.compare or args.compare_backends is not None):
+        raise ValueError("--with-llm adds the LLM API driven directly to --compare: give --compare (not --compare-backends)")
     if args.guide_schema is not None and (args.compare or args.client_processes > 1):
         raise ValueError("--guide-schema compares the engine without and with the schema: leave out --compare"
                          " and --client-processes")
@@ -165,7 +172,7 @@ def _targets_needed(args: argparse.Namespace) -> list[str]:
     if args.guide_schema is not None:
         return ["engine", "engine_guided"]
     if args.compare:
-        return ["engine", args.full_target]
+        return (["llm"] if args.with_llm else []) + ["engine", args.full_target]
     return [args.target]
 
 
@@ -175,7 +182,14 @@ def _comparison(args: argparse.Namespace) -> tuple[str, str] | None:
         return (_labelled(args.target, first), _labelled(args.target, second))
     if args.guide_schema is not None:
         return ("engine", "engine_guided")
+    if args.compare and args.with_llm:
+        return ("llm", args.full_target)
     return ("engine", args.full_target) if args.compare else None
+
+
+def _also_compared(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """--with-llm: the engine model against the LLM alone, and the full path against the engine model."""
+    return [("llm", "engine"), ("engine", args.full_target)] if args.compare and args.with_llm else []
 
 
 def _load_tokenizer(path: Path):
@@ -370,7 +384,7 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
         for backend, found in stacks.items():  # one stack unless --compare-backends
             for n in names:
                 url = found.http_url if n == "http" else found.grpc_url
-                target = make_target(n, url, args.ignore_eos, args.timeout, guides)
+                target = make_target(n, url, args.ignore_eos, args.timeout, guides, truss_dir=args.truss_dir)
                 if backend is not None:
                     target.name = _labelled(n, backend)
                     probes[target.name] = _cpu_probe(found)
@@ -382,6 +396,7 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
             requests=requests,
             workload=spec.model_dump(mode="json") | {"tokenizer": str(endpoints.tokenizer_dir)},
             compare=_comparison(args),
+            also_compare=_also_compared(args),
             warmup_requests=args.warmup,
             rounds=args.rounds,
             timeout_s=args.timeout,
@@ -393,7 +408,7 @@ def _run(args: argparse.Namespace, levels: list, err: Any) -> int:
                 "timeout_s": args.timeout, "warmup_requests": args.warmup, "rounds": args.rounds,
                 "truss_dir": str(args.truss_dir), "client_processes": args.client_processes,
                 "front": args.front, "compare_backends": args.compare_backends,
-                "match_guided_lengths": args.match_guided_lengths,
+                "match_guided_lengths": args.match_guided_lengths, "with_llm": args.with_llm,
             },
             client_processes=args.client_processes,
             cpu_probe=_cpu_probe(endpoints) if args.compare_backends is None else None,

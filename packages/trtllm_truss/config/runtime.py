@@ -70,6 +70,19 @@ class PytorchEngineConfig(StrictModel):
     )
 
 
+class LlmApiConfig(StrictModel):
+    """Our llmapi Triton model (backend llmapi): N Triton instances in front of one LLM (docs/design.md)."""
+
+    instance_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Triton instances of the llmapi model `tensorrt_llm`: each a python stub that sends its requests'"
+        " responses (one send is a round trip to tritonserver, so more instances send more responses a second),"
+        " all clients of one LLM in one process (the LLM host). None: one per 2 CPU cores, 1 to 16.",
+    )
+
+
 class HealthProbeConfig(StrictModel):
     """A one-token generation sent to the engine model (through the `tensorrt_llm_window` relay when our routes
     stream text through it), so a hung engine or a dead relay reads unhealthy."""
@@ -245,6 +258,7 @@ class RuntimeConfig(StrictModel):
         None, description="tritonserver binary (None: found on PATH / pytriton)."
     )
     pytorch: PytorchEngineConfig = Field(default_factory=PytorchEngineConfig)
+    llmapi: LlmApiConfig = Field(default_factory=lambda: LlmApiConfig())
     health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
     direct_front: DirectFrontConfig = Field(default_factory=lambda: DirectFrontConfig())
 

@@ -4,7 +4,9 @@ It exists only because TensorRT-LLM cannot run on a machine without NVIDIA GPUs 
 `runtime.backend: llmapi` renders our model (triton_models/tensorrt_llm_llmapi/model.py) with parameter
 `llm_api: double`, and the model imports these names instead of `tensorrt_llm`'s. The engine behind them
 is the tensor stand-in's own (`engine_standin.build_engine`: the same scheduler, guide masks from the grammar
-engine `guided_decoding_backend` names, and peft adapters), reached through its existing interfaces.
+engine `guided_decoding_backend` names, and peft adapters), run where TensorRT-LLM runs its executor: in a worker
+process behind ZMQ IPC, its responses handed to each result by a dispatch thread once per engine iteration
+(engine_standin/llmapi_executor.py says which TensorRT-LLM 1.2.1 process and queue each part stands for).
 
 What it mirrors, with NVIDIA's names (recorded per version in tests/data/trtllm_flags/<version>/llmapi_*.json):
 - `LLM(**model.yaml)`: the LLM() keyword arguments; those the stand-in cannot apply (KV cache, parallelism,
@@ -17,8 +19,9 @@ What it mirrors, with NVIDIA's names (recorded per version in tests/data/trtllm_
   real fields (a name the real class lacks cannot be given here either).
 - `stream_interval`: a streamed request answers at its first token, every `stream_interval` steps and at
   the end (engine_standin/stream_interval.py, as TensorRT-LLM's PyExecutor).
-- LoRA: the adapters of `lora_config.lora_dir` are loaded with peft at startup; a `LoRARequest`'s
-  `lora_path` picks one of them (TensorRT-LLM loads an adapter on first use instead).
+- LoRA: the adapters of `lora_config.lora_dir` are loaded with peft at startup, each named as TensorRT-LLM keys
+  its adapters (by `lora_int_id`: `lora_<id>`, whatever its folder is called); a `LoRARequest`'s `lora_path`
+  picks one of them (TensorRT-LLM loads an adapter on first use instead).
 - Its own settings (keyword arguments of `LLM` beside model.yaml's, from the llmapi model's parameters):
   the guide whitespace and the synthetic engine (runtime.pytorch.synthetic, to bench the llmapi path:
   `trtllm-truss bench --compare-backends pytorch,llmapi`, docs/performance.md).
@@ -30,21 +33,20 @@ import asyncio
 import json
 import logging
 import secrets
+import threading
 import uuid
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from trtllm_truss.engine_standin.llmapi_executor import ExecutorProxy
 from trtllm_truss.engine_standin.settings import StandinSettings
-from trtllm_truss.engine_standin.stream_interval import IntervalBuffer
 from trtllm_truss.engine_standin.types import (
     FinishReason,
     GenerationOutput,
     GenerationRequest,
     Guide,
-    RequestRejected,
 )
 from trtllm_truss.engine_standin.types import SamplingParams as EngineSampling
 
@@ -165,15 +167,15 @@ def _token_logprobs(token: int, log_prob: float, top: tuple[list[int], list[floa
 
 class GenerationResult:
     """One generate_async request: iterate it (streaming: after each engine response; otherwise once, at
-    the end), or `await aresult()`. Engine outputs arrive on the engine thread and are handed to the
-    event loop that called generate_async."""
+    the end), or `await aresult()`. The executor's dispatch thread hands its outputs to the event loop that
+    called generate_async, once per message of the worker (an engine iteration)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, streaming: bool, engine: Any) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, streaming: bool, executor: ExecutorProxy) -> None:
         self.outputs = [CompletionOutput(index) for index in range(n)]
         self.streaming = streaming
         self.finished = False
         self._loop = loop
-        self._engine = engine
+        self._executor = executor
         self._engine_ids: list[str] = []
         self._open = n
         self._error: str | None = None
@@ -181,7 +183,7 @@ class GenerationResult:
 
     def abort(self) -> None:
         for engine_id in self._engine_ids:
-            self._engine.cancel(engine_id)
+            self._executor.cancel(engine_id)
 
     def _on_output(self, index: int, output: GenerationOutput) -> None:  # on the event loop
         completion = self.outputs[index]
@@ -233,15 +235,14 @@ class LLM:
             raise TypeError(f"LLM-API double: unexpected LLM() arguments {unknown}")
         if kwargs.get("guided_decoding_backend") not in (None, "xgrammar", "llguidance"):  # TorchLlmArgs' Literal
             raise ValueError(f"guided_decoding_backend: {kwargs['guided_decoding_backend']!r} is not xgrammar or llguidance")
-        from trtllm_truss.engine_standin import build_engine  # torch is imported with the engine
-
         model = str(kwargs["model"])
         max_seq_len = int(kwargs.get("max_seq_len") or 2048)
         self.max_input_len = int(kwargs.get("max_input_len") or max_seq_len)
         self.max_seq_len = max_seq_len
         self.stream_interval = int(kwargs.get("stream_interval") or 1)
         lora_dirs = [str(Path(d).resolve()) for d in (kwargs.get("lora_config") or {}).get("lora_dir", [])]
-        # peft adapter name = its folder; the stand-in engine's task ids are just positions here.
+        # TensorRT-LLM keys an adapter by its LoRARequest (lora_int_id), never by its folder's name: the
+        # stand-in engine's peft adapter of task t is `lora_<t>`, t its position in lora_dir (our lora_int_id).
         self._adapter_task = {directory: task for task, directory in enumerate(lora_dirs, start=1)}
         parameters = {
             "model_dir": model,
@@ -249,7 +250,7 @@ class LLM:
             "max_batch_size": str(kwargs.get("max_batch_size") or 8),
             "max_input_len": str(self.max_input_len),
             "max_output_len": str(max_seq_len),  # the double checks prompt + max_tokens <= max_seq_len itself
-            "lora_adapters": json.dumps({str(t): {"name": d, "dir": d} for d, t in self._adapter_task.items()}),
+            "lora_adapters": json.dumps({str(t): {"name": f"lora_{t}", "dir": d} for d, t in self._adapter_task.items()}),
             # llm_args.py: Optional[Literal["xgrammar", "llguidance"]], None (the default) = no guided decoding.
             "guided_decoding_backend": kwargs.get("guided_decoding_backend") or "none",
             "guided_whitespace": double_guided_whitespace,
@@ -262,13 +263,12 @@ class LLM:
         if max_loras:
             parameters["lora_max_loras"] = str(max_loras)
         self.settings = StandinSettings.from_parameters(parameters)
-        self.engine = build_engine(self.settings)
         self.not_applied = sorted(set(kwargs) - _APPLIED_LLM_ARGS)
         self._tokenizer = None
-        # Engine outputs on their way to the event loop: one wake-up of the loop per batch (an engine step
-        # emits one output per running request), not one per output.
-        self._inbox: deque[tuple[GenerationResult, int, GenerationOutput]] = deque()
-        self._drain_scheduled = False
+        # engine request id -> (its result, sequence index); touched by the caller's loop and the dispatch thread.
+        self._pending: dict[str, tuple[GenerationResult, int]] = {}
+        self._pending_lock = threading.Lock()
+        self.executor = ExecutorProxy(parameters, self.stream_interval, self._dispatch)
 
     @property
     def tokenizer(self):
@@ -293,7 +293,9 @@ class LLM:
         lora_request: LoRARequest | None = None,
         streaming: bool = False,
     ) -> GenerationResult:
-        """Queue `inputs` (token ids) with the stand-in engine: n generations, sequence i seeded seed + i."""
+        """Queue `inputs` (token ids) with the executor: n generations, sequence i seeded seed + i."""
+        if self.executor.error is not None:  # as TensorRT-LLM's proxy once its worker is gone
+            raise RequestError(f"the executor is gone: {self.executor.error}")
         params = sampling_params
         prompt = [int(t) for t in inputs]
         if len(prompt) + params.max_tokens > self.max_seq_len:
@@ -313,7 +315,7 @@ class LLM:
         seed = secrets.randbits(63) if params.seed is None else int(params.seed)
         bias = params.embedding_bias
         guide = params.guided_decoding.guide() if params.guided_decoding is not None else None
-        result = GenerationResult(asyncio.get_running_loop(), params.n, streaming, self.engine)
+        result = GenerationResult(asyncio.get_running_loop(), params.n, streaming, self.executor)
         requests = []
         for index in range(params.n):
             requests.append(
@@ -342,44 +344,39 @@ class LLM:
                     lora_task_id=task,
                 )
             )
-        for request in requests:
-            try:
-                self.engine.validate(request)
-            except RequestRejected as exc:
-                raise ValueError(str(exc)) from None
-        loop = result._loop
-        for index, request in enumerate(requests):
-            interval = IntervalBuffer(self.stream_interval) if streaming and self.stream_interval > 1 else None
-
-            def on_output(output: GenerationOutput, index: int = index, interval: IntervalBuffer | None = interval) -> None:
-                if interval is not None:  # engine thread: hold what this step does not answer
-                    output = interval.admit(output)
-                    if output is None:
-                        return
-                self._deliver(loop, result, index, output)
-
-            result._engine_ids.append(request.request_id)
-            self.engine.submit(request, on_output)
+        with self._pending_lock:
+            for index, request in enumerate(requests):
+                result._engine_ids.append(request.request_id)
+                self._pending[request.request_id] = (result, index)
+        self.executor.submit([(request, streaming) for request in requests])
         return result
 
-    def _deliver(self, loop: asyncio.AbstractEventLoop, result: GenerationResult, index: int, output: GenerationOutput) -> None:
-        """Engine thread: queue an output for its result; wake the loop unless a drain is already due."""
-        self._inbox.append((result, index, output))
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        """Event loop: hand every queued output to its result, in engine order. The flag is cleared first,
-        so an output queued meanwhile is drained here or schedules another drain."""
-        self._drain_scheduled = False
-        inbox = self._inbox
-        while inbox:
-            result, index, output = inbox.popleft()
-            result._on_output(index, output)
+    def _dispatch(self, outputs: list[GenerationOutput] | None) -> None:
+        """Dispatch thread: one message of the worker (an iteration's outputs, in engine order) to the loops
+        of their results, one wake-up per loop; None: the worker died, every pending result fails."""
+        with self._pending_lock:
+            if outputs is None:
+                error = f"the executor is gone: {self.executor.error}"
+                outputs = [GenerationOutput(rid, [], None, True, FinishReason.ERROR, error) for rid in self._pending]
+            routed: dict[asyncio.AbstractEventLoop, list] = {}
+            for output in outputs:
+                entry = self._pending.pop(output.request_id, None) if output.finished else self._pending.get(output.request_id)
+                if entry is not None:
+                    routed.setdefault(entry[0]._loop, []).append((entry, output))
+        for loop, batch in routed.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # that loop is closed: its caller is gone
+                pass
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        self.executor.shutdown()
+
+
+def _deliver(batch: list) -> None:
+    """Event loop: hand each output to its result, in engine order."""
+    for (result, index), output in batch:
+        result._on_output(index, output)
 
 
 def applied_summary(llm: LLM, args: Mapping[str, Any]) -> str:

@@ -53,6 +53,12 @@ def backend_setting_problems(
                     f"model_metadata.trt_llm.build.plugin_configuration.{name}: a TensorRT engine build option;"
                     " backend llmapi builds no engine; remove it (or set runtime.backend: tensorrtllm)"
                 )
+    if backend != "llmapi":
+        for name in sorted(getattr(runtime.llmapi, "model_fields_set", set())):
+            problems.append(
+                f"model_metadata.trt_llm.runtime.llmapi.{name}: a setting of our llmapi Triton model (backend llmapi);"
+                f" backend {backend} does not use it; remove it"
+            )
     if backend == "tensorrtllm":
         if build is not None and build.expert_parallel_count is not None:
             problems.append(

@@ -225,7 +225,8 @@ LLM_API_REAL, LLM_API_DOUBLE = "tensorrt_llm", "double"
 
 def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
     """Our llmapi model (triton_models/tensorrt_llm_llmapi/model.py): NVIDIA's tensor interface in front of
-    `tensorrt_llm.LLM`, one instance (the LLM API batches inside), configured by its `1/model.yaml`."""
+    `tensorrt_llm.LLM`, `llmapi_instance_count` instances, all clients of one LLM (their LLM host, which one
+    of them starts), configured by its `1/model.yaml`."""
     if plan.model_dir is None or plan.build is None:
         raise RepositoryError("plan.model_dir: backend llmapi needs the build section and the checkpoint folder")
     runtime = plan.runtime
@@ -234,7 +235,7 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
     synthetic = runtime.pytorch.synthetic if double else None
     return _python_engine_config(
         plan,
-        1,
+        llmapi_instance_count(plan),
         _parameters(
             ("llm_api", LLM_API_DOUBLE if double else LLM_API_REAL),
             # The double's own settings (no LLM() argument of NVIDIA's, so not in model.yaml), named as the
@@ -248,8 +249,16 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
             ("exclude_input_in_output", runtime.exclude_input_in_output),
             ("prefix_window_tokens", PREFIX_WINDOW_TOKENS),
             ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
+            # An instance waits this long for the LLM to be built (as the stack waits for tritonserver).
+            ("startup_timeout_s", runtime.startup_timeout_s),
         ),
     )
+
+
+def llmapi_instance_count(plan: ServingPlan) -> int:
+    """runtime.llmapi.instance_count, else one per 2 CPU cores (1..16): each instance is one more sender."""
+    configured = plan.runtime.llmapi.instance_count
+    return configured if configured is not None else max(1, min(16, (os.cpu_count() or 2) // 2))
 
 
 def window_relay_config(plan: ServingPlan) -> ModelConfig:

@@ -80,3 +80,25 @@ def watch_parent(name: str) -> ParentWatch:
     """Start watching tritonserver from this stub (call once, from a model's `initialize`)."""
     faulthandler.enable(file=2, all_threads=True)
     return ParentWatch(name).start()
+
+
+def exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
+    """For a process a stub (or the LLM-API double's proxy) starts: end it once `parent_pid` is gone, as
+    TensorRT-LLM's workers end with their proxy: the kernel's parent-death signal, and a thread that
+    checks the parent (the signal is lost when the parent died before it was set)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -1,4 +1,5 @@
-"""Benchmark targets: the engine model, the ensemble (both Triton gRPC) and truss's HTTP endpoint."""
+"""Benchmark targets: the engine model, the ensemble (both Triton gRPC), truss's HTTP endpoint, and the LLM
+API driven directly in one process (llm)."""
 
 from trtllm_truss.bench.targets.base import BenchTarget, IgnoreEos, StreamChunk, TargetError, TargetName
 
@@ -7,8 +8,14 @@ __all__ = ["BenchTarget", "IgnoreEos", "StreamChunk", "TargetError", "TargetName
 
 def make_target(
     name: TargetName, url: str, ignore_eos: IgnoreEos = "min_length", timeout_s: float = 600.0,
-    guides: list[str] | None = None,
+    guides: list[str] | None = None, *, truss_dir=None, environ=None,
 ):
+    if name == "llm":
+        from trtllm_truss.bench.targets.llm import LlmTarget
+
+        if truss_dir is None:
+            raise ValueError("target llm: needs the truss directory (its plan says what LLM runs)")
+        return LlmTarget(truss_dir, ignore_eos, timeout_s, environ)
     if name in ("engine", "engine_guided"):
         from trtllm_truss.bench.targets.engine import EngineTarget
 
@@ -23,4 +30,4 @@ def make_target(
         from trtllm_truss.bench.targets.http import HttpTarget
 
         return HttpTarget(url, ignore_eos, timeout_s)
-    raise ValueError(f"target: expected one of engine, engine_guided, ensemble, http; got {name!r}")
+    raise ValueError(f"target: expected one of engine, engine_guided, ensemble, http, llm; got {name!r}")

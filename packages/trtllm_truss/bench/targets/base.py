@@ -8,7 +8,8 @@ from typing import AsyncIterator, Literal, Protocol
 from trtllm_truss.bench.workload import BenchRequest
 
 # engine_guided: the engine model with a JSON-Schema guide per request (bench --guide-schema).
-TargetName = Literal["engine", "engine_guided", "ensemble", "http"]
+# llm: the LLM API driven directly in one process (bench --with-llm), no Triton.
+TargetName = Literal["engine", "engine_guided", "ensemble", "http", "llm"]
 
 # How the generation is kept going to the requested length, so that targets emit equal token counts.
 #  min_length: the request asks for min_length = output length (the engine may not stop earlier);

@@ -1,5 +1,5 @@
 """Triton python-backend model `tensorrt_llm` for backend `llmapi`: TensorRT-LLM's LLM API behind NVIDIA's
-token-id tensor interface.
+token-id tensor interface, served by N instances in front of one LLM.
 
 NVIDIA's own llmapi Triton model takes text and answers text; this one takes the inputs of NVIDIA's C++
 `tensorrt_llm` model (input_ids, request_output_len, streaming, end_id, sampling, stop/bad words, guided
@@ -7,14 +7,18 @@ decoding, lora_task_id, return_log_probs, num_return_sequences, stop, ...: the t
 STANDIN_MODEL_INTERFACE in triton_models/tensorrt_llm_pytorch/model.py, read by the same reader) and answers
 output_ids, sequence_length, cum_log_probs, output_log_probs and prefix_ids per response (and, ours, the k
 most likely tokens of each position: num_top_log_probs in, output_top_log_probs / output_top_ids out, from
-SamplingParams.logprobs=k), so the ensembles,
-the stream workers and NVIDIA's core-model clients work as on every other backend.
+SamplingParams.logprobs=k), so the ensembles, the stream workers and NVIDIA's core-model clients work as
+on every other backend.
 
-Each row of a request is one `LLM.generate_async(inputs=, sampling_params=, lora_request=, streaming=)` call
-(llm_request.py builds it); `num_return_sequences` is SamplingParams.n, each sequence's responses carry
-sequence_index. The LLM is built from `1/model.yaml` (LLM() arguments from the typed configuration, as
-repository/llmapi.py renders them), its stream_interval and speculative_config included. A request whose
-client goes away (Triton cancellation) or that NVIDIA's `stop` input names is aborted.
+Where things run (llm_host.py has the whole table): the LLM (`LLM(**1/model.yaml)`, TensorRT-LLM's or the
+double's) lives in one process, the LLM host, which the first instance to initialize starts and every
+instance connects to (host_link.py). An instance reads its requests' tensors on Triton's thread and sends
+each row to the host (`generate_async` there, llm_request.py); its receive thread turns the host's updates
+into Triton responses and sends them. One send is a round trip to tritonserver, so N instances send N
+times as many responses a second as one (runtime.llmapi.instance_count). A request whose client goes away
+(Triton cancellation, checked by the receive thread) or that NVIDIA's `stop` input names (on any instance:
+the host knows them all) is aborted in the LLM. The host gone (its process killed, or the double's executor
+dead) fails every request in flight and every new one, so the stack's engine probe reads it.
 
 Parameters (string_value): llm_api (tensorrt_llm | double: the LLM-API double of
 engine_standin/llmapi_double.py, only where TensorRT-LLM cannot run), tokenizer_dir, max_input_len,
@@ -22,45 +26,44 @@ max_output_len, exclude_input_in_output, prefix_window_tokens, lora_adapters (JS
 "dir"}}: build.lora_adapters, each sent as a LoRARequest), guided_whitespace (compact | flexible:
 runtime.pytorch.guided_whitespace, given to the double only; no LLM() argument of TensorRT-LLM's), synthetic
 (true | false) and synthetic_step_time_ms (runtime.pytorch.synthetic: the double's stand-in engine emits tokens
-without a model, for `trtllm-truss bench`; the double only).
-
-Everything that talks to the LLM runs on one asyncio loop thread: generate_async, iterating its results,
-sending responses and asking the response senders whether their clients cancelled.
+without a model, for `trtllm-truss bench`; the double only), startup_timeout_s (how long an instance waits for
+the LLM to be built).
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import json
 import logging
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
-import yaml
+import trtllm_truss
 from trtllm_truss.engine_standin.request_inputs import STOP_WITHOUT_ID_ERROR, read_generation, read_rows, request_scalar
 from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, ResponseExtras, response_arrays
 from trtllm_truss.engine_standin.senders import accept_each, fail
 from trtllm_truss.engine_standin.settings import StandinSettings
 from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, RequestRejected
 from trtllm_truss.runtime.stub_watch import watch_parent
-from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
-    LLM_API_DOUBLE,
-    double_settings,
-    load_llm_api,
-    submit,
-    token_log_probs,
-    token_top_log_probs,
-)
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address
 
 log = logging.getLogger("tensorrt_llm_llmapi")
 CANCEL_CHECK_PERIOD_S = 0.05
-# is_cancelled() is an IPC round trip to tritonserver made on the loop thread that also sends every response:
+# is_cancelled() is an IPC round trip to tritonserver made by the thread that also sends every response:
 # past this many checks a second (many requests in flight), each request is checked less often instead.
 CANCEL_CHECKS_PER_S = 250
 MODEL_YAML = "model.yaml"
+HOST_GONE = "tensorrt_llm (LLM API): the LLM host process is gone"
 _UNSUPPORTED_FLAGS = {
     "return_context_logits": "context logits are not wired through this model",
     "return_generation_logits": "generation logits are not wired through this model",
@@ -68,8 +71,20 @@ _UNSUPPORTED_FLAGS = {
 
 
 @dataclass
+class Sequence:
+    """One generated sequence of a row: what its responses need."""
+
+    history: deque  # the last prefix_window ids before the next response's tokens
+    tokens: list[int] = field(default_factory=list)  # all of them, for a non-streamed answer
+    log_probs: list[float] = field(default_factory=list)
+    tops: list = field(default_factory=list)
+    cum: float = 0.0
+    finish: str | None = None
+
+
+@dataclass
 class Flight:
-    """One Triton request: its rows' LLM results, and what its responses need."""
+    """One Triton request: its rows (one LLM generate_async each) and their sequences."""
 
     triton_id: str
     sender: object
@@ -78,8 +93,10 @@ class Flight:
     want_log_probs: bool
     top_log_probs: int  # num_top_log_probs (ours): k most likely tokens per position, 0 for none
     outputs: frozenset
-    rows: int
-    results: list = field(default_factory=list)
+    prompts: list[list[int]]
+    sequences: list[list[Sequence]]  # [row][sequence index]
+    keys: list = field(default_factory=list)
+    open: int = 0  # sequences not yet finished
     done: bool = False
 
 
@@ -88,8 +105,7 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         parameters = {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
-        self.kind = parameters.get("llm_api", "tensorrt_llm").strip() or "tensorrt_llm"
-        self.api = load_llm_api(self.kind)
+        self.name = str(args.get("model_instance_name", args["model_name"]))
         self.prefix_window = int(parameters.get("prefix_window_tokens", "8") or 8)
         self.exclude_input = parameters.get("exclude_input_in_output", "false").strip().lower() == "true"
         self.limits = EngineLimits(
@@ -101,30 +117,22 @@ class TritonPythonModel:
         self.adapters = StandinSettings.from_parameters(
             {"model_dir": "-", "lora_adapters": parameters.get("lora_adapters", "")}
         ).lora_adapters
-        self.tokenizer_dir = parameters.get("tokenizer_dir") or None
-        # The double's own settings (its stand-in engine), kept apart from model.yaml's LLM() arguments.
-        self.double_settings = double_settings(parameters) if self.kind == LLM_API_DOUBLE else {}
-        self._tokenizer = None
         model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / MODEL_YAML
-        llm_args = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
-        self.default_end_id = _eos_token_id(Path(llm_args["model"]))
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="tensorrt_llm-llmapi", daemon=True)
-        self._thread.start()
-        # Built on the loop thread: the LLM API binds its result queues to the loop that runs it.
-        self.llm = asyncio.run_coroutine_threadsafe(self._build(llm_args), self.loop).result()
-        self._flights: dict[str, Flight] = {}  # Triton id -> request, for NVIDIA's `stop`
-        self._active: set[int] = set()
-        self._watch = asyncio.run_coroutine_threadsafe(self._watch_cancellations(), self.loop)
-        self._parent_watch = watch_parent(str(args.get("model_instance_name", args["model_name"])))
-        if self.kind == LLM_API_DOUBLE:
-            from trtllm_truss.engine_standin.llmapi_double import applied_summary
-
-            log.warning("%s", applied_summary(self.llm, llm_args))
-        log.info("llmapi model ready: %s LLM API, model.yaml %s", self.kind, model_yaml)
-
-    async def _build(self, llm_args: dict):
-        return self.api.LLM(**llm_args, **self.double_settings)
+        self.default_end_id = _eos_token_id(model_yaml)
+        self._flights: dict[int, Flight] = {}
+        self._rows: dict[tuple[int, int], tuple[Flight, int]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # the registry, and the socket's writes
+        self.gone: str | None = None
+        self._parent_watch = watch_parent(self.name)
+        timeout_s = float(parameters.get("startup_timeout_s") or 1800)
+        self._host, self._socket = _connect(
+            host_address(str(Path(args["model_repository"]).resolve()), os.getppid()), model_yaml, parameters, timeout_s
+        )
+        self._reader = FrameReader(self._socket)
+        self._receiver = threading.Thread(target=self._receive, name=f"{self.name}-sender", daemon=True)
+        self._receiver.start()
+        log.info("%s: connected to the LLM host%s", self.name, " (started it)" if self._host is not None else "")
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests):
@@ -147,16 +155,25 @@ class TritonPythonModel:
             if getattr(generation, name):
                 raise RequestRejected(f"{name}: {why}")
 
+    def _send_to_host(self, messages: list) -> None:
+        if self.gone is not None:
+            raise RequestRejected(self.gone)
+        data = encode(messages)
+        with self._lock:
+            self._socket.sendall(data)
+
     def _accept(self, request) -> None:
         triton_id = request.request_id() or ""
         if request_scalar(pb_utils, request, "stop", False):
             if not triton_id:
                 raise RequestRejected(STOP_WITHOUT_ID_ERROR)
-            self.loop.call_soon_threadsafe(self._abort, triton_id)
+            self._send_to_host([("stop", triton_id)])
             request.get_response_sender().send(
                 pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             )
             return
+        if self.gone is not None:
+            raise RequestRejected(self.gone)
         shape = read_rows(pb_utils, request, decoupled=self.decoupled)
         rows = []
         for row in range(shape.rows):
@@ -166,6 +183,7 @@ class TritonPythonModel:
             )
             rows.append((parsed, shape.sequences[row]))
         first = rows[0][0]
+        window = self.prefix_window
         flight = Flight(
             triton_id=triton_id,
             sender=request.get_response_sender(),
@@ -174,140 +192,229 @@ class TritonPythonModel:
             want_log_probs=first.generation.return_log_probs,
             top_log_probs=first.generation.top_log_probs if first.generation.return_log_probs else 0,
             outputs=frozenset(request.requested_output_names()) or ENGINE_OUTPUT_NAMES,
-            rows=shape.rows,
+            prompts=[list(parsed.prompt) for parsed, _ in rows],
+            sequences=[[Sequence(deque(parsed.prompt[-window:], maxlen=window)) for _ in range(count)] for parsed, count in rows],
+            open=sum(count for _, count in rows),
         )
-        asyncio.run_coroutine_threadsafe(self._serve(flight, rows), self.loop)
-
-    def _abort(self, triton_id: str) -> None:
-        flight = self._flights.get(triton_id)
-        if flight is not None:
-            for result in flight.results:
-                result.abort()
-
-    def _decode(self, ids: list[int]) -> str:
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
-        return self._tokenizer.decode(ids)
-
-    async def _serve(self, flight: Flight, rows) -> None:
-        """Every row of the request, concurrently; the last response carries the final flag."""
-        if flight.triton_id:
-            self._flights[flight.triton_id] = flight
-        self._active.add(id(flight))
+        number = next(self._ids)
+        flight.keys = [(number, row) for row in range(len(rows))]
+        with self._lock:
+            self._flights[number] = flight
+            for row, key in enumerate(flight.keys):
+                self._rows[key] = (flight, row)
         try:
-            try:
-                results = [
-                    submit(self.llm, self.api, parsed.generation, n=count, streaming=flight.streaming,
-                           adapters=self.adapters, decode=self._decode)
-                    for parsed, count in rows
-                ]
-            except Exception as exc:  # the LLM API refused the request (its own validation)
-                fail(pb_utils, flight.sender, f"tensorrt_llm (LLM API): {exc}")
-                return
-            flight.results = results
-            outcome = await asyncio.gather(
-                *(self._stream(flight, row, parsed, count, result) for row, ((parsed, count), result) in enumerate(zip(rows, results))),
-                return_exceptions=True,
+            self._send_to_host(
+                [("submit", key, parsed.generation, count, flight.streaming, triton_id) for key, (parsed, count) in zip(flight.keys, rows)]
             )
-            errors = [str(e) for e in outcome if isinstance(e, BaseException)]
-            if errors:
-                for result in results:
-                    result.abort()
-                fail(pb_utils, flight.sender, f"tensorrt_llm (LLM API): {errors[0]}")
-                return
-            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-            responses = [response for row in outcome for response in row]
-            if not responses:  # streamed (or cancelled before any token): the final flag alone
-                flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
-                return
-            for response in responses[:-1]:
-                flight.sender.send(response, flags=0)
-            flight.sender.send(responses[-1], flags=final)
-        except Exception:
-            log.exception("serving request %s failed", flight.triton_id)
-        finally:
-            flight.done = True
-            flight.sender = None  # a sender must not outlive its final response
-            self._active.discard(id(flight))
-            if flight.triton_id and self._flights.get(flight.triton_id) is flight:
-                del self._flights[flight.triton_id]
+        except (OSError, RequestRejected) as exc:
+            self._forget(flight)
+            fail(pb_utils, flight.sender, str(exc) if isinstance(exc, RequestRejected) else HOST_GONE)
 
-    async def _stream(self, flight: Flight, row: int, parsed, count: int, result) -> list:
-        """One row's result: streamed, a response per new tokens of each sequence is sent at once (returns
-        []); otherwise the responses to send at the end, one per sequence (prompt first unless
-        exclude_input_in_output; none for a cancelled request)."""
-        prompt = parsed.prompt
-        sent = [0] * count
-        history = [deque(prompt[-self.prefix_window :], maxlen=self.prefix_window) for _ in range(count)]
-        cum = [0.0] * count
+    # ------------------------------------------------------------------ the receive (and send) thread
+    def _receive(self) -> None:
+        last_check = time.monotonic()
+        while True:
+            if not self._reader.has_frame():
+                ready, _, _ = select.select([self._socket], [], [], CANCEL_CHECK_PERIOD_S)
+            else:
+                ready = True
+            if ready:
+                try:
+                    updates = self._reader.read()
+                except OSError:
+                    updates = None
+                if updates is None:
+                    self._host_gone()
+                    return
+                for update in updates:
+                    try:
+                        self._on_update(update)
+                    except Exception:
+                        log.exception("%s: answering an update failed", self.name)
+            now = time.monotonic()
+            if now - last_check >= max(CANCEL_CHECK_PERIOD_S, len(self._flights) / CANCEL_CHECKS_PER_S):
+                last_check = now
+                self._check_cancellations()
+
+    def _on_update(self, update: tuple) -> None:
+        key, index, tokens, log_probs, tops, finish, error = update
+        entry = self._rows.get(key)
+        if entry is None:
+            return  # its request already ended (failed, or its host gone)
+        flight, row = entry
+        if error is not None:
+            self._end_with_error(flight, f"tensorrt_llm (LLM API): {error}")
+            return
+        sequence = flight.sequences[row][index]
+        count = len(flight.sequences[row])
+        if tokens:
+            if flight.want_log_probs:
+                sequence.cum += float(sum(log_probs))
+            if not flight.streaming:
+                sequence.tokens += tokens
+                sequence.log_probs += log_probs or []
+                sequence.tops += tops or []
+        if finish is not None:
+            sequence.finish = finish
+            flight.open -= 1
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if flight.open == 0 else 0
+        if flight.streaming:
+            if tokens:
+                prefix = list(sequence.history)
+                sequence.history.extend(tokens)
+                response = self._response(flight, row, index, count, tokens, log_probs, sequence.cum, prefix, len(tokens), tops)
+                flight.sender.send(response, flags=final)
+            elif final:
+                flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
+        elif final:
+            self._send_whole(flight)
+        if final:
+            self._forget(flight)
+
+    def _send_whole(self, flight: Flight) -> None:
+        """A non-streamed request's answer: one response per sequence (prompt first unless
+        exclude_input_in_output), the last one final; none for a cancelled request."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if any(s.finish == "cancelled" for row in flight.sequences for s in row):
+            flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
+            return
         k = flight.top_log_probs
-        async for update in result:
-            outputs = update.outputs
-            for completion in outputs:
-                index = completion.index
-                tokens = list(completion.token_ids[sent[index] :])
-                if not tokens:
-                    continue
-                log_probs = token_log_probs(completion.logprobs[sent[index] :], tokens) if flight.want_log_probs else []
-                tops = token_top_log_probs(completion.logprobs[sent[index] :][: len(tokens)], k) if k else None
-                sent[index] += len(tokens)
-                cum[index] += float(sum(log_probs))
-                if not flight.streaming:
-                    continue
-                prefix = list(history[index])
-                history[index].extend(tokens)
-                response = self._response(flight, row, index, count, tokens, log_probs, cum[index], prefix, len(tokens), tops)
-                if flight.sender is not None:
-                    flight.sender.send(response, flags=0)
-        if flight.streaming or any(c.finish_reason == "cancelled" for c in result.outputs):
-            return []
         responses = []
-        for completion in result.outputs:
-            index = completion.index
-            tokens = list(completion.token_ids)
-            log_probs = token_log_probs(completion.logprobs, tokens) if flight.want_log_probs else []
-            tops = token_top_log_probs(completion.logprobs[: len(tokens)], k) if k else None
-            ids = tokens if flight.exclude_input else prompt + tokens
-            prefix = list(history[index]) if flight.exclude_input else []
-            responses.append(self._response(flight, row, index, count, ids, log_probs, cum[index], prefix, len(tokens), tops))
-        return responses
+        for row, sequences in enumerate(flight.sequences):
+            prompt = flight.prompts[row]
+            for index, s in enumerate(sequences):
+                ids = s.tokens if flight.exclude_input else prompt + s.tokens
+                prefix = list(s.history) if flight.exclude_input else []
+                tops = s.tops[: len(s.tokens)] if k else None
+                responses.append(self._response(flight, row, index, len(sequences), ids, s.log_probs, s.cum, prefix, len(s.tokens), tops))
+        for response in responses[:-1]:
+            flight.sender.send(response, flags=0)
+        flight.sender.send(responses[-1], flags=final)
 
     def _response(self, flight, row, index, count, tokens, log_probs, cum, prefix, generated, tops=None):
         extras = ResponseExtras(
-            batch_index=row if flight.rows > 1 else None, sequence_index=index if count > 1 else None
+            batch_index=row if len(flight.sequences) > 1 else None, sequence_index=index if count > 1 else None
         )
         arrays = response_arrays(
-            flight.outputs, tokens, log_probs if flight.want_log_probs else [], cum, prefix, generated, extras, tops
+            flight.outputs, tokens, (log_probs or []) if flight.want_log_probs else [], cum, prefix, generated, extras, tops
         )
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays])
 
-    async def _watch_cancellations(self) -> None:
+    def _end_with_error(self, flight: Flight, message: str) -> None:
+        if flight.done:
+            return
+        self._forget(flight)
+        if self.gone is None:
+            try:
+                self._send_to_host([("abort", key) for key in flight.keys])
+            except (OSError, RequestRejected):
+                pass
+        fail(pb_utils, flight.sender, message)
+
+    def _forget(self, flight: Flight) -> None:
+        with self._lock:
+            flight.done = True
+            for number, _ in flight.keys[:1]:
+                self._flights.pop(number, None)
+            for key in flight.keys:
+                self._rows.pop(key, None)
+
+    def _check_cancellations(self) -> None:
         """Triton cancellation (the client went away): abort the LLM request, which frees its slot."""
-        while True:
-            await asyncio.sleep(max(CANCEL_CHECK_PERIOD_S, len(self._flights) / CANCEL_CHECKS_PER_S))
-            for flight in list(self._flights.values()):
-                sender = flight.sender
-                try:
-                    if sender is not None and not flight.done and sender.is_cancelled():
-                        for result in flight.results:
-                            result.abort()
-                except Exception:
-                    log.exception("checking cancellation of %s failed", flight.triton_id)
+        for flight in list(self._flights.values()):
+            try:
+                if not flight.done and flight.sender.is_cancelled():
+                    self._send_to_host([("abort", key) for key in flight.keys])
+            except Exception:
+                log.exception("checking cancellation of %s failed", flight.triton_id)
+
+    def _host_gone(self) -> None:
+        """Every request in flight fails, and every new one (the probe reads the engine unhealthy)."""
+        self.gone = HOST_GONE
+        log.error("%s: %s; failing %d request(s) in flight", self.name, HOST_GONE, len(self._flights))
+        for flight in list(self._flights.values()):
+            self._end_with_error(flight, HOST_GONE)
 
     def finalize(self) -> None:
-        self._watch.cancel()
-        shutdown = getattr(self.llm, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
+        if self._host is not None:  # this instance started the host: it stops it
+            try:
+                self._send_to_host([("shutdown",)])
+            except (OSError, RequestRejected):
+                pass
+            try:
+                self._host.wait(30)
+            except subprocess.TimeoutExpired:
+                self._host.kill()
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._socket.close()
         self._parent_watch.finalized()
 
 
-def _eos_token_id(model_dir: Path) -> int | None:
+def _connect(address: str, model_yaml: Path, parameters: dict, timeout_s: float):
+    """(the host process if this instance started it, else None; a socket to the host, past its `ready`).
+    The first instance to claim the starter name starts the host; an instance whose starter is gone before
+    the host listens claims it in turn."""
+    deadline = time.monotonic() + timeout_s
+    host: subprocess.Popen | None = None
+    claim: socket.socket | None = None
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address)
+            break
+        except OSError:
+            sock.close()
+        if host is not None and host.poll() is not None:
+            raise RuntimeError(f"the LLM host exited with {host.returncode} before it listened (tritonserver's log has why)")
+        if claim is None:
+            claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                claim.bind(address + "-starter")  # held for this stub's life: nobody else starts one
+                host = _start_host(address, model_yaml, parameters)
+            except OSError:
+                claim.close()
+                claim = None
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the LLM host did not listen within {timeout_s:g} s")
+        time.sleep(0.05)
+    sock.settimeout(max(1.0, deadline - time.monotonic()))
+    first = FrameReader(sock).read()
+    sock.settimeout(None)
+    if not first:
+        raise RuntimeError("the LLM host closed the connection before it was ready (tritonserver's log has why)")
+    kind, payload = first[0]
+    if kind != "ready":
+        raise RuntimeError(f"the LLM host: {payload}")
+    if claim is not None:
+        host._claim = claim  # type: ignore[union-attr]  # kept open with the process handle
+    return host, sock
+
+
+def _start_host(address: str, model_yaml: Path, parameters: dict) -> subprocess.Popen:
+    python = sys.executable if sys.executable and os.access(sys.executable, os.X_OK) else shutil.which("python3")
+    env = dict(os.environ)
+    # The rendered model.py put our package on sys.path; the host is a fresh interpreter.
+    package_root = str(Path(trtllm_truss.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    process = subprocess.Popen(
+        [python, "-m", "trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_host", address.lstrip("\0"), str(model_yaml), str(os.getpid())],
+        stdin=subprocess.PIPE, env=env,
+    )
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(parameters).encode())
+    process.stdin.close()
+    return process
+
+
+def _eos_token_id(model_yaml: Path) -> int | None:
     """The checkpoint's end token (generation_config.json first, as transformers does)."""
+    import yaml
+
+    llm_args = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
+    model_dir = Path(llm_args["model"])
     for name in ("generation_config.json", "config.json"):
         path = model_dir / name
         if path.is_file():

@@ -1,0 +1,68 @@
+"""What our llmapi model's Triton instances and the LLM host say to each other (llm_host.py, model.py).
+
+Frames on a Unix stream socket: a 4-byte little-endian length and a pickled list of messages (both ends
+are this package, started by the same interpreter; the socket is in the abstract namespace of this
+machine, named after the tritonserver that owns the model, so only its stubs find it).
+
+instance -> host: `("submit", key, GenerationRequest, n, streaming, triton_id)` (one Triton row: a
+`generate_async` call), `("abort", key)`, `("stop", triton_id)` (NVIDIA's `stop` input, which may reach
+any instance: the host knows every instance's requests), `("shutdown",)` (the instance that started the
+host, in its finalize).
+host -> instance: first `("ready", info)` or `("failed", message)`, then lists of updates
+`(key, index, token_ids, log_probs, tops, finish_reason, error)`: the new tokens of sequence `index`
+(since the last update), their log probs (None unless asked for), their k most likely tokens (None
+unless asked for), and when the sequence ended its finish reason ("stop", "length", "cancelled"); an
+update with `error` ends the whole row (index None).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import socket
+import struct
+
+HEADER = struct.Struct("<I")
+MAX_FRAME_BYTES = 1 << 30
+
+
+def host_address(repository: str, tritonserver_pid: int) -> str:
+    """The host's socket: one per tritonserver process and model repository (a restarted tritonserver
+    gets a new host)."""
+    digest = hashlib.sha256(repository.encode()).hexdigest()[:16]
+    return f"\0trtllm-truss-llmapi-{tritonserver_pid}-{digest}"
+
+
+def encode(messages: list) -> bytes:
+    data = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(data)) + data
+
+
+class FrameReader:
+    """Blocking reads of whole frames from a socket (one thread)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+
+    def read(self) -> list | None:
+        """The next frame's messages; None at EOF."""
+        while True:
+            if len(self._buffer) >= HEADER.size:
+                (length,) = HEADER.unpack_from(self._buffer)
+                if length > MAX_FRAME_BYTES:
+                    raise ValueError(f"frame of {length} bytes")
+                end = HEADER.size + length
+                if len(self._buffer) >= end:
+                    data = bytes(self._buffer[HEADER.size : end])
+                    del self._buffer[:end]
+                    return pickle.loads(data)
+            chunk = self._sock.recv(1 << 20)
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def has_frame(self) -> bool:
+        if len(self._buffer) < HEADER.size:
+            return False
+        return len(self._buffer) >= HEADER.size + HEADER.unpack_from(self._buffer)[0]
