@@ -75,3 +75,30 @@ def test_bench_compare_backends_streams_the_llmapi_path_on_the_synthetic_engine(
     assert (comparison["direct"], comparison["full"]) == ("engine@pytorch", "engine@llmapi")
     assert comparison["cpu_ratios"]["total"] > 0 and comparison["cpu_ratios"]["triton_and_stubs"] > 0
     assert "engine@llmapi / engine@pytorch" in out
+
+
+def test_bench_with_llm_puts_the_llm_api_driven_directly_beside_the_engine_model_and_http(tmp_path, monkeypatch, capsys):
+    """--compare --with-llm on backend llmapi: the LLM API driven directly in one process (its own LLM, the
+    double's executor in a worker process) beside our llmapi Triton model and HTTP through the direct front, on
+    the same requests; the report's ratio is http / llm and the other pairs are listed beside it."""
+    repo_root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("TRTLLM_RUNTIME__BACKEND", "llmapi")
+    monkeypatch.setenv("TRTLLM_RUNTIME__PYTORCH__SYNTHETIC__STEP_TIME_MS", "0")
+    monkeypatch.setenv("TRTLLM_RUNTIME__LLMAPI__INSTANCE_COUNT", "2")
+    report_path = tmp_path / "with_llm.json"
+    code = main([
+        "bench", str(repo_root), "--compare", "--with-llm", "--front", "direct",
+        "--concurrency", "4", "--num-requests", "8", "--warmup", "2",
+        "--input-mean", "16", "--output-mean", "24", "--json", str(report_path), "--no-progress",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(report_path.read_text())
+    assert [r["target"] for r in report["runs"]] == ["llm", "engine", "http"]
+    for run in report["runs"]:
+        assert run["metrics"]["succeeded"] == 8 and run["metrics"]["failed"] == 0, run["metrics"]["first_errors"]
+        assert run["metrics"]["output_tokens_total"] == 8 * 24
+    llm = report["runs"][0]
+    assert set(llm["server_cpu"]) >= {"serving_path", "truss_process"}  # read from the LLM's own process tree
+    assert [(c["direct"], c["full"]) for c in report["comparisons"]] == [("llm", "http"), ("llm", "engine"), ("engine", "http")]
+    assert report["ratio"] == report["comparisons"][0]["ratio"]

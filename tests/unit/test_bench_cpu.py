@@ -195,3 +195,21 @@ async def test_targets_on_their_own_stacks_are_read_by_their_own_probes_and_thei
     assert ratios["serving_path"] == pytest.approx(1.0)
     assert ratios["triton_and_stubs"] == pytest.approx(3.5 / 3.0)
     assert ratios["total"] == pytest.approx(4.5 / 4.0)
+
+
+def test_processes_a_stub_started_count_as_the_stubs(tmp_path):
+    """The llmapi model's LLM host and its executor's worker are started by a python stub: their CPU is the
+    engine's side (python_stubs), as the tensor stand-in's engine inside its stub is, never ours."""
+    stub = tmp_path / "triton_python_backend_stub"
+    stub.symlink_to(sys.executable)
+    child = "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.readline()'], stdin=subprocess.PIPE); print(p.pid, flush=True); sys.stdin.readline(); p.stdin.close(); p.wait()"
+    process = subprocess.Popen([str(stub), "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(process.stdout.readline())
+        snapshot = CpuProbe((os.getpid(),)).snapshot()
+        assert snapshot[process.pid][0] == "python_stubs"
+        assert snapshot[grandchild][0] == "python_stubs"
+        assert snapshot[os.getpid()][0] == "truss_process"
+    finally:
+        process.stdin.close()
+        process.wait(10)

@@ -256,3 +256,31 @@ def test_synthetic_engine_reaches_the_double_as_the_stand_ins_parameters_never_m
         assert "SYNTHETIC engine (2.5 ms steps" in applied_summary(llm, args)
     finally:
         llm.shutdown()
+
+
+@pytest.mark.torch  # the double's executor runs the embedded model with its peft adapter
+def test_the_doubles_adapters_are_named_by_their_lora_id_so_any_folder_works(tmp_path):
+    """TensorRT-LLM keys an adapter by its LoRARequest (lora_int_id), never by its folder: a folder whose path
+    holds a dot (`/tmp/tmp.x1/my-truss/...`) once made peft refuse the double's adapter name ("module name
+    can't contain '.'"), so a truss at such a path did not start."""
+    import asyncio
+    import shutil
+
+    from trtllm_truss.engine_standin.llmapi_double import LLM, LoRARequest, SamplingParams
+
+    repo = Path(__file__).resolve().parents[2]
+    adapter = tmp_path / "tmp.x1" / "my.truss" / "pirate.v1"
+    shutil.copytree(repo / "data" / "embedded-lora" / "pirate", adapter)
+    llm = LLM(model=str(repo / "data" / "embedded-llama"), max_batch_size=2, max_seq_len=256,
+              lora_config={"lora_dir": [str(adapter)], "max_lora_rank": 8})
+    try:
+        async def greedy(lora: LoRARequest | None) -> list[int]:
+            params = SamplingParams(max_tokens=8, top_k=1, end_id=-1)
+            result = await llm.generate_async(inputs=[1, 450, 1996], sampling_params=params, lora_request=lora).aresult()
+            return result.outputs[0].token_ids
+
+        base = asyncio.run(greedy(None))
+        pirate = asyncio.run(greedy(LoRARequest(lora_name="pirate", lora_int_id=1, lora_path=str(adapter))))
+        assert len(base) == len(pirate) == 8 and base != pirate  # the adapter ran
+    finally:
+        llm.shutdown()

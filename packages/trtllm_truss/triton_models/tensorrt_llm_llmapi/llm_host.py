@@ -224,11 +224,14 @@ async def _run(listener: socket.socket, model_yaml: Path, parameters: dict[str, 
         return 1
     host = LlmHost(llm, api, parameters)
     server = await asyncio.start_unix_server(host.serve, sock=listener)
-    watch = asyncio.get_running_loop().create_task(host.watch_executor())
+    asyncio.get_running_loop().create_task(host.watch_executor())
     log.info("LLM host ready (pid %d): model.yaml %s", os.getpid(), model_yaml)
     await host.stopped.wait()
-    watch.cancel()
     server.close()
+    current = asyncio.current_task()
+    for task in asyncio.all_tasks():  # the instances' connections, the watch, rows still followed
+        if task is not current:
+            task.cancel()
     broken = getattr(getattr(llm, "executor", None), "error", None) is not None
     try:
         llm.shutdown()

@@ -331,6 +331,8 @@ class TritonPythonModel:
     def _host_gone(self) -> None:
         """Every request in flight fails, and every new one (the probe reads the engine unhealthy)."""
         self.gone = HOST_GONE
+        if self._host is not None:
+            self._host.poll()  # reaped: this stub started it
         log.error("%s: %s; failing %d request(s) in flight", self.name, HOST_GONE, len(self._flights))
         for flight in list(self._flights.values()):
             self._end_with_error(flight, HOST_GONE)
