@@ -66,3 +66,25 @@ class FrameReader:
         if len(self._buffer) < HEADER.size:
             return False
         return len(self._buffer) >= HEADER.size + HEADER.unpack_from(self._buffer)[0]
+
+
+def merged(updates: list[tuple]) -> list[tuple]:
+    """Updates in order, each sequence's (key, index) consecutive token updates joined into its first: their
+    tokens, log probs and top tokens in order, the last one's end (an error update is kept as it is)."""
+    out: list[list] = []
+    open_at: dict[tuple, int] = {}
+    for key, index, tokens, log_probs, tops, finish, error in updates:
+        at = open_at.get((key, index)) if error is None else None
+        if at is None:
+            out.append([key, index, list(tokens or ()), log_probs, tops, finish, error])
+            if error is None and finish is None:
+                open_at[(key, index)] = len(out) - 1
+            continue
+        entry = out[at]
+        entry[2] += tokens or ()
+        entry[3] = None if log_probs is None else (entry[3] or []) + log_probs
+        entry[4] = None if tops is None else (entry[4] or []) + tops
+        if finish is not None:
+            entry[5] = finish
+            del open_at[(key, index)]
+    return [tuple(entry) for entry in out]

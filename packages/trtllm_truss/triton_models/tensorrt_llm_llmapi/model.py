@@ -55,7 +55,7 @@ from trtllm_truss.engine_standin.senders import accept_each, fail
 from trtllm_truss.engine_standin.settings import StandinSettings
 from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, RequestRejected
 from trtllm_truss.runtime.stub_watch import watch_parent
-from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address, merged
 
 log = logging.getLogger("tensorrt_llm_llmapi")
 CANCEL_CHECK_PERIOD_S = 0.05
@@ -214,13 +214,9 @@ class TritonPythonModel:
     def _receive(self) -> None:
         last_check = time.monotonic()
         while True:
-            if not self._reader.has_frame():
-                ready, _, _ = select.select([self._socket], [], [], CANCEL_CHECK_PERIOD_S)
-            else:
-                ready = True
-            if ready:
+            if self._reader.has_frame() or select.select([self._socket], [], [], CANCEL_CHECK_PERIOD_S)[0]:
                 try:
-                    updates = self._reader.read()
+                    updates = self._read_ready()
                 except OSError:
                     updates = None
                 if updates is None:
@@ -235,6 +231,20 @@ class TritonPythonModel:
             if now - last_check >= max(CANCEL_CHECK_PERIOD_S, len(self._flights) / CANCEL_CHECKS_PER_S):
                 last_check = now
                 self._check_cancellations()
+
+    def _read_ready(self) -> list | None:
+        """Every update the host has sent so far (None once it is gone), a sequence's consecutive updates
+        merged into one: while this thread was sending, the LLM went on, and as the LLM API's own result
+        carries every token made since it was last read, one response carries them (one send, not several)."""
+        updates = self._reader.read()
+        if updates is None:
+            return None
+        while self._reader.has_frame() or select.select([self._socket], [], [], 0)[0]:
+            more = self._reader.read()
+            if more is None:
+                break  # seen by the next read
+            updates += more
+        return merged(updates) if len(updates) > 1 else updates
 
     def _on_update(self, update: tuple) -> None:
         key, index, tokens, log_probs, tops, finish, error = update

@@ -1,0 +1,44 @@
+"""The frames between our llmapi model's instances and its LLM host (triton_models/tensorrt_llm_llmapi/host_link.py)."""
+
+from __future__ import annotations
+
+import socket
+
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address, merged
+
+
+def test_frames_cross_a_socket_whole_however_the_bytes_arrive():
+    left, right = socket.socketpair()
+    first, second = [("submit", (1, 0), {"x": 1}, 1, True, "id")], [("abort", (1, 0))]
+    data = encode(first) + encode(second)
+    for i in range(0, len(data), 3):  # three bytes at a time
+        left.sendall(data[i : i + 3])
+    left.close()
+    reader = FrameReader(right)
+    assert reader.read() == first and reader.has_frame() and reader.read() == second
+    assert reader.read() is None  # EOF
+
+
+def test_a_sequences_updates_are_merged_into_one_response_in_order():
+    updates = [
+        ((1, 0), 0, [5], [-0.5], None, None, None),
+        ((2, 0), 0, [7], [-0.1], None, None, None),
+        ((1, 0), 0, [6, 8], [-0.25, -0.125], None, None, None),
+        ((1, 0), 1, [9], [-1.0], None, "length", None),  # another sequence of the same row: its own
+        ((1, 0), 0, [], [], None, "stop", None),
+        ((1, 0), 0, [4], [-2.0], None, None, None),  # after its end: never merged into it
+        ((3, 0), None, None, None, None, None, "the executor is gone"),
+    ]
+    assert merged(updates) == [
+        ((1, 0), 0, [5, 6, 8], [-0.5, -0.25, -0.125], None, "stop", None),
+        ((2, 0), 0, [7], [-0.1], None, None, None),
+        ((1, 0), 1, [9], [-1.0], None, "length", None),
+        ((1, 0), 0, [4], [-2.0], None, None, None),
+        ((3, 0), None, [], None, None, None, "the executor is gone"),
+    ]
+
+
+def test_the_host_is_named_after_its_tritonserver_and_repository():
+    one = host_address("/repo/a", 100)
+    assert one.startswith("\0trtllm-truss-llmapi-100-")
+    assert one != host_address("/repo/b", 100) and one != host_address("/repo/a", 101)
