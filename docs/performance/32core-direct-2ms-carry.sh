@@ -17,11 +17,12 @@ EXCL=(bfcl_eval 'bfcl_eval-*' moto 'moto-*' cfnlint 'cfn_lint-*' sympy 'sympy-*'
   mpl_toolkits pylab.py fontTools 'fonttools-*' PIL pillow.libs 'pillow-*' networkx 'networkx-*' openai 'openai-*'
   libcst 'libcst-*' pip 'pip-*' ruff 'ruff-*' docker 'docker-*' python_on_whales 'python_on_whales-*'
   py_partiql_parser aws_xray_sdk hf_xet 'hf_xet-*' pytest 'pytest-*' _pytest pytest_asyncio 'pytest_asyncio-*'
-  pytest_timeout.py contourpy kiwisolver cycler graphql 'graphql_core-*' zmq pyzmq.libs 'pyzmq-*' antlr4 flask
+  pytest_timeout.py contourpy kiwisolver cycler graphql 'graphql_core-*' antlr4 flask
   flask_cors werkzeug sentencepiece 'sentencepiece-*' openapi_schema_validator openapi_spec_validator
   jsonschema_path pathable responses truss_transfer 'truss_transfer-*' tokenizers 'tokenizers-*'
   '__editable__*' '__pycache__' '*.pyc' 'libpython3-*.13.so*' 'geventhttpclient*' gevent 'gevent-*'
   greenlet 'greenlet-*' zope 'zope*' tests)
+# pyzmq stays: the LLM-API double's executor talks to its worker over ZMQ IPC (issue 39).
 args=(); for e in "${EXCL[@]}"; do args+=(--exclude "$e"); done
 for v in 3.8 3.9 3.10 3.11 3.13; do args+=(--exclude "./pytriton/tritonserver/python_backend_stubs/$v"); done
 tar -C $SRC -cf - "${args[@]}" . | tar -C $DST -xf -

@@ -47,7 +47,7 @@ class PytorchEngineConfig(StrictModel):
         ge=1,
         le=64,
         description="Engine instances (Triton stub processes, each with its own engine and a share of "
-        "max_batch_size). None: 1 for a model; for the synthetic engine one per 2 CPU cores (1..8).",
+        "max_batch_size). None: 1 for a model; for the synthetic engine one per 2 CPU cores (1..16).",
     )
     sender_threads: int = Field(
         1,

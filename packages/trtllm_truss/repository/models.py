@@ -149,12 +149,12 @@ def tensorrtllm_engine_config(plan: ServingPlan, xgrammar_tokenizer_info: Path |
 
 def standin_instance_count(plan: ServingPlan) -> int:
     """Engine instances of the stand-in: as configured, else 1 for a model (each would load it) and
-    one per 2 cores (1..8) for the synthetic engine, whose cap is the IPC cost of each response
+    one per 2 cores (1..16, as the llmapi model) for the synthetic engine, whose cap is the IPC cost of each response
     (docs/design.md, "The engine stand-in"). Never more than max_batch_size (each needs a slot)."""
     pytorch = plan.runtime.pytorch
     count = pytorch.instance_count
     if count is None:
-        count = max(1, min(8, (os.cpu_count() or 1) // 2)) if pytorch.synthetic is not None else 1
+        count = max(1, min(16, (os.cpu_count() or 1) // 2)) if pytorch.synthetic is not None else 1
         return min(count, plan.max_batch_size)
     if count > plan.max_batch_size:
         raise RepositoryError(

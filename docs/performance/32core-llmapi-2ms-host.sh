@@ -1,0 +1,87 @@
+#!/bin/bash
+# Harness for issue 39 on a GPU host (not part of the product): the same venv as 32core-direct-2ms-host.sh
+# (carried .carry/site312.tar.xz, built by 32core-direct-2ms-carry.sh, with pyzmq for the LLM-API double's
+# executor), then `trtllm-truss bench` per step, results tarred into $OUT after each step.
+# The engine: the synthetic stand-in behind the LLM-API double (backend llmapi: our llmapi model, its LLM host,
+# the double's executor in its worker process), max_batch_size 512; instance counts at their defaults (one per
+# 2 cores, 16 on 32 cores: the llmapi model's and the tensor stand-in's alike); 8 direct-front processes.
+# Usage: bash .carry/host.sh STEP... ; BUDGET_S: stop starting steps past this. LOCAL=1: small loads, for a
+# dry run on the development machine.
+set -u
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+RES=/tmp/res; mkdir -p $RES
+log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+pack() { tar -czf $OUT/results.tgz -C $RES . 2>/dev/null; }
+
+if [ -z "${LOCAL:-}" ]; then
+  log "host: $(nproc) cores, $(python3 -V 2>&1) at $(command -v python3); $(nvidia-smi -L 2>/dev/null | head -2 | tr '\n' ' ')"
+  PY=$(command -v python3)
+  $PY -m venv --without-pip /tmp/v || { log "venv failed"; exit 1; }
+  SP=$(/tmp/v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  IMG=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  tar -xJf .carry/site312.tar.xz -C "$SP" 2>/dev/null || { log "extract failed"; exit 1; }
+  echo "import site; site.addsitedir('$IMG')" > "$SP/zz_image_site.pth"   # the image's torch, after ours
+  echo "$PWD/packages" > "$SP/trtllm_truss_src.pth"
+  export PATH=/tmp/v/bin:$PATH
+  PYRUN=python
+else
+  PYRUN=.venv/bin/python
+fi
+export PYTHONUNBUFFERED=1
+$PYRUN - <<'EOF' || { log "imports failed"; exit 1; }
+import numpy, torch, zmq, tritonclient.grpc, uvicorn, uvloop, trtllm_truss.cli
+from trtllm_truss.engine_standin import SyntheticEngine
+print("imports:", "torch", torch.__version__, "zmq", zmq.__version__, "uvloop", uvloop.__version__)
+EOF
+log "setup done"
+
+export TRTLLM_BUILD__MAX_BATCH_SIZE=512 TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS=512
+C=$(nproc)
+if [ -z "${LOCAL:-}" ]; then
+  HIGH2="--concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8"
+  HIGH10="--concurrency 64,256,512 --num-requests 512 --output-stddev 32 --client-processes 8"
+  ONE2="--concurrency 1 --num-requests 64 --output-mean 32 --output-stddev 0"
+  ONE10="--concurrency 1 --num-requests 16 --output-mean 32 --output-stddev 0"
+else
+  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2
+  ONE2="--concurrency 1 --num-requests 8 --output-mean 16"; ONE10=$ONE2
+fi
+
+# step NAME ESTIMATE_S ENV... -- BENCH_ARGS...
+step() {
+  local name=$1 est=$2; shift 2
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  local left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ $left -lt $est ]; then log "SKIP $name (needs ~${est}s, ${left}s left)"; echo "$name skipped" >> $RES/steps.txt; return; fi
+  local s=$(date +%s)
+  log "START $name: ${envs[*]} bench $*"
+  env "${envs[@]}" timeout $(( left - 5 )) $PYRUN -m trtllm_truss.cli bench . --no-progress --rounds 3 \
+    --json $RES/${C}core-llmapi-$name.json "$@" > $RES/$name.log 2>&1
+  local rc=$?
+  log "END $name rc=$rc in $(( $(date +%s) - s ))s"
+  echo "$name rc=$rc $(( $(date +%s) - s ))s" >> $RES/steps.txt
+  grep -E "^(ratio|engine|http|llm|pytorch)|x[0-9]|Error|error" $RES/$name.log | grep -v "^  I1[0-9]" | tail -${TAILN:-12}
+  pack
+}
+
+L="TRTLLM_RUNTIME__BACKEND=llmapi"
+S2='TRTLLM_RUNTIME__PYTORCH__SYNTHETIC={"step_time_ms": 2}'
+S10='TRTLLM_RUNTIME__PYTORCH__SYNTHETIC={"step_time_ms": 10}'
+WITH="--compare --with-llm --front direct"
+BACK="--compare-backends pytorch,llmapi --target http --front direct"
+for s in "$@"; do case $s in
+  2ms-i1)     step 2ms-interval1 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH2 ;;
+  2ms-i4)     step 2ms-interval4 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH2 ;;
+  2ms-i1-c1)  step 2ms-interval1-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE2 ;;
+  2ms-i4-c1)  step 2ms-interval4-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE2 ;;
+  10ms-i1)    step 10ms-interval1 200 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH10 ;;
+  10ms-i4)    step 10ms-interval4 200 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH10 ;;
+  10ms-i1-c1) step 10ms-interval1-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE10 ;;
+  10ms-i4-c1) step 10ms-interval4-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE10 ;;
+  tensor-2ms-i1) step tensor-vs-llmapi-2ms-interval1 150 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH2 ;;
+  tensor-2ms-i4) step tensor-vs-llmapi-2ms-interval4 150 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $BACK $HIGH2 ;;
+  *) log "unknown step $s" ;;
+esac; done
+log "all done"
