@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trtllm_truss.engine_standin.llmapi_executor import ExecutorProxy
-from trtllm_truss.engine_standin.settings import StandinSettings
+from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import (
     FinishReason,
     GenerationOutput,
@@ -263,6 +263,7 @@ class LLM:
         if max_loras:
             parameters["lora_max_loras"] = str(max_loras)
         self.settings = StandinSettings.from_parameters(parameters)
+        self.eos_token_id = checkpoint_eos_token_id(model)  # the tokenizer's end token, as TensorRT-LLM's default
         self.not_applied = sorted(set(kwargs) - _APPLIED_LLM_ARGS)
         self._tokenizer = None
         # engine request id -> (its result, sequence index); touched by the caller's loop and the dispatch thread.
@@ -311,7 +312,7 @@ class LLM:
                     f"LLM-API double: lora_path {lora_request.lora_path} is not among lora_config.lora_dir, the"
                     " adapters it loaded at startup"
                 )
-        end_id = params.end_id if params.end_id is not None else self.tokenizer.eos_token_id
+        end_id = params.end_id if params.end_id is not None else self.eos_token_id
         seed = secrets.randbits(63) if params.seed is None else int(params.seed)
         bias = params.embedding_bias
         guide = params.guided_decoding.guide() if params.guided_decoding is not None else None

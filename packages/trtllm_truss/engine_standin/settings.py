@@ -163,3 +163,19 @@ def resolve_device(device: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def checkpoint_eos_token_id(model_dir: Path | str | None) -> int | None:
+    """A checkpoint's end token (generation_config.json first, as transformers does), if it has one: read
+    from its JSON, so no tokenizer (nor transformers) is loaded for it."""
+    if model_dir is None:
+        return None
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if isinstance(value, int):
+                return value
+    return None

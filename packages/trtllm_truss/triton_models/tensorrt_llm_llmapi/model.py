@@ -52,7 +52,7 @@ import trtllm_truss
 from trtllm_truss.engine_standin.request_inputs import STOP_WITHOUT_ID_ERROR, read_generation, read_rows, request_scalar
 from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, ResponseExtras, response_arrays
 from trtllm_truss.engine_standin.senders import accept_each, fail
-from trtllm_truss.engine_standin.settings import StandinSettings
+from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, RequestRejected
 from trtllm_truss.runtime.stub_watch import watch_parent
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address, merged
@@ -118,7 +118,9 @@ class TritonPythonModel:
             {"model_dir": "-", "lora_adapters": parameters.get("lora_adapters", "")}
         ).lora_adapters
         model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / MODEL_YAML
-        self.default_end_id = _eos_token_id(model_yaml)
+        import yaml
+
+        self.default_end_id = checkpoint_eos_token_id((yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}).get("model"))
         self._flights: dict[int, Flight] = {}
         self._rows: dict[tuple[int, int], tuple[Flight, int]] = {}
         self._ids = itertools.count()
@@ -419,20 +421,3 @@ def _start_host(address: str, model_yaml: Path, parameters: dict) -> subprocess.
     process.stdin.write(json.dumps(parameters).encode())
     process.stdin.close()
     return process
-
-
-def _eos_token_id(model_yaml: Path) -> int | None:
-    """The checkpoint's end token (generation_config.json first, as transformers does)."""
-    import yaml
-
-    llm_args = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
-    model_dir = Path(llm_args["model"])
-    for name in ("generation_config.json", "config.json"):
-        path = model_dir / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            if isinstance(value, list):
-                value = value[0] if value else None
-            if isinstance(value, int):
-                return value
-    return None

@@ -28,6 +28,7 @@ from trtllm_truss.engine_standin import (
     build_engine,
 )
 from trtllm_truss.engine_standin.guide_metrics import GuideCacheMetrics
+from trtllm_truss.engine_standin.settings import checkpoint_eos_token_id
 from trtllm_truss.engine_standin.nvidia_metrics import NvidiaMetrics, engine_values
 from trtllm_truss.engine_standin.request_inputs import (
     STOP_WITHOUT_ID_ERROR,
@@ -173,7 +174,7 @@ class TritonPythonModel:
             )
         self.settings = dataclasses.replace(settings, limits=dataclasses.replace(settings.limits, max_batch_size=share))
         self.prefix_window = int(parameters.get("prefix_window_tokens", "8") or 8)
-        self.default_end_id = _eos_token_id(self.settings)
+        self.default_end_id = checkpoint_eos_token_id(self.settings.model_dir)
         self.engine: EngineBase = build_engine(self.settings)
         # Several ranks (nodes): rank 0 is ready only once every rank has joined, as NVIDIA's executor.
         self._world = join_world(os.environ, _world_join_timeout_s()) if self.instance_index == 0 else None
@@ -375,12 +376,6 @@ class TritonPythonModel:
 def _response_pace(settings: StandinSettings) -> str:
     pace = "merged responses" if settings.merge_responses else "one response per token"
     return pace if settings.stream_interval == 1 else f"{pace}, streamed every {settings.stream_interval} steps"
-
-
-def _eos_token_id(settings: StandinSettings) -> int | None:
-    """The checkpoint's end token (generation_config.json first, as transformers does), if it has one."""
-    if settings.model_dir is None:
-        return None
     for name in ("generation_config.json", "config.json"):
         path = settings.model_dir / name
         if path.is_file():
