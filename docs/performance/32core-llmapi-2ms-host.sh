@@ -41,7 +41,7 @@ export TRTLLM_BUILD__MAX_BATCH_SIZE=512 TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS=512
 C=$(nproc)
 if [ -z "${LOCAL:-}" ]; then
   HIGH2="--concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8"
-  HIGH10="--concurrency 64,256,512 --num-requests 512 --output-stddev 32 --client-processes 8"
+  HIGH10="--concurrency 64,256 --num-requests 256 --output-stddev 32 --client-processes 8"
   ONE2="--concurrency 1 --num-requests 64 --output-mean 32 --output-stddev 0"
   ONE10="--concurrency 1 --num-requests 16 --output-mean 32 --output-stddev 0"
 else
@@ -76,8 +76,8 @@ for s in "$@"; do case $s in
   2ms-i4)     step 2ms-interval4 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH2 ;;
   2ms-i1-c1)  step 2ms-interval1-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE2 ;;
   2ms-i4-c1)  step 2ms-interval4-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE2 ;;
-  10ms-i1)    step 10ms-interval1 200 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH10 ;;
-  10ms-i4)    step 10ms-interval4 200 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH10 ;;
+  10ms-i1)    step 10ms-interval1 110 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH10 ;;
+  10ms-i4)    step 10ms-interval4 110 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH10 ;;
   10ms-i1-c1) step 10ms-interval1-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE10 ;;
   10ms-i4-c1) step 10ms-interval4-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE10 ;;
   tensor-2ms-i1) step tensor-vs-llmapi-2ms-interval1 150 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH2 ;;

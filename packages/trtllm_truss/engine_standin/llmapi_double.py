@@ -40,11 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trtllm_truss.engine_standin.llmapi_executor import ExecutorProxy
+from trtllm_truss.engine_standin.llmapi_executor import ExecutorProxy, Response
 from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import (
     FinishReason,
-    GenerationOutput,
     GenerationRequest,
     Guide,
 )
@@ -185,16 +184,17 @@ class GenerationResult:
         for engine_id in self._engine_ids:
             self._executor.cancel(engine_id)
 
-    def _on_output(self, index: int, output: GenerationOutput) -> None:  # on the event loop
+    def _on_output(self, index: int, response: Response) -> None:  # on the event loop
+        _, token_ids, log_probs, top_log_probs, finish, error = response
         completion = self.outputs[index]
-        completion.token_ids.extend(output.token_ids)
-        if output.log_probs is not None:
-            tops = output.top_log_probs or [None] * len(output.token_ids)
-            completion.logprobs.extend(_token_logprobs(t, p, top) for t, p, top in zip(output.token_ids, output.log_probs, tops))
-        if output.finished:
-            if output.finish_reason is FinishReason.ERROR:
-                self._error = self._error or output.error or "the request failed"
-            completion.finish_reason = _FINISH.get(output.finish_reason, "stop")
+        completion.token_ids.extend(token_ids)
+        if log_probs is not None:
+            tops = top_log_probs or [None] * len(token_ids)
+            completion.logprobs.extend(_token_logprobs(t, p, top) for t, p, top in zip(token_ids, log_probs, tops))
+        if finish is not None:
+            if finish == FinishReason.ERROR.value:
+                self._error = self._error or error or "the request failed"
+            completion.finish_reason = _FINISH.get(finish, "stop")
             self._open -= 1
             self.finished = self._open == 0
         if self.streaming or self.finished:
@@ -352,16 +352,16 @@ class LLM:
         self.executor.submit([(request, streaming) for request in requests])
         return result
 
-    def _dispatch(self, outputs: list[GenerationOutput] | None) -> None:
+    def _dispatch(self, outputs: list[Response] | None) -> None:
         """Dispatch thread: one message of the worker (an iteration's outputs, in engine order) to the loops
         of their results, one wake-up per loop; None: the worker died, every pending result fails."""
         with self._pending_lock:
             if outputs is None:
                 error = f"the executor is gone: {self.executor.error}"
-                outputs = [GenerationOutput(rid, [], None, True, FinishReason.ERROR, error) for rid in self._pending]
+                outputs = [(rid, [], None, None, FinishReason.ERROR.value, error) for rid in self._pending]
             routed: dict[asyncio.AbstractEventLoop, list] = {}
             for output in outputs:
-                entry = self._pending.pop(output.request_id, None) if output.finished else self._pending.get(output.request_id)
+                entry = self._pending.pop(output[0], None) if output[4] is not None else self._pending.get(output[0])
                 if entry is not None:
                     routed.setdefault(entry[0]._loop, []).append((entry, output))
         for loop, batch in routed.items():

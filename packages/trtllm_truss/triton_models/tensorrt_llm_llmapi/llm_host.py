@@ -105,6 +105,8 @@ class LlmHost:
                     self._handle(instance, message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the instance is gone (finalized, or its stub died)
+        except asyncio.CancelledError:
+            pass  # this host is stopping
         finally:
             for result in instance.results.values():  # nobody reads these any more: free their slots
                 result.abort()
