@@ -70,3 +70,46 @@ def _remove_shm_regions(prefix: str) -> None:
             region.unlink()
         except OSError:
             pass
+
+
+# ------------------------------------------------------------------------------- python-backend stubs
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def python_stubs(session_id: int) -> dict[int, tuple[int, str]]:
+    """The python-backend stubs of a tritonserver session: pid -> (start time in clock ticks, model name,
+    from the stub's command line `<repository>/<model>/<version>/model.py ...`)."""
+    stubs = {}
+    for pid in _session_members(session_id):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if not argv or Path(argv[0].decode(errors="replace")).name != STUB_EXECUTABLE:
+            continue
+        fields = _stat_fields(pid)
+        if fields is None or len(fields) < 20:
+            continue
+        model_path = Path(argv[1].decode(errors="replace")) if len(argv) > 1 else Path()
+        model = model_path.parts[-3] if len(model_path.parts) >= 3 else model_path.name
+        stubs[pid] = (int(fields[19]), model)  # field 22 of stat: starttime
+    return stubs
+
+
+def running(pid: int, start_time: int) -> bool:
+    """Whether the process `pid` that started at `start_time` still runs (not a zombie, not a new
+    process under a reused pid)."""
+    fields = _stat_fields(pid)
+    return fields is not None and len(fields) >= 20 and fields[0] != "Z" and int(fields[19]) == start_time
