@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -87,11 +88,21 @@ def _stat_fields(pid: int) -> list[str] | None:
     return stat.rsplit(")", 1)[-1].split()
 
 
-def python_stubs(session_id: int) -> dict[int, tuple[int, str]]:
-    """The python-backend stubs of a tritonserver session: pid -> (start time in clock ticks, model name,
-    from the stub's command line `<repository>/<model>/<version>/model.py ...`)."""
-    stubs = {}
-    for pid in _session_members(session_id):
+@dataclass(frozen=True)
+class StubProcess:
+    pid: int
+    start_time: int  # clock ticks after boot (/proc/<pid>/stat field 22): tells a reused pid apart
+    model: str  # from its command line `<repository>/<model>/<version>/model.py ...`
+    parent: int  # the tritonserver (rank) that started it
+    parent_start_time: int
+
+
+def python_stubs(session_id: int) -> list[StubProcess]:
+    """The python-backend stubs of a tritonserver session (every local rank's)."""
+    stubs = []
+    for pid, ppid, session in _live_processes():
+        if session != session_id:
+            continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
@@ -99,12 +110,12 @@ def python_stubs(session_id: int) -> dict[int, tuple[int, str]]:
             continue
         if not argv or Path(argv[0].decode(errors="replace")).name != STUB_EXECUTABLE:
             continue
-        fields = _stat_fields(pid)
-        if fields is None or len(fields) < 20:
+        fields, parent_fields = _stat_fields(pid), _stat_fields(ppid)
+        if fields is None or parent_fields is None or len(fields) < 20 or len(parent_fields) < 20:
             continue
         model_path = Path(argv[1].decode(errors="replace")) if len(argv) > 1 else Path()
         model = model_path.parts[-3] if len(model_path.parts) >= 3 else model_path.name
-        stubs[pid] = (int(fields[19]), model)  # field 22 of stat: starttime
+        stubs.append(StubProcess(pid, int(fields[19]), model, ppid, int(parent_fields[19])))
     return stubs
 
 

@@ -36,8 +36,11 @@ class StubSet:
         return len(self._stubs)
 
     def dead(self) -> list[str]:
-        """The recorded stubs that no longer run, as `model (pid N)`."""
-        return [f"{model} (pid {pid})" for pid, (started, model) in self._stubs.items() if not running(pid, started)]
+        """The recorded stubs that no longer run while the tritonserver (rank) that started them still does,
+        as `model (pid N)`. A stub whose own server is gone went with it: that death is the server's (or in a
+        multi-rank world, the rank's, which ends the MPI world), not a stub's."""
+        return [f"{stub.model} (pid {stub.pid})" for stub in self._stubs
+                if not running(stub.pid, stub.start_time) and running(stub.parent, stub.parent_start_time)]
 
 
 def watch_stubs(
