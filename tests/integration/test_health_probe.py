@@ -93,10 +93,12 @@ def test_an_unreachable_server_is_unhealthy_with_the_reason():
         assert "tensorrt_llm" in probe.last_error
 
 
-def test_the_stacks_probe_goes_through_the_window_relay_and_reads_its_dead_stub_unhealthy(tmp_path):
-    """`detokenize_in: postprocessing` on the relay layout: the probe of the stack reaches the relay. When the
-    relay's stub dies (as after python_backend's deadlock, docs/deploy.md) the stack reads unhealthy, while a
-    probe of the engine alone would still pass. Real tritonserver; the engine is the echo TEST DOUBLE."""
+def test_the_stacks_probe_goes_through_the_window_relay_and_a_dead_relay_stub_restarts_the_server(tmp_path):
+    """`detokenize_in: postprocessing` on the relay layout: the probe of the stack reaches the relay (so a relay
+    that stops answering reads unhealthy where a probe of the engine alone would pass). When the relay's stub
+    dies (as its watchdog ends it after python_backend's deadlock, docs/deploy.md) Triton never starts it again:
+    the supervisor ends tritonserver and restarts it, and the probe through the relay reads healthy again.
+    Real tritonserver; the engine is the echo TEST DOUBLE."""
     import signal
 
     import psutil
@@ -115,14 +117,17 @@ def test_the_stacks_probe_goes_through_the_window_relay_and_reads_its_dead_stub_
     plan = _plan(runtime, max_batch_size=8)
     repository = render_repository(plan, tmp_path / "model_repository", engine_model_source=ECHO_ENGINE_DOUBLE, window_relay=True)
     with TritonServer(repository, startup_timeout_s=180.0) as server:
-        with stack_probe(server.grpc_url, repository, plan) as probe, EngineProbe(server.grpc_url, INTERVAL_S, TIMEOUT_S) as engine_probe:
+        exits = []
+        server.add_exit_listener(exits.append)
+        with stack_probe(server.grpc_url, repository, plan) as probe:
             assert probe.model_name == WINDOW_RELAY
-            wait_for(lambda: probe.healthy and engine_probe.healthy, 60.0)
+            wait_for(lambda: probe.healthy, 60.0)
             tree = psutil.Process(server.pid).children(recursive=True)
-            relay_stub = next(p for p in tree if any(WINDOW_RELAY in part for part in p.cmdline()))
+            relay_stub = next(p for p in tree if any(f"/{WINDOW_RELAY}/" in part for part in p.cmdline()))
             relay_stub.send_signal(signal.SIGKILL)
-            wait_for(lambda: not probe.healthy, 30.0)
-            assert "not healthy" in (probe.last_error or "")
-            failures = probe.failure_count
-            wait_for(lambda: probe.failure_count > failures, 30.0)  # still failing: nothing brings the stub back
-            assert engine_probe.healthy, engine_probe.last_error
+            wait_for(lambda: not server.ready(), 5.0)  # at once: readiness reads the stubs
+            wait_for(lambda: exits, 10.0)
+            (exit,) = exits
+            assert exit.cause == f"the python-backend stub of {WINDOW_RELAY} (pid {relay_stub.pid}) died", exit
+            assert exit.will_restart and exit.was_ready
+            wait_for(lambda: server.restarts == 1 and server.ready() and probe.healthy, 120.0)

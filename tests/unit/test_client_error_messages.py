@@ -106,3 +106,67 @@ def test_the_engine_interface_is_read_once_for_a_burst_and_again_after_a_failure
     assert isinstance(first[0], UpstreamError)  # the first read failed; the next caller read again
     assert all(result is first[1] for result in first[1:] + second) and first[1].batched
     assert len(reads) == 2
+
+
+class _OneMessageCall:
+    """A `ModelStreamInfer` call whose only message is `message` (what the aio stub returns, faked)."""
+
+    def __init__(self, message) -> None:
+        self._message = message
+
+    async def write(self, request) -> None:
+        pass
+
+    async def read(self):
+        return self._message
+
+    async def done_writing(self) -> None:
+        pass
+
+    async def code(self):
+        return grpc.StatusCode.OK
+
+    def cancel(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("error_message", "refused"),
+    [
+        # python_backend while a model's stub process is dead: Triton never starts it again (runtime.stub_health)
+        ("Stub process 'tensorrt_llm_0_0' is not healthy.", False),
+        ("in ensemble 'ensemble', Stub process 'postprocessing_0_1' is not healthy.", False),
+        ("Failed to process the request(s) for model 'tensorrt_llm_0_0', message: Stub process is not healthy.", False),
+        ("Failed to obtain the health mutex.", False),
+        ("Failed to process the request(s) for model 'tensorrt_llm_0_0', message: runtime_top_p: must be within [0, 1]", True),
+    ],
+)
+def test_a_dead_stub_is_an_outage_and_a_refusal_is_the_requests_fault(error_message: str, refused: bool):
+    from tritonclient.grpc import service_pb2
+    from trtllm_truss.engine.client import EngineRefusedError
+    from trtllm_truss.engine.rpc_errors import STUB_DOWN_MESSAGE, stub_down
+
+    assert stub_down(error_message) is not refused
+    client = EnsembleClient("127.0.0.1:1")
+    message = service_pb2.ModelStreamInferResponse(error_message=error_message)
+
+    class Stub:
+        def ModelStreamInfer(self, wait_for_ready: bool = False):
+            return _OneMessageCall(message)
+
+    class Triton:
+        _client_stub = Stub()
+
+    client._client = Triton()
+
+    async def read():
+        stop = lambda: service_pb2.ModelInferRequest(model_name="tensorrt_llm", id="1")  # noqa: E731
+        async for _ in client.stream_call(service_pb2.ModelInferRequest(model_name="tensorrt_llm", id="1"), stop):
+            pass
+
+    with pytest.raises(UpstreamError) as info:
+        asyncio.run(read())
+    assert isinstance(info.value, EngineRefusedError) is refused
+    assert info.value.status == (400 if refused else 503)
+    if not refused:
+        assert str(info.value) == STUB_DOWN_MESSAGE

@@ -71,3 +71,15 @@ def test_one_bound_for_every_process_and_metrics_summed(tmp_path: Path):
     metrics.unregister()
     reader.close()
     state.close()
+
+
+def test_a_dead_frontends_admitted_requests_are_freed_when_the_launcher_finds_it(tmp_path: Path):
+    """Its requests died with it: their slots are free at once, not only when its successor starts."""
+    state = ReplicaState.create(tmp_path / "replica", frontends=2, max_in_flight=4)
+    dead, alive = state.admission(0), state.admission(1)
+    state.frontend_started(0, 12345)
+    assert all(dead.take() for _ in range(3))
+    assert alive.take() and not alive.take()
+    state.frontend_exited(0)
+    assert state.admitted() == 1 and state.frontend_pid(0) == 0
+    assert all(alive.take() for _ in range(3)) and not alive.take()

@@ -88,7 +88,10 @@ class HealthProbeConfig(StrictModel):
     stream text through it), so a hung engine or a dead relay reads unhealthy."""
 
     enabled: bool = Field(True, description="Probe the engine model (or the relay in front of it) on an interval.")
-    interval_s: float = Field(10.0, gt=0.0, le=3600.0, description="Seconds between probes.")
+    interval_s: float = Field(
+        10.0, gt=0.0, le=3600.0,
+        description="Seconds between probes while the engine answers (an unhealthy one is probed every 0.5 s).",
+    )
     timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="A probe not answered within this is a failure.")
 
 

@@ -41,7 +41,7 @@ from tritonclient.utils import InferenceServerException
 from trtllm_truss.engine.detokenize import StreamDetokenizer, TokenDecoder
 from trtllm_truss.repository.models import ENGINE as ENGINE_MODEL
 from trtllm_truss.repository.models import ENSEMBLE
-from trtllm_truss.engine.rpc_errors import describe_rpc_error, engine_message
+from trtllm_truss.engine.rpc_errors import STUB_DOWN_MESSAGE, describe_rpc_error, engine_message, stub_down
 from trtllm_truss.engine.stream_end import end_call
 
 logger = logging.getLogger(__name__)
@@ -439,6 +439,9 @@ class EnsembleClient:
                 if message is grpc.aio.EOF:
                     raise UpstreamError("the engine closed the stream before the request finished")
                 if message.error_message:
+                    if stub_down(message.error_message):
+                        logger.warning("Triton at %s: %s", self.grpc_url, message.error_message)
+                        raise UpstreamError(STUB_DOWN_MESSAGE)
                     raise EngineRefusedError(f"the engine refused the request: {engine_message(message.error_message)}")
                 response = message.infer_response
                 final = response.parameters.get(FINAL_RESPONSE_PARAMETER)

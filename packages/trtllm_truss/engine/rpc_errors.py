@@ -34,6 +34,18 @@ _PYTHON_BACKEND_WRAPPER = re.compile(
 )
 
 
+# What Triton's python backend answers while a model's stub process is dead (or its health mutex stuck): the
+# server's outage, not the request's fault. Triton starts no stub again; the supervisor restarts tritonserver
+# (runtime.stub_health).
+_STUB_DOWN = re.compile(r"Stub process (?:'[^']*' )?is not healthy|Failed to obtain the health mutex")
+STUB_DOWN_MESSAGE = "the engine is unavailable (a process of the inference server died; it is being restarted)"
+
+
+def stub_down(error_message: str) -> bool:
+    """Whether Triton's error says a python-backend stub is dead (503), rather than refusing the request (400)."""
+    return _STUB_DOWN.search(error_message) is not None
+
+
 def engine_message(error_message: str) -> str:
     """The engine's refusal as a client should read it: the model's message, without Triton's
     wrapper, the traceback, addresses or paths."""

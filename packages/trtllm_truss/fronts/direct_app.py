@@ -197,6 +197,7 @@ def _configure_logging(settings: FrontendSettings) -> None:
     )
     remember_secret_values(settings.secret_values)
     install_log_redaction()
+    native.quiet_aborted_streams()
 
 
 def _unregister_process_collectors() -> None:

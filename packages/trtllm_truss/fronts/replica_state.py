@@ -99,8 +99,11 @@ class ReplicaState:
         self._pids[index] = pid
 
     def frontend_exited(self, index: int) -> None:
-        """The launcher found frontend `index` dead: its connections died with it, and until it is up
-        again the others must not leave new connections to it (`fronts.accept`)."""
+        """The launcher found frontend `index` dead: its connections and admitted requests died with it
+        (their slots free at once, not when its successor starts), and until it is up again the others
+        must not leave new connections to it (`fronts.accept`)."""
+        with self._locked():
+            self._counts[index] = 0
         self._pids[index] = 0
         self._connections[index] = 0
 

@@ -63,6 +63,7 @@ class LLMService:
         from trtllm_truss.runtime.stack import start_stack  # imported here: the heavy part of startup
 
         install_log_redaction()  # truss has configured logging by now: no secret value in its records
+        native.quiet_aborted_streams()
         progress = progress or (lambda _: None)
         started = time.monotonic()
         self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)

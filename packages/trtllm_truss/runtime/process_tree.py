@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -70,3 +71,56 @@ def _remove_shm_regions(prefix: str) -> None:
             region.unlink()
         except OSError:
             pass
+
+
+# ------------------------------------------------------------------------------- python-backend stubs
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    pid: int
+    start_time: int  # clock ticks after boot (/proc/<pid>/stat field 22): tells a reused pid apart
+    model: str  # from its command line `<repository>/<model>/<version>/model.py ...`
+    parent: int  # the tritonserver (rank) that started it
+    parent_start_time: int
+
+
+def python_stubs(session_id: int) -> list[StubProcess]:
+    """The python-backend stubs of a tritonserver session (every local rank's)."""
+    stubs = []
+    for pid, ppid, session in _live_processes():
+        if session != session_id:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if not argv or Path(argv[0].decode(errors="replace")).name != STUB_EXECUTABLE:
+            continue
+        fields, parent_fields = _stat_fields(pid), _stat_fields(ppid)
+        if fields is None or parent_fields is None or len(fields) < 20 or len(parent_fields) < 20:
+            continue
+        model_path = Path(argv[1].decode(errors="replace")) if len(argv) > 1 else Path()
+        model = model_path.parts[-3] if len(model_path.parts) >= 3 else model_path.name
+        stubs.append(StubProcess(pid, int(fields[19]), model, ppid, int(parent_fields[19])))
+    return stubs
+
+
+def running(pid: int, start_time: int) -> bool:
+    """Whether the process `pid` that started at `start_time` still runs (not a zombie, not a new
+    process under a reused pid)."""
+    fields = _stat_fields(pid)
+    return fields is not None and len(fields) >= 20 and fields[0] != "Z" and int(fields[19]) == start_time

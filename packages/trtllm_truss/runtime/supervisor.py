@@ -39,6 +39,7 @@ from trtllm_truss.runtime.process_tree import (
     _kill_session_and_wait,
     _remove_shm_regions,
 )
+from trtllm_truss.runtime.stub_health import StubSet, watch_stubs
 from trtllm_truss.runtime.triton_logs import LogForwarder, _without_tables, triton_error_lines
 from trtllm_truss.runtime.tritonserver_install import (
     BinaryCandidate,
@@ -102,6 +103,7 @@ class ServerExit:
     was_ready: bool
     will_restart: bool
     log_tail: tuple[str, ...]
+    cause: str | None = None  # set when the supervisor ended it: a python-backend stub died (runtime.stub_health)
 
 
 @dataclass
@@ -113,6 +115,8 @@ class _Child:
     ready: threading.Event = field(default_factory=threading.Event)
     exited: threading.Event = field(default_factory=threading.Event)
     will_restart: bool = False
+    stubs: StubSet | None = None  # its python-backend stubs, recorded once ready (runtime.stub_health)
+    stub_death: str | None = None
 
     @property
     def pid(self) -> int:
@@ -344,9 +348,12 @@ class TritonServer:
             (child.exited if running else self._stopping).wait(min(0.2, remaining))
 
     def ready(self, models: Sequence[str] | None = None) -> bool:
-        """Triton is live and ready and so is each of `models` (default: the ensemble)."""
+        """Triton is live and ready and so is each of `models` (default: the ensemble), and none of its
+        python-backend stubs has died (Triton's own readiness does not say: runtime.stub_health)."""
         child = self._child
         if child is None or child.process.poll() is not None:
+            return False
+        if child.stubs is not None and child.stubs.dead():
             return False
         return self._probe_ready(self.ready_models if models is None else tuple(models), child)
 
@@ -394,7 +401,23 @@ class TritonServer:
         assert process.stdout is not None
         forwarder = LogForwarder(process.stdout, self.log_prefix)
         forwarder.start()
-        return _Child(process=process, forwarder=forwarder, generation=generation)
+        child = _Child(process=process, forwarder=forwarder, generation=generation)
+        threading.Thread(
+            target=watch_stubs, name=f"{self.log_prefix}-stubs-{generation}", daemon=True,
+            args=(child.pid, child.ready, child.exited, lambda: self._stopping.is_set() or process.poll() is not None,
+                  lambda stubs: setattr(child, "stubs", stubs), lambda dead: self._stub_died(child, dead)),
+        ).start()
+        return child
+
+    def _stub_died(self, child: _Child, dead: list[str]) -> None:
+        """A stub of a ready server died: Triton never starts it again, so the server is ended (SIGKILL: a
+        SIGTERM would wait out the exit timeout for the requests the stub held) and restarted by the monitor."""
+        with self._lock:
+            if self._stopping.is_set() or child.process.poll() is not None:
+                return
+            child.stub_death = f"the python-backend stub of {', '.join(dead)} died"
+        logger.error("%s and Triton does not start stubs again: ending tritonserver (pid %d)", child.stub_death, child.pid)
+        _kill_session(child.pid, signal.SIGKILL)
 
     def _probe_ready(self, models: Sequence[str], child: _Child) -> bool:
         paths = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)]
@@ -491,10 +514,12 @@ class TritonServer:
                 was_ready=was_ready,
                 will_restart=will_restart,
                 log_tail=tuple(child.forwarder.tail(50)),
+                cause=child.stub_death,
             )
             logger.error(
-                "tritonserver (pid %d) exited with code %s%s",
-                child.pid, child.process.returncode, "; restarting" if will_restart else "",
+                "tritonserver (pid %d) exited with code %s%s%s",
+                child.pid, child.process.returncode, f" ({child.stub_death})" if child.stub_death else "",
+                "; restarting" if will_restart else "",
             )
             for line in triton_error_lines(event.log_tail)[-10:]:
                 logger.error("  %s", line)

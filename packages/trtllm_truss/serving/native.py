@@ -26,6 +26,39 @@ class StreamFailed(RuntimeError):
     """Raised inside a native text stream to abort its chunked body (never shown as text)."""
 
 
+class AbortedStreamLog(logging.Filter):
+    """For uvicorn's logger (`uvicorn.error`): an aborted native stream is logged as one line, not as the
+    ~100-line "Exception in ASGI application" traceback uvicorn writes for the exception that aborts it (a
+    tritonserver restart under load wrote one per open native stream, burying the lines saying why)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failed = _stream_failed(record.exc_info[1] if record.exc_info else None)
+        if failed is not None:
+            record.msg, record.args = "native stream aborted mid-body: %s", (failed,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_aborted_streams() -> None:
+    """Install `AbortedStreamLog` on uvicorn's logger once (truss's server and the direct front's processes)."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, AbortedStreamLog) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(AbortedStreamLog())
+
+
+def _stream_failed(exc: BaseException | None, depth: int = 0) -> StreamFailed | None:
+    """The StreamFailed in `exc`, its exception group (anyio's task group around the body) or its causes."""
+    if exc is None or depth > 8:
+        return None
+    if isinstance(exc, StreamFailed):
+        return exc
+    for inner in (*getattr(exc, "exceptions", ()), exc.__cause__, exc.__context__):
+        found = _stream_failed(inner, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def native_error(status: int, message: str, headers: Any = None, **_: Any) -> Any:
     """`{"error": message}`; a `param`/`code` of OpenAI's shape (model_not_found) is in the message already."""
     return error_response(status, message, openai=False, headers=headers)
