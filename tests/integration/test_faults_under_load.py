@@ -33,7 +33,7 @@ from truss_serving import FRONTS, serve_front
 
 pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.slow, pytest.mark.truss_server, pytest.mark.timeout(300)]
 
-BACKENDS = ("pytorch",)  # llmapi joins once its executor runs in its own process
+BACKENDS = ("pytorch", "llmapi")  # llmapi: our llmapi model on the LLM-API double (its host and executor in their own processes)
 STREAMS = 64
 MAX_TOKENS = 250  # x 20 ms: open about 5 s
 STEP_MS = 20

@@ -139,11 +139,13 @@ def test_a_cancelled_stream_frees_its_slot_in_the_llm(llmapi_two) -> None:
     assert time.monotonic() - started < 2.0, "the new request waited for the cancelled ones"
 
 
-def test_a_killed_executor_fails_every_open_stream_and_every_new_request(tmp_path: Path) -> None:
-    from trtllm_truss.engine.health import EngineProbe
-
+def test_a_killed_executor_fails_every_open_stream_and_the_stack_serves_again(tmp_path: Path) -> None:
+    """SIGKILL of the executor's worker: every open stream ends with an error naming it, the host ends, the
+    instances end their stubs, and the supervisor restarts tritonserver with a new host (Triton starts no
+    stub again), which then serves."""
     for server in _llmapi_server(tmp_path, instances=2, max_batch_size=4):
         worker = _named(_tree(server), "engine_standin.llmapi_executor")[0]
+        restarts = server.restarts
         stream = Stream(server.grpc_url)
         ids = [f"open-{i}" for i in range(3)]
         for request_id in ids:
@@ -158,12 +160,6 @@ def test_a_killed_executor_fails_every_open_stream_and_every_new_request(tmp_pat
                 errors.append(error.message())
         stream.close()
         assert len(errors) == len(ids) and all("gone" in message for message in errors), errors
-        # Every new request fails too (the host is gone), and the stack's engine probe says so.
-        probe = EngineProbe(server.grpc_url, interval_s=0.2, timeout_s=5)
-        probe.start()
-        try:
-            poll(lambda: probe.probe_count >= 2 and not probe.healthy, 30, what="the probe reading the engine unhealthy")
-            assert "gone" in (probe.last_error or "")
-        finally:
-            probe.stop()
-        poll(lambda: not _named(_tree(server), "tensorrt_llm_llmapi.llm_host"), 30, what="the host exiting")
+        poll(lambda: server.restarts > restarts and server.ready(), 120, what="tritonserver restarted and ready")
+        assert len(_named(_tree(server), "engine_standin.llmapi_executor")) == 1  # a new one
+        assert sum(len(r) for r in _stream_tokens(server.grpc_url, [1, 2], 3, "after-restart")) == 3

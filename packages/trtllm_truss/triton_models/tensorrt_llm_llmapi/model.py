@@ -126,6 +126,7 @@ class TritonPythonModel:
         self._ids = itertools.count()
         self._lock = threading.Lock()  # the registry, and the socket's writes
         self.gone: str | None = None
+        self._finalizing = False
         self._parent_watch = watch_parent(self.name)
         timeout_s = float(parameters.get("startup_timeout_s") or 1800)
         self._host, self._socket = _connect(
@@ -341,15 +342,21 @@ class TritonPythonModel:
                 log.exception("checking cancellation of %s failed", flight.triton_id)
 
     def _host_gone(self) -> None:
-        """Every request in flight fails, and every new one (the probe reads the engine unhealthy)."""
+        """Every request in flight fails, and every new one; then, unless Triton is unloading the model, this
+        stub ends: Triton starts no stub again, and the stack's supervisor restarts tritonserver when a stub of
+        it dies (runtime.stub_health), which brings a new LLM host. Until then the probe reads unhealthy."""
         self.gone = HOST_GONE
         if self._host is not None:
             self._host.poll()  # reaped: this stub started it
         log.error("%s: %s; failing %d request(s) in flight", self.name, HOST_GONE, len(self._flights))
         for flight in list(self._flights.values()):
             self._end_with_error(flight, HOST_GONE)
+        if not self._finalizing:
+            log.error("%s: ending this stub so that tritonserver is restarted with a new LLM host", self.name)
+            os._exit(1)
 
     def finalize(self) -> None:
+        self._finalizing = True  # the host closing now is the unload, not a fault
         if self._host is not None:  # this instance started the host: it stops it
             try:
                 self._send_to_host([("shutdown",)])
