@@ -376,12 +376,3 @@ class TritonPythonModel:
 def _response_pace(settings: StandinSettings) -> str:
     pace = "merged responses" if settings.merge_responses else "one response per token"
     return pace if settings.stream_interval == 1 else f"{pace}, streamed every {settings.stream_interval} steps"
-    for name in ("generation_config.json", "config.json"):
-        path = settings.model_dir / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            if isinstance(value, list):
-                value = value[0] if value else None
-            if isinstance(value, int):
-                return value
-    return None
