@@ -360,7 +360,7 @@ def test_a_repeated_guide_is_compiled_once():
     assert structured._checking(guide, "llguidance") is not first  # per engine
     bad = Guide("regex", f"(unclosed{time.monotonic_ns()}", "guided_regex")
     _refused(lambda: _check(bad, engine="llguidance"))
-    assert isinstance(structured._checking(bad, "llguidance").result(), structured.Refusal)  # the refusal is cached too
+    assert isinstance(structured._checking(bad, "llguidance").result(), structured.Refused)  # the refusal is cached too
 
 
 # --- tool_choice guides go through the same checks -------------------------------------------------
