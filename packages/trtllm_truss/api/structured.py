@@ -297,7 +297,7 @@ def json_depth(value: Any) -> int:
         else:
             continue
         depth = max(depth, level)
-        stack.extend((child, level + 1) for child in children)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (Mapping, list)))
     return depth
 
 

@@ -101,8 +101,8 @@ class GuideService:
         command, env = self._command()
         line = json.dumps({**dataclasses.asdict(self.settings), "owner_pid": os.getpid()}) + "\n"
         while not self._stopping.is_set():
-            process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       start_new_session=True)
+            # In the owner's process group: whatever stops the group (a test harness, the launcher's stop) stops it.
+            process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._process = process
             assert process.stdin is not None and process.stdout is not None
             try:

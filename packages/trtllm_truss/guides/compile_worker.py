@@ -59,6 +59,7 @@ def main() -> None:
     die_with_parent(signal.SIGKILL)
     if os.getppid() != settings["service_pid"]:  # the service died before the request took effect
         return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the service alone decides
     compiler, why = _load(settings["engine"], settings["tokenizer_dir"])
     _warm(settings["engine"], compiler)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
