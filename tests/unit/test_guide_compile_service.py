@@ -187,3 +187,19 @@ def test_xgrammar_compiles_over_the_tokenizer_and_reports_the_compiled_size():
         assert "takes longer than" in enum["refused"]["message"] and took < BUDGET_S + MARGIN_S  # 88 s and 139 MB alone
     finally:
         service.stop()
+
+
+def test_concurrent_checks_from_a_new_client_share_one_connection(service: GuideService):
+    """Each event loop has one connection: opened once by its first caller, awaited by the others (a second
+    one, dropped, had its reader task collected while requests waited on it)."""
+    import gc
+
+    client = service.client()
+
+    async def ask_at_once() -> tuple[list[dict], set[int]]:
+        verdicts = await asyncio.gather(*(client.check("regex", f"at-once-{i}[0-9]", False) for i in range(20)))
+        gc.collect()
+        return verdicts, {id(task.result()) for task in client._connections.values()}
+
+    verdicts, connections = _run(ask_at_once())
+    assert all("accepted" in verdict for verdict in verdicts) and len(connections) == 1

@@ -49,6 +49,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
+from trtllm_truss.api.body import text_depth
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
 from trtllm_truss.guides.guide import MAX_GUIDE_BYTES, NotASchema, check_meta_schema, schema_text
@@ -263,11 +264,14 @@ def schema_guide(schema: Mapping[str, Any], field: str, *, strict: bool = False)
     """A JSON Schema object as a "json_schema" guide, bounded (size, depth); `strict` is carried to the
     engine's check (`check`), which checks it against its metaschema (off the event loop: a large
     schema takes seconds) and refuses what the engine does not enforce."""
-    depth = json_depth(schema)
+    try:
+        text = schema_text(schema)
+    except RecursionError:  # deeper than json.dumps goes: far over the bound
+        raise field_error(field, f"nests deeper than {MAX_GUIDE_DEPTH} levels") from None
+    _check_size(field, text, MAX_SCHEMA_BYTES)
+    depth = text_depth(text) if text.count("{") + text.count("[") > MAX_GUIDE_DEPTH else 0
     if depth > MAX_GUIDE_DEPTH:
         raise field_error(field, f"nests {depth} levels deep; at most {MAX_GUIDE_DEPTH} are accepted")
-    text = schema_text(schema)
-    _check_size(field, text, MAX_SCHEMA_BYTES)
     return Guide("json_schema", text, field, strict)
 
 

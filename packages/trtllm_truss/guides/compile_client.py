@@ -2,7 +2,8 @@
 
 `GuideService` is the owner's handle: truss's server (`fronts.service.LLMService`) and the direct front's
 launcher (`fronts.direct.DirectFront`) each start one per replica, from a thread that lives as long as it
-(the service's parent-death signal follows that thread) and starts the service again if it dies.
+(the service's parent-death signal follows that thread) and starts the service again if it dies (an exit
+with 0 is its answer to SIGTERM or SIGINT, e.g. to the owner's process group: then it stays stopped).
 `GuideServiceClient` is a frontend's side: one connection per event loop, many guides in flight on it,
 and the service's counts read from its stats file for `/metrics`.
 """
@@ -114,7 +115,7 @@ class GuideService:
                 if output.strip() == b"ready":
                     self._ready.set()
             code = process.wait()
-            if self._stopping.is_set():
+            if self._stopping.is_set() or code == 0:  # 0: it was told to stop (a signal to the process group)
                 return
             if not self._ready.is_set():
                 self._failure = f"it exited with {code} while starting (see its log above)"
@@ -175,22 +176,31 @@ class GuideServiceClient:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self._ids = itertools.count()
-        self._connections: dict[int, _Connection] = {}  # id(loop) -> connection
+        # id(loop) -> the connection of that event loop, or the task opening it (its callers share it)
+        self._connections: dict[int, asyncio.Task[_Connection]] = {}
 
     @property
     def budget_s(self) -> float:
         return self.settings.budget_s
 
+    async def _open(self) -> _Connection:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.settings.socket_path, limit=1 << 20)
+        except OSError as exc:
+            raise GuideServiceUnavailable(f"the guide compile service is not reachable: {exc.strerror or exc}") from None
+        return _Connection(reader, writer)
+
     async def _connection(self) -> _Connection:
+        """The event loop's one connection: opened by the first caller, every caller meanwhile waits for that
+        one (two would leave one without a reference, its reader task collected while requests wait on it)."""
         loop = asyncio.get_running_loop()
-        connection = self._connections.get(id(loop))
-        if connection is None or not connection.open:
-            try:
-                reader, writer = await asyncio.open_unix_connection(self.settings.socket_path, limit=1 << 20)
-            except OSError as exc:
-                raise GuideServiceUnavailable(f"the guide compile service is not reachable: {exc.strerror or exc}") from None
-            connection = self._connections[id(loop)] = _Connection(reader, writer)
-        return connection
+        opening = self._connections.get(id(loop))
+        if opening is not None and opening.done() and (opening.cancelled() or opening.exception() is not None
+                                                         or not opening.result().open):
+            opening = None
+        if opening is None:
+            opening = self._connections[id(loop)] = loop.create_task(self._open())
+        return await asyncio.shield(opening)
 
     async def check(self, guide_type: str, guide: str | None, strict: bool) -> dict[str, Any]:
         """The service's verdict: {"accepted": {...}} | {"refused": {...}} | {"busy": {...}}; raises

@@ -71,7 +71,7 @@ class ServiceSettings:
     cache_bytes: int
     wait_s: float | None = None  # None: budget_s
     small_guide_bytes: int = SMALL_GUIDE_BYTES
-    recycle_bytes: int = 512 << 20
+    recycle_bytes: int = 256 << 20  # a compile process holding more of its own is replaced
     log_level: str = "WARNING"
 
     @property
@@ -287,6 +287,8 @@ class CompileService:
                 task.add_done_callback(answering.discard)
         except (ConnectionError, wire.WireError, ValueError) as exc:
             log.warning("a guide client sent what cannot be read: %s", exc)
+        except asyncio.CancelledError:  # the service is stopping
+            pass
         finally:
             for task in answering:
                 task.cancel()

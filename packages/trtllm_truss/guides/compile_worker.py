@@ -30,7 +30,7 @@ from typing import Any
 log = logging.getLogger("trtllm_truss.guide_compile")
 
 _PR_SET_PDEATHSIG = 1
-DEFAULT_RECYCLE_BYTES = 512 << 20
+DEFAULT_RECYCLE_BYTES = 256 << 20
 WARM_SCHEMA = '{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x","y"]}},"required":["a"]}'
 
 
@@ -43,13 +43,14 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
 
 
 def private_bytes() -> int:
-    """Resident memory not shared with another process (statm: resident - shared), in bytes."""
+    """Memory only this process holds (smaps_rollup's Private_Clean + Private_Dirty), in bytes. Not statm's
+    resident - shared: that counts the pages a fork still shares with its parent as its own."""
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            fields = statm.read().split()
-        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
+        with open("/proc/self/smaps_rollup", "rb") as rollup:
+            lines = rollup.read().splitlines()
+    except OSError:
         return 0
+    return 1024 * sum(int(line.split()[1]) for line in lines if line.startswith((b"Private_Clean:", b"Private_Dirty:")))
 
 
 def main() -> None:
