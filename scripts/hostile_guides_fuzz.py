@@ -136,7 +136,7 @@ def metrics(url: str, prefix: str) -> dict[str, float]:
     import httpx
 
     values: dict[str, float] = {}
-    for line in httpx.get(url, timeout=10).text.splitlines():
+    for line in httpx.get(url, timeout=10, follow_redirects=True).text.splitlines():
         if line.startswith(prefix):
             series, _, value = line.rpartition(" ")
             key = re.sub(r'(model_name|model|instance)="[^"]*",?', "", series).replace(",}", "}").replace("{}", "")
