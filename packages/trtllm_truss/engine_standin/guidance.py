@@ -215,10 +215,14 @@ class GuideCompiler:
                 self._stats.failures += 1
                 copies: list = [None] * len(waiters)
             else:
+                evicted = self._cache.evictions
                 self._cache.put(key, matcher, size)  # one over the bound serves its waiters, uncached
+                trim = self._cache.evictions > evicted
                 copies = [matcher.deep_copy() for _ in waiters]
         for ready, copy in zip(waiters, copies):
             ready(copy, error)
+        if matcher is not None and trim:
+            release_freed_memory()
 
     def _expire(self, key: tuple[str, str | None], pending: _Pending) -> None:
         with self._lock:
@@ -233,6 +237,18 @@ class GuideCompiler:
         reason = f"compiling the guide took longer than {self.timeout_s:g} s"
         for ready in waiters:
             ready(None, reason)
+
+
+def release_freed_memory() -> None:
+    """Give what evicted guides freed back to the system (glibc's `malloc_trim`: its allocator keeps freed
+    pages of every thread's arena otherwise, so a stub's memory would stay at its peak); on a compile
+    thread, after an eviction, never on the decode loop. Nothing where the C library has no such call."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def matcher_error(matcher: llguidance.LLMatcher) -> str:
