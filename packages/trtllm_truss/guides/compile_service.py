@@ -71,7 +71,7 @@ class ServiceSettings:
     cache_bytes: int
     wait_s: float | None = None  # None: budget_s
     small_guide_bytes: int = SMALL_GUIDE_BYTES
-    recycle_bytes: int = 256 << 20  # a compile process holding more of its own is replaced
+    recycle_bytes: int = 128 << 20  # a compile process holding more of its own is replaced
     log_level: str = "WARNING"
 
     @property

@@ -6,9 +6,10 @@ tokenizer as that engine takes it (xgrammar's TokenizerInfo, llguidance's LLToke
 Schema meta-schemas. It starts no thread, then forks one worker per `fork` line on stdin, so a worker killed
 over the budget is replaced in milliseconds, not in the seconds a fresh interpreter takes (the children share
 its pages until they write them). Workers connect to the service's worker socket, say who they are, and
-check one guide at a time (`guides.verdict.check`: the check, then the compile over the tokenizer). A
-worker whose private memory passed `recycle_bytes` exits after answering (a compile can leave the
-allocator holding what it freed) and the service forks another.
+check one guide at a time (`guides.verdict.check`: the check, then the compile over the tokenizer), keeping
+nothing of it: after a job that left it holding more than `TRIM_ABOVE_BYTES` of its own it gives the
+allocator's freed pages back (`malloc_trim`), and one still holding more than `recycle_bytes` exits after
+answering and the service forks another.
 
 Every process here has a parent-death signal: the fork parent dies with the service, a worker with the
 fork parent. Messages are `guides.wire` frames.
@@ -30,7 +31,8 @@ from typing import Any
 log = logging.getLogger("trtllm_truss.guide_compile")
 
 _PR_SET_PDEATHSIG = 1
-DEFAULT_RECYCLE_BYTES = 256 << 20
+DEFAULT_RECYCLE_BYTES = 128 << 20
+TRIM_ABOVE_BYTES = 32 << 20
 WARM_SCHEMA = '{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x","y"]}},"required":["a"]}'
 
 
@@ -51,6 +53,14 @@ def private_bytes() -> int:
     except OSError:
         return 0
     return 1024 * sum(int(line.split()[1]) for line in lines if line.startswith((b"Private_Clean:", b"Private_Dirty:")))
+
+
+def release_freed_memory() -> None:
+    """glibc's `malloc_trim(0)` (nothing where the C library has none)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def main() -> None:
@@ -144,7 +154,11 @@ def _serve(settings: dict, compiler: Any, why: str | None, parent: int) -> None:
         except Exception as exc:  # a checker bug refuses this guide, the worker goes on
             log.exception("checking a %s guide failed", job.get("type"))
             verdict = Refused(f"cannot be checked: {type(exc).__name__}: {exc}")
-        retire = private_bytes() > recycle
+        held = private_bytes()
+        if held > TRIM_ABOVE_BYTES:  # what the compile freed, back to the system (glibc keeps it otherwise)
+            release_freed_memory()
+            held = private_bytes()
+        retire = held > recycle
         kind = "refused" if isinstance(verdict, Refused) else "accepted"
         wire.send(sock, {kind: asdict(verdict), "retire": retire})
         if retire:
