@@ -154,7 +154,7 @@ def triton_metrics_url(root_pid: int) -> str | None:
     return None
 
 
-def report(label: str, server, triton_url: str | None) -> float:
+def report(label: str, server, triton_url: str | None) -> tuple[float, dict[str, tuple[float, float]]]:
     usage = memory(server.process.pid)
     total = sum(pss for pss, _ in usage.values())
     print(f"\n== {label}: PSS {total:,.0f} MB (RSS {sum(rss for _, rss in usage.values()):,.0f} MB)")
@@ -165,7 +165,7 @@ def report(label: str, server, triton_url: str | None) -> float:
     if triton_url:
         standin = metrics(triton_url, "trtllm_standin_guide_")
         print("   stand-in guide cache: " + ", ".join(f"{k.removeprefix('trtllm_standin_guide_')} {v:,.0f}" for k, v in standin.items()))
-    return total
+    return total, usage
 
 
 def main() -> None:
@@ -204,7 +204,7 @@ def main() -> None:
                 client.post("/v1/chat/completions", json={"model": "embedded", "messages": [{"role": "user", "content": "JSON:"}],
                                                           "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {
                                                               "name": "s", "schema": {"type": "object", "properties": {tag: {"type": "integer"}}}}}})
-            base = report("base (4 small guided requests)", server, triton_url)
+            base, base_usage = report("base (4 small guided requests)", server, triton_url)
             statuses: Counter = Counter()
             for run in range(args.runs):
                 rng = random.Random(args.seed * 1000 + run)
@@ -216,8 +216,10 @@ def main() -> None:
                 statuses.update(codes)
                 print(f"\nrun {run + 1}: {len(bodies)} bodies ({sum(sizes) / MB:.1f} MB, largest {max(sizes) / 1024:.0f} KB)"
                       f" in {time.monotonic() - run_started:.1f} s; status {dict(sorted(Counter(codes).items()))}")
-                last = report(f"after run {run + 1}", server, triton_url)
+                last, last_usage = report(f"after run {run + 1}", server, triton_url)
         print(f"\nstatuses over all runs: {dict(sorted(statuses.items()))}")
+        print("PSS from the base to the last run, by role: " + ", ".join(
+            f"{name} {base_usage.get(name, (0.0, 0.0))[0]:,.0f} -> {pss:,.0f} MB" for name, (pss, _) in last_usage.items()))
         limit = base + bounds_mb + args.slack_mb
         print(f"after the last run: {last:,.0f} MB; base {base:,.0f} + bounds {bounds_mb:,.0f} + slack {args.slack_mb:,.0f}"
               f" = {limit:,.0f} MB: {'within' if last <= limit else 'OVER'}")
