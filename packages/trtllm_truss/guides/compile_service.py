@@ -54,6 +54,7 @@ SMALL_GUIDE_BYTES = 16 << 10  # guides up to this take any compile process (tool
 MAX_WAITING_BYTES = 64 << 20  # text of the guides waiting for a compile process, at most
 ENTRY_OVERHEAD_BYTES = 256  # a cached verdict's key, tuple and dict, besides its strings
 FORK_RETRY_S = 1.0
+FORK_TIMEOUT_S = 10.0  # a fork asked for that has not connected by then is asked for again
 STATS_FIELDS = (
     "entries", "bytes", "limit_bytes", "hits", "misses", "evictions", "compiles", "compile_seconds",
     "refused", "over_budget", "busy", "workers", "workers_replaced", "budget_s",
@@ -184,7 +185,7 @@ class CompileService:
         self._idle: list[_Worker] = []
         self._workers: dict[int, _Worker] = {}
         self._large_running = 0
-        self._asked = 0  # forks asked for and not yet connected
+        self._asked: list[float] = []  # when each fork not yet connected was asked for
         self._zygote: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._ready = asyncio.Event()
@@ -229,7 +230,7 @@ class CompileService:
                 "engine": settings.engine, "tokenizer_dir": settings.tokenizer_dir, "socket": settings.worker_socket_path,
                 "recycle_bytes": settings.recycle_bytes, "service_pid": os.getpid(), "log_level": settings.log_level,
             }) + "\n").encode())
-            self._asked = 0
+            self._asked.clear()
             self._fork(settings.processes)
             code = await self._zygote.wait()
             if self._stopping:
@@ -240,10 +241,14 @@ class CompileService:
             await asyncio.sleep(FORK_RETRY_S)
 
     def _fork(self, count: int) -> None:
+        """Ask the fork parent for up to `count` workers, never past `processes` with those asked for."""
         zygote = self._zygote
+        now = time.monotonic()
+        self._asked = [at for at in self._asked if now - at < FORK_TIMEOUT_S]  # one that never came is forgotten
+        count = min(count, self.settings.processes - len(self._workers) - len(self._asked))
         if zygote is None or zygote.returncode is not None or zygote.stdin is None or count <= 0:
             return
-        self._asked += count
+        self._asked += [now] * count
         zygote.stdin.write(b"fork\n" * count)
 
     def _drop(self, worker: _Worker) -> None:
@@ -263,7 +268,8 @@ class CompileService:
         if not isinstance(hello, dict) or "pid" not in hello:
             writer.close()
             return
-        self._asked = max(0, self._asked - 1)
+        if self._asked:
+            self._asked.pop(0)
         if hello.get("why") and not self._workers:
             log.warning("guides are checked without compiling them: %s", hello["why"])
         worker = _Worker(int(hello["pid"]), reader, writer)
@@ -351,6 +357,7 @@ class CompileService:
 
     def _dispatch(self) -> None:
         settings = self.settings
+        self._fork(settings.processes)  # any worker missing (a fork that never connected) is asked for again
         large_room = max(1, settings.processes - 1)
         while self._waiting and self._idle:
             size, _, job = self._waiting[0]
