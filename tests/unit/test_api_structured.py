@@ -488,3 +488,24 @@ def test_text_depth_is_json_depth_at_c_speed():
     for sample in [value(9) for _ in range(500)] + [{}, [], 0, "{{{", {"a": [[[]]]}]:
         for text in (json.dumps(sample), structured.schema_text(sample)):
             assert text_depth(text) == structured.json_depth(sample), text
+
+
+def test_guide_refusals_reach_each_dialect_in_its_own_error_shape():
+    """Over the budget: 400 in OpenAI's shape on chat, Anthropic's on messages; busy: 429 with Retry-After."""
+    message = "checking and compiling it takes longer than 1 s, this deployment's budget for one guide"
+    chat_body = {"messages": CHAT, **FORMAT}
+    anthropic_body = {"messages": CHAT, "max_tokens": 4, "output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
+    for verdict, status in (({"refused": {"message": message, "place": ""}}, 400),
+                            ({"busy": {"message": "every guide compile process is taken", "retry_after": 1}}, 429)):
+        core = _core()
+        core.guide_checker = _FakeChecker(verdict)
+        openai_answer = asyncio.run(chat.chat_completions(core, chat_body, None))
+        anthropic_answer = asyncio.run(messages.messages(core, anthropic_body, None))
+        assert openai_answer.status_code == anthropic_answer.status_code == status
+        openai_error, anthropic_error = json.loads(openai_answer.body), json.loads(anthropic_answer.body)
+        assert openai_error["error"]["type"] == "invalid_request_error"
+        assert openai_error["error"]["message"].split(": ", 1)[-1].endswith(verdict[next(iter(verdict))]["message"])
+        assert anthropic_error["type"] == "error" and anthropic_error["error"]["message"].endswith(verdict[next(iter(verdict))]["message"])
+        assert "output_config.format.schema" in anthropic_error["error"]["message"]
+        if status == 429:
+            assert openai_answer.headers["retry-after"] == anthropic_answer.headers["retry-after"] == "1"
