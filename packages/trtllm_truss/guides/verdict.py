@@ -15,7 +15,8 @@ A guide the compiler refuses there is refused like any other (the engine would r
 xgrammar reports it (`CompiledGrammar.memory_size_bytes`: its grammar and adaptive token masks);
 llguidance has no such call, so it is `LLGUIDANCE_BASE_BYTES` + `LLGUIDANCE_BYTES_PER_GRAMMAR_BYTE` times
 the grammar's text, fitted above the median of glibc's `mallinfo2` allocation deltas around
-`compile_matcher` over the SchemaStore corpus (docs/performance.md, "Hostile guides").
+`compile_matcher` over the SchemaStore corpus (`scripts/llguidance_matcher_bytes.py`; docs/performance.md,
+"Hostile guides").
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from trtllm_truss.guides.guide import (
     matcher_of,
 )
 
-LLGUIDANCE_BASE_BYTES = 160 << 10  # a compiled llguidance matcher of a tiny guide (median 153 KB measured)
-LLGUIDANCE_BYTES_PER_GRAMMAR_BYTE = 64  # medians measured: 30 (guides > 50 KB) to 69 (2-10 KB)
+LLGUIDANCE_BASE_BYTES = 160 << 10  # a compiled llguidance matcher of a tiny guide (median 152 KiB measured)
+LLGUIDANCE_BYTES_PER_GRAMMAR_BYTE = 64  # medians measured: 30 (grammars > 50 KB) to 71 (2-10 KB)
 
 
 @dataclass(frozen=True)
