@@ -107,8 +107,10 @@ def test_a_guide_over_the_budget_is_refused_at_the_budget_and_its_refusal_is_cac
     assert BUDGET_S <= took < BUDGET_S + MARGIN_S
     again, lookup = _run(_timed(client, "json_schema", hostile("budget")))
     assert again["refused"] == verdict["refused"] and lookup < took / 5  # a known-bad guide costs a lookup
+    strict, took_strict = _run(_timed(client, "json_schema", hostile("strict"), True))  # strict and best effort alike
+    assert strict["refused"]["message"] == verdict["refused"]["message"] and took_strict < BUDGET_S + MARGIN_S
     stats = poll(lambda: (s := read_stats(service.settings.stats_path))["workers"] == 2 and s, 10, "a replacement process")
-    assert stats["workers_replaced"] == replaced + 1 and stats["over_budget"] >= 1
+    assert stats["workers_replaced"] == replaced + 2 and stats["over_budget"] >= 2
 
 
 def test_hostile_guides_at_once_neither_starve_small_ones_nor_wait_forever(service: GuideService):
