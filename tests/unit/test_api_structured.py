@@ -360,7 +360,7 @@ def test_a_repeated_guide_is_compiled_once():
     assert structured._checking(guide, "llguidance") is not first  # per engine
     bad = Guide("regex", f"(unclosed{time.monotonic_ns()}", "guided_regex")
     _refused(lambda: _check(bad, engine="llguidance"))
-    assert isinstance(structured._checking(bad, "llguidance").result(), structured.Refusal)  # the refusal is cached too
+    assert isinstance(structured._checking(bad, "llguidance").result(), structured.Refused)  # the refusal is cached too
 
 
 # --- tool_choice guides go through the same checks -------------------------------------------------
@@ -418,3 +418,94 @@ def test_strict_tools_whose_calls_are_guided_refuse_unenforced_keywords(engine):
     loose = [{"type": "function", "function": {"name": "f", "parameters": nullable}}]
     spec = asyncio.run(core.prepare(chat.generation_request(ChatCompletionRequest.model_validate({**body, "tools": loose, "tool_choice": "required"}))))
     assert spec.unenforced == (".items.properties.parameters.properties.a: nullable",)
+
+# --- the replica's guide compile service, as the request core sees it ----------------------------------
+
+
+class _FakeChecker:
+    """A guide compile service that answers what it is told to (guides.compile_service's verdicts)."""
+
+    def __init__(self, verdict: dict | None = None, error: Exception | None = None) -> None:
+        self.verdict, self.error, self.asked = verdict, error, []
+
+    async def check(self, guide_type: str, guide: str | None, strict: bool) -> dict:
+        self.asked.append((guide_type, guide, strict))
+        if self.error is not None:
+            raise self.error
+        return self.verdict
+
+
+def _prepare_with(checker: _FakeChecker, body: dict):
+    core = _core()
+    core.guide_checker = checker
+    return asyncio.run(core.prepare(chat.generation_request(ChatCompletionRequest.model_validate({"messages": CHAT, **body}))))
+
+
+FORMAT = {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}
+
+
+def test_the_compile_service_verdicts_become_the_guide_a_400_a_429_or_a_503():
+    from trtllm_truss.guides.compile_client import GuideServiceUnavailable
+    from trtllm_truss.serving.core import Refused
+
+    accepted = _FakeChecker({"accepted": {"text": '{"type":"object"}', "unenforced": [".: x"]}})
+    spec = _prepare_with(accepted, FORMAT)
+    assert accepted.asked == [("json_schema", structured.schema_text(PERSON), False)]
+    assert spec.params.guided_decoding_guide == '{"type":"object"}' and spec.unenforced == (".: x",)
+    assert spec.output_schema == structured.schema_text(PERSON)  # answers are validated against the original
+    as_sent = _prepare_with(_FakeChecker({"accepted": {"text": None, "unenforced": []}}), FORMAT)
+    assert as_sent.params.guided_decoding_guide == structured.schema_text(PERSON)
+
+    message = "checking and compiling it takes longer than 1 s, this deployment's budget for one guide"
+    detail = _refused(lambda: _prepare_with(_FakeChecker({"refused": {"message": message, "place": ""}}), FORMAT))
+    assert detail == f"invalid request: response_format.json_schema.schema: {message}"
+    keyword = _refused(lambda: _prepare_with(_FakeChecker({"refused": {"message": "keyword 'not'", "place": ".properties.a"}}), FORMAT))
+    assert keyword == "invalid request: response_format.json_schema.schema.properties.a: keyword 'not'"
+
+    with pytest.raises(Refused) as busy:
+        _prepare_with(_FakeChecker({"busy": {"message": "every guide compile process is taken", "retry_after": 2}}), FORMAT)
+    assert busy.value.status == 429 and busy.value.headers == {"Retry-After": "2"}
+    assert busy.value.message == "response_format.json_schema.schema: every guide compile process is taken"
+    with pytest.raises(Refused) as gone:
+        _prepare_with(_FakeChecker(error=GuideServiceUnavailable("not reachable")), FORMAT)
+    assert gone.value.status == 503 and "Retry-After" in gone.value.headers
+
+
+def test_text_depth_is_json_depth_at_c_speed():
+    import random
+
+    from trtllm_truss.api.body import text_depth
+
+    rng = random.Random(40)
+
+    def value(depth: int):
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice([1, "a{[", 'q"[', None, "\\\\", True, "]}"])
+        if rng.random() < 0.5:
+            return [value(depth - 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["k", "{", '"[', "\\\\"]) + str(i): value(depth - 1) for i in range(rng.randint(0, 3))}
+
+    for sample in [value(9) for _ in range(500)] + [{}, [], 0, "{{{", {"a": [[[]]]}]:
+        for text in (json.dumps(sample), structured.schema_text(sample)):
+            assert text_depth(text) == structured.json_depth(sample), text
+
+
+def test_guide_refusals_reach_each_dialect_in_its_own_error_shape():
+    """Over the budget: 400 in OpenAI's shape on chat, Anthropic's on messages; busy: 429 with Retry-After."""
+    message = "checking and compiling it takes longer than 1 s, this deployment's budget for one guide"
+    chat_body = {"messages": CHAT, **FORMAT}
+    anthropic_body = {"messages": CHAT, "max_tokens": 4, "output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
+    for verdict, status in (({"refused": {"message": message, "place": ""}}, 400),
+                            ({"busy": {"message": "every guide compile process is taken", "retry_after": 1}}, 429)):
+        core = _core()
+        core.guide_checker = _FakeChecker(verdict)
+        openai_answer = asyncio.run(chat.chat_completions(core, chat_body, None))
+        anthropic_answer = asyncio.run(messages.messages(core, anthropic_body, None))
+        assert openai_answer.status_code == anthropic_answer.status_code == status
+        openai_error, anthropic_error = json.loads(openai_answer.body), json.loads(anthropic_answer.body)
+        assert openai_error["error"]["type"] == "invalid_request_error"
+        assert openai_error["error"]["message"].split(": ", 1)[-1].endswith(verdict[next(iter(verdict))]["message"])
+        assert anthropic_error["type"] == "error" and anthropic_error["error"]["message"].endswith(verdict[next(iter(verdict))]["message"])
+        assert "output_config.format.schema" in anthropic_error["error"]["message"]
+        if status == 429:
+            assert openai_answer.headers["retry-after"] == anthropic_answer.headers["retry-after"] == "1"

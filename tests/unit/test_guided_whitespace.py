@@ -55,7 +55,7 @@ def _takes(compiler: GuideCompiler, text: str) -> bool:
     """Whether the guide's matcher takes `text`'s tokens (the embedded tokenizer's)."""
     from transformers import AutoTokenizer
 
-    matcher = compiler._build("json_schema", schema_text({"type": "object", "properties": {"a": {"type": "integer"}}}))
+    matcher, _ = compiler._build("json_schema", schema_text({"type": "object", "properties": {"a": {"type": "integer"}}}))
     tokens = AutoTokenizer.from_pretrained(str(MODEL_DIR)).encode(text, add_special_tokens=False)
     return all(matcher.consume_token(t) for t in tokens) and not matcher.is_error()
 

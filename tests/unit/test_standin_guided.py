@@ -303,13 +303,17 @@ def test_a_guide_compiling_past_the_timeout_is_refused_and_not_cached(runner, to
             assert time.monotonic() < deadline
             time.sleep(0.01)
         stats = guides.stats()
-        assert stats.timeouts == 1 and stats.cached == 0 and not guides.is_cached(guide)
+        assert stats.timeouts == 1 and stats.cached == 0 and stats.cached_bytes == 0 and not guides.is_cached(guide)
     finally:
         engine.shutdown()
 
 
-def test_guides_compile_once_and_are_cached_in_a_bounded_lru(runner, tokenizer):
-    guides = GuideCompiler(MODEL_DIR, cache_size=2)  # xgrammar
+def test_guides_compile_once_and_are_cached_in_an_lru_bounded_in_bytes(runner, tokenizer):
+    from trtllm_truss.guides.xgrammar_guide import guides_for
+
+    # xgrammar (the default): a compiled guide's bytes are its CompiledGrammar.memory_size_bytes; room for two
+    size = guides_for(str(MODEL_DIR.resolve())).compile("regex", "a[0-9]").compiled.memory_size_bytes
+    guides = GuideCompiler(MODEL_DIR, cache_bytes=2 * size + size // 2)
     engine = StandinEngine(runner, EngineLimits(8, 256, 256), guides=guides).start()
     try:
         a, b, c = (Guide("regex", f"{w}[0-9]") for w in ("a", "b", "c"))
@@ -320,11 +324,34 @@ def test_guides_compile_once_and_are_cached_in_a_bounded_lru(runner, tokenizer):
         for guide in (b, a, c):  # c evicts b, the least recently used
             run(engine, request(tokenizer, "x", guide, 4, top_k=1))
         stats = guides.stats()
-        assert (stats.misses, stats.hits, stats.cached) == (3, 4, 2)
+        assert (stats.misses, stats.hits, stats.cached, stats.evictions) == (3, 4, 2, 1)
+        assert stats.cached_bytes == 2 * size and stats.limit_bytes == 2 * size + size // 2
         assert guides.is_cached(a) and guides.is_cached(c) and not guides.is_cached(b)
         assert stats.compile_seconds > 0 and len(guides.compile_times) == 3
     finally:
         engine.shutdown()
+
+
+def test_llguidance_guides_are_counted_by_their_estimated_bytes_and_one_over_the_bound_is_not_kept():
+    import threading
+
+    from trtllm_truss.guides.guide import grammar_of
+    from trtllm_truss.guides.verdict import llguidance_bytes
+
+    small, large = "[0-9]{3}", json.dumps({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(200)}})
+    small_bytes = llguidance_bytes(grammar_of("regex", small, "compact"))
+    guides = GuideCompiler(MODEL_DIR, engine="llguidance", whitespace="compact", cache_bytes=small_bytes + 1)
+    try:
+        for guide_type, text in (("regex", small), ("json_schema", large)):
+            done = threading.Event()
+            got: list = []
+            guides.prepare(Guide(guide_type, text), lambda matcher, error, got=got, done=done: (got.append((matcher, error)), done.set()))
+            assert done.wait(TIMEOUT_S) and got[0][0] is not None  # served either way
+        stats = guides.stats()
+        assert (stats.cached, stats.cached_bytes, stats.limit_bytes) == (1, small_bytes, small_bytes + 1)
+        assert guides.is_cached(Guide("regex", small)) and not guides.is_cached(Guide("json_schema", large))
+    finally:
+        guides.shutdown()
 
 
 def test_cancelling_a_request_whose_guide_is_compiling(llg_engine, tokenizer):

@@ -21,12 +21,18 @@ Bounds (checked on the event loop, cheap): a guide's text at most the engine's `
 `MAX_SCHEMA_BYTES` (past the guide bound it is reduced, without strict: `guides.oversized`) and `MAX_GUIDE_DEPTH`
 levels of JSON nesting. Then, off the event loop, a schema is checked against its meta-schema (seconds for a
 large one) and the grammar engine the deployment uses (`RequestLimits.guide_engine`: xgrammar or llguidance, with
-TensorRT-LLM's options) judges the guide (`guides.best_effort.prepare` for a schema, `guides.guide.check_guide` for
-the other types): with `strict: true` a keyword that engine does not enforce is a 400 naming its place under
-the field; without it, it is left out of the guide and reported (`CheckedGuide.unenforced`); a guide the
-engine refuses is a 400 with the engine's reason. Compiling runs in a small thread pool with a timeout (`CHECK_TIMEOUT_S`): a
-slow guide delays only its own request. Results, refusals included, are kept in an LRU keyed by the
-engine, strictness and the guide's hash, so a repeated guide costs one dictionary lookup.
+TensorRT-LLM's options) judges the guide (`guides.verdict`: `guides.best_effort.prepare` for a schema,
+`guides.guide.check_guide` for the other types): with `strict: true` a keyword that engine does not enforce is
+a 400 naming its place under the field; without it, it is left out of the guide and reported
+(`CheckedGuide.unenforced`); a guide the engine refuses is a 400 with the engine's reason.
+
+Where it runs: served, in the replica's guide compile service (`guides.compile_service`, a `GuideChecker`
+the front attaches to the request core), which also compiles the guide over the model's tokenizer within
+`runtime.guides.compile_budget_s` in processes it kills past it, and caches verdicts in bytes: over the budget
+is a 400 naming the field and the budget, no compile process free in time a 429 with Retry-After (`GuideBusy`),
+the service not answering a 503 (`GuideCheckerUnavailable`). Without a service (a library caller, unit tests)
+the check runs here in a small thread pool with a timeout (`CHECK_TIMEOUT_S`), without the tokenizer, and
+results are kept in an LRU keyed by the engine, strictness and the guide's hash.
 """
 
 from __future__ import annotations
@@ -39,19 +45,20 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
+from trtllm_truss.api.body import text_depth
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.sampling import StrictModel, Text
-from trtllm_truss.guides import best_effort
-from trtllm_truss.guides.guide import MAX_GUIDE_BYTES, GuideError, NotASchema, check_guide, check_meta_schema, schema_text
+from trtllm_truss.guides.guide import MAX_GUIDE_BYTES, NotASchema, check_meta_schema, schema_text
 from trtllm_truss.guides.oversized import MAX_SCHEMA_BYTES
+from trtllm_truss.guides.verdict import Accepted, Refused, judge, not_a_schema
 
 MAX_GUIDE_DEPTH = 64  # JSON nesting (objects and arrays) of a schema document
 MAX_CHOICES = 256  # alternatives of vLLM's `choice`
-CHECK_TIMEOUT_S = 5.0  # compiling one guide; longer is a 400 (the compile finishes in its thread and is cached)
+CHECK_TIMEOUT_S = 5.0  # without a compile service: checking one guide; longer is a 400 (it finishes in its thread)
 CHECK_THREADS = 2
 CACHE_ENTRIES = 512
 
@@ -257,11 +264,14 @@ def schema_guide(schema: Mapping[str, Any], field: str, *, strict: bool = False)
     """A JSON Schema object as a "json_schema" guide, bounded (size, depth); `strict` is carried to the
     engine's check (`check`), which checks it against its metaschema (off the event loop: a large
     schema takes seconds) and refuses what the engine does not enforce."""
-    depth = json_depth(schema)
+    try:
+        text = schema_text(schema)
+    except RecursionError:  # deeper than json.dumps goes: far over the bound
+        raise field_error(field, f"nests deeper than {MAX_GUIDE_DEPTH} levels") from None
+    _check_size(field, text, MAX_SCHEMA_BYTES)
+    depth = text_depth(text) if text.count("{") + text.count("[") > MAX_GUIDE_DEPTH else 0
     if depth > MAX_GUIDE_DEPTH:
         raise field_error(field, f"nests {depth} levels deep; at most {MAX_GUIDE_DEPTH} are accepted")
-    text = schema_text(schema)
-    _check_size(field, text, MAX_SCHEMA_BYTES)
     return Guide("json_schema", text, field, strict)
 
 
@@ -271,10 +281,6 @@ def check_schema(field: str, schema: Any) -> None:
         check_meta_schema(schema)
     except NotASchema as exc:
         raise field_error(field, not_a_schema(exc)) from None
-
-
-def not_a_schema(exc: NotASchema) -> str:
-    return f"not a valid JSON Schema: {exc}" + (f" (at {exc.where})" if exc.where else "")
 
 
 def _check_size(field: str, text: str, bound: int = MAX_GUIDE_BYTES) -> None:
@@ -295,14 +301,33 @@ def json_depth(value: Any) -> int:
         else:
             continue
         depth = max(depth, level)
-        stack.extend((child, level + 1) for child in children)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (Mapping, list)))
     return depth
 
 
 # --- compiling, off the event loop ----------------------------------------------------------------
 
+
+class GuideChecker(Protocol):
+    """The replica's guide compile service as a frontend sees it (`guides.compile_client.GuideServiceClient`)."""
+
+    async def check(self, guide_type: str, guide: str | None, strict: bool) -> dict[str, Any]: ...
+
+
+class GuideBusy(Exception):
+    """No compile process could take the guide in time: a 429 with Retry-After (the guide is not at fault)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.message, self.retry_after_s = message, retry_after_s
+
+
+class GuideCheckerUnavailable(Exception):
+    """The compile service did not answer (it is being started again): a 503."""
+
+
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
-_CACHE: OrderedDict[bytes, concurrent.futures.Future[str | None]] = OrderedDict()
+_CACHE: OrderedDict[bytes, concurrent.futures.Future[Accepted | Refused]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -313,65 +338,68 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     return _EXECUTOR
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why a guide cannot be enforced: the 400's message, and `place`, where under the guide's field
-    it points (a keyword strict mode refuses; "" for the guide itself)."""
-
-    message: str
-    place: str = ""
+def _judged(guide_type: str, guide: str | None, engine: str, strict: bool) -> Accepted | Refused:
+    return judge(guide_type, guide, engine, strict)[0]
 
 
-def _compile(guide_type: str, guide: str | None, engine: str, strict: bool) -> CheckedGuide | Refusal:
-    """The guide as `engine` enforces it, or why it cannot be."""
-    try:
-        if guide_type == "json_schema" and guide is not None:
-            prepared = best_effort.prepare(json.loads(guide), engine, strict=strict)
-            return CheckedGuide(prepared.text, prepared.unenforced)
-        check_guide(guide_type, guide, engine)
-    except best_effort.KeywordRefused as exc:
-        return Refusal(f"{exc}; strict: true refuses it (without strict it is left out)", exc.place)
-    except NotASchema as exc:
-        return Refusal(not_a_schema(exc))
-    except GuideError as exc:
-        return Refusal(f"cannot be enforced: {exc}")
-    return CheckedGuide(guide)
-
-
-def _checking(guide: Guide, engine: str) -> concurrent.futures.Future[CheckedGuide | Refusal]:
-    """The (cached, or newly started) compile of `guide`; concurrent requests share one."""
+def _checking(guide: Guide, engine: str) -> concurrent.futures.Future[Accepted | Refused]:
+    """The (cached, or newly started) in-process check of `guide`; concurrent requests share one."""
     key = hashlib.sha256(f"{engine}\0{guide.strict}\0{guide.type}\0{guide.guide or ''}".encode("utf-8", "surrogatepass")).digest()
     with _LOCK:
         future = _CACHE.get(key)
         if future is not None:
             _CACHE.move_to_end(key)
             return future
-        future = _executor().submit(_compile, guide.type, guide.guide, engine, guide.strict)
+        future = _executor().submit(_judged, guide.type, guide.guide, engine, guide.strict)
         _CACHE[key] = future
         while len(_CACHE) > CACHE_ENTRIES:
             _CACHE.popitem(last=False)
         return future
 
 
-async def check(guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S, *, engine: str = "xgrammar") -> CheckedGuide | None:
+async def _in_process(guide: Guide, timeout_s: float, engine: str) -> Accepted | Refused:
+    future = _checking(guide, engine)
+    if future.done():
+        return future.result()
+    try:
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+    except asyncio.TimeoutError:
+        raise field_error(guide.field, f"took longer than {timeout_s:g} s to compile; simplify it") from None
+
+
+async def _by_service(guide: Guide, checker: GuideChecker) -> Accepted | Refused:
+    try:
+        verdict = await checker.check(guide.type, guide.guide, guide.strict)
+    except (ConnectionError, RuntimeError) as exc:  # guides.compile_client.GuideServiceUnavailable
+        raise GuideCheckerUnavailable(f"the guide compile service is restarting ({exc}); retry shortly") from None
+    if "busy" in verdict:
+        busy = verdict["busy"]
+        raise GuideBusy(f"{guide.field}: {busy['message']}", int(busy.get("retry_after") or 1))
+    if "refused" in verdict:
+        return Refused(verdict["refused"]["message"], verdict["refused"].get("place") or "")
+    accepted = verdict["accepted"]
+    return Accepted(accepted.get("text"), tuple(accepted.get("unenforced") or ()))
+
+
+async def check(
+    guide: Guide | None, timeout_s: float = CHECK_TIMEOUT_S, *, engine: str = "xgrammar", checker: GuideChecker | None = None
+) -> CheckedGuide | None:
     """The guide as `engine` ("xgrammar" | "llguidance", with TensorRT-LLM's options) will enforce it;
-    400 naming `guide.field` with the engine's reason when it cannot, or when compiling it takes
-    longer than `timeout_s` (the event loop never waits on the compiler)."""
+    400 naming `guide.field` with the engine's reason when it cannot, or when it costs more than the
+    budget (the module docstring: by the compile service `checker`, else in process within `timeout_s`);
+    GuideBusy / GuideCheckerUnavailable when the service cannot take it now. The event loop never waits on
+    a compiler."""
     if guide is None:
         return None
     if guide.guide is not None:
         _check_size(guide.field, guide.guide, MAX_SCHEMA_BYTES if guide.type == "json_schema" else MAX_GUIDE_BYTES)
-    future = _checking(guide, engine)
-    if future.done():
-        result = future.result()
+    if checker is not None:
+        result = await _by_service(guide, checker)
     else:
-        try:
-            result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
-        except asyncio.TimeoutError:
-            raise field_error(guide.field, f"took longer than {timeout_s:g} s to compile; simplify it") from None
-    if isinstance(result, Refusal):
+        result = await _in_process(guide, timeout_s, engine)
+    if isinstance(result, Refused):
         raise field_error(f"{guide.field}{result.place}", result.message)
-    return result
+    return CheckedGuide(guide.guide if result.text is None else result.text, result.unenforced)
 
 
 def cache_clear() -> None:

@@ -61,6 +61,14 @@ class PytorchEngineConfig(StrictModel):
         description="false (as NVIDIA's engine): one response per token per step, queued in order when the "
         "sender falls behind; true: merge the tokens waiting for a request into one response.",
     )
+    guide_cache_bytes: int = Field(
+        128 << 20,
+        ge=0,
+        le=1 << 38,
+        description="Bytes of compiled guides each engine instance keeps (xgrammar's CompiledGrammar.memory_size_bytes;"
+        " llguidance estimated from its grammar's size), least recently used first out. TensorRT-LLM's own bound is"
+        " its XGRAMMAR_CACHE_LIMIT_GB variable (1 GB).",
+    )
     guided_whitespace: Literal["compact", "flexible"] = Field(
         "compact",
         description="Whitespace between JSON tokens in guided output where the stand-in generates (backend pytorch,"
@@ -124,6 +132,37 @@ class DirectFrontConfig(StrictModel):
         description="Stream through worker processes behind each front process (runtime.stream_workers of them"
         " in all), as the truss front does. false: each front process tokenizes, streams from the engine and"
         " detokenizes on its own event loop, with no relay hop.",
+    )
+
+
+class GuidesConfig(StrictModel):
+    """How the front checks what a guide (response_format, tool_choice required / named, guided_*) costs before
+    it reaches the engine: a compile service per replica (docs/api.md, "Structured output", "What a guide may
+    cost")."""
+
+    compile_budget_s: float = Field(
+        1.0,
+        gt=0.0,
+        le=60.0,
+        description="Seconds one guide may take to be checked and compiled with the engine's compiler over the"
+        " model's tokenizer (meta-schema, best-effort preparation, compile); a guide over it is refused with 400"
+        " naming its field and this budget, and the refusal is cached. TensorRT-LLM compiles a new guide inside"
+        " its executor's step, so this is also the longest a new guide can stall a batch there.",
+    )
+    compile_processes: int = Field(
+        2,
+        ge=1,
+        le=32,
+        description="Warm compile processes per replica (forked from one that holds the tokenizer). Guides over"
+        " 16 KiB use at most this minus one, so one is kept for small guides; a guide that cannot start within"
+        " compile_budget_s is a 429 with Retry-After.",
+    )
+    cache_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        le=1 << 36,
+        description="Bytes of checked guides (verdicts, refusals included: their text and notes) the front keeps,"
+        " least recently used first out; a known guide is answered from it at once.",
     )
 
 
@@ -264,6 +303,7 @@ class RuntimeConfig(StrictModel):
     llmapi: LlmApiConfig = Field(default_factory=lambda: LlmApiConfig())
     health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
     direct_front: DirectFrontConfig = Field(default_factory=lambda: DirectFrontConfig())
+    guides: GuidesConfig = Field(default_factory=lambda: GuidesConfig())
 
     @model_validator(mode="after")
     def _lora_cache_sizes(self) -> RuntimeConfig:

@@ -101,6 +101,7 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
                 settings.tokenizer_dir or settings.model_dir,
                 engine=settings.guided_decoding_backend,
                 whitespace=settings.guided_whitespace,
+                cache_bytes=settings.guide_cache_bytes,
             ),
             adapters={task: name for task, (name, _) in adapters.items()},
             max_loras=settings.max_loras,

@@ -10,9 +10,12 @@ compact by default there) "compact" compiles JSON without free whitespace, since
 real one, emits blanks until max_tokens when they are allowed; "flexible" (GuideCompiler's default) is
 TensorRT-LLM's. Which guides compile does not depend on it (tests/unit/test_guided_whitespace.py).
 - `GuideCompiler`: one `LLMatcher` built per distinct (type, guide) (`guides.guide.compile_matcher`) on a small thread pool, never on the
-  decode loop, and kept pristine in a bounded LRU; each request gets a `deep_copy()` (it shares the
-  compiled grammar and lexer). A guide that fails to compile, or is still compiling after the timeout,
-  fails the requests waiting for it with the reason and leaves nothing cached.
+  decode loop, and kept pristine in an LRU bounded in bytes (`cache_bytes`, runtime.pytorch.guide_cache_bytes:
+  xgrammar's `CompiledGrammar.memory_size_bytes`, llguidance's estimated from its grammar,
+  `guides.verdict.llguidance_bytes`; xgrammar's own compiler cache is off, so an evicted guide is freed);
+  each request gets a `deep_copy()` (it shares the compiled grammar and lexer). A guide that fails to
+  compile, or is still compiling after the timeout, fails the requests waiting for it with the reason and
+  leaves nothing cached.
 - `TokenMasker`: one step's masks of every guided row computed at once (`LLExecutor`) and applied to the
   processed logits, the request's own end token standing in for the tokenizer's EOS.
 """
@@ -23,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,15 +38,18 @@ import llguidance.numpy
 import numpy as np
 
 from trtllm_truss.engine_standin.types import Guide
+from trtllm_truss.guides.cache import BytesLRU
 from trtllm_truss.guides.guide import (
     LLGUIDANCE,
     WHITESPACE_COMPACT,
     WHITESPACE_FLEXIBLE,
     XGRAMMAR,
     GuideError,
-    compile_matcher,
+    grammar_of,
     load_guide_tokenizer,
+    matcher_of,
 )
+from trtllm_truss.guides.verdict import llguidance_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +59,7 @@ log = logging.getLogger(__name__)
 # (matcher, None) when the guide is ready, (None, reason) when it cannot be enforced.
 GuideReady = Callable[[llguidance.LLMatcher | None, str | None], None]
 
-DEFAULT_CACHE_SIZE = 64
+DEFAULT_CACHE_BYTES = 128 << 20  # runtime.pytorch.guide_cache_bytes's default
 DEFAULT_COMPILE_THREADS = 2
 DEFAULT_COMPILE_TIMEOUT_S = 30.0
 
@@ -66,6 +72,9 @@ class GuideCacheStats:
     failures: int = 0  # compiles that failed (the guide was refused)
     timeouts: int = 0  # compiles still running at the timeout (their requests were refused)
     cached: int = 0  # guides in the cache now
+    cached_bytes: int = 0  # what they hold (module docstring)
+    limit_bytes: int = 0  # the cache's bound
+    evictions: int = 0  # guides dropped to stay within it
 
 
 class _Pending:
@@ -83,7 +92,7 @@ class GuideCompiler:
         self,
         tokenizer_dir: Path | str | None,
         *,
-        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         threads: int = DEFAULT_COMPILE_THREADS,
         timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
         limits: llguidance.LLParserLimits | None = None,
@@ -93,12 +102,12 @@ class GuideCompiler:
         self.tokenizer_dir = tokenizer_dir
         self.engine = engine
         self.whitespace = whitespace  # runtime.pytorch.guided_whitespace (guides.guide.WHITESPACE_*)
-        self.cache_size = cache_size
+        self.cache_bytes = cache_bytes
         self.timeout_s = timeout_s
         # llguidance's LLParserLimits bound compile and step work; short errors: they go to the client.
         self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str | None], llguidance.LLMatcher] = OrderedDict()
+        self._cache: BytesLRU[tuple[str, str | None], Any] = BytesLRU(cache_bytes)
         self._pending: dict[tuple[str, str | None], _Pending] = {}
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="guide-compile")
         self._tokenizer: Any = None
@@ -132,7 +141,9 @@ class GuideCompiler:
 
     def stats(self) -> GuideCacheStats:
         with self._lock:
-            return GuideCacheStats(**{**self._stats.__dict__, "cached": len(self._cache)})
+            cache = self._cache.stats()
+            return GuideCacheStats(**{**self._stats.__dict__, "cached": cache.entries, "cached_bytes": cache.bytes,
+                                      "limit_bytes": cache.limit_bytes, "evictions": cache.evictions})
 
     def is_cached(self, guide: Guide) -> bool:
         with self._lock:
@@ -145,7 +156,6 @@ class GuideCompiler:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
-                self._cache.move_to_end(key)
                 self._stats.hits += 1
                 matcher = cached.deep_copy()
             else:
@@ -167,20 +177,24 @@ class GuideCompiler:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _build(self, guide_type: str, guide: str | None) -> Any:
+    def _build(self, guide_type: str, guide: str | None) -> tuple[Any, int]:
+        """The pristine matcher and the bytes its compiled guide holds."""
         if self.engine == XGRAMMAR:
             try:
-                return self.tokenizer.compile(guide_type, guide, any_whitespace=self.whitespace != WHITESPACE_COMPACT)
+                matcher = self.tokenizer.compile(guide_type, guide, any_whitespace=self.whitespace != WHITESPACE_COMPACT)
             except ValueError as exc:
                 raise GuideError(str(exc)) from None
-        return compile_matcher(guide_type, guide, self.tokenizer, self._limits, self.whitespace)
+            return matcher, int(matcher.compiled.memory_size_bytes)
+        grammar = grammar_of(guide_type, guide, self.whitespace)
+        return matcher_of(grammar, self.tokenizer, self._limits), llguidance_bytes(grammar)
 
     def _compile(self, key: tuple[str, str | None], pending: _Pending, timer: threading.Timer) -> None:
         start = time.perf_counter()
         matcher: llguidance.LLMatcher | None = None
         error: str | None = None
+        size = 0
         try:
-            matcher = self._build(*key)
+            matcher, size = self._build(*key)
         except GuideError as exc:
             error = str(exc)
         except Exception as exc:  # llguidance misuse or a tokenizer problem: still only these requests fail
@@ -201,12 +215,14 @@ class GuideCompiler:
                 self._stats.failures += 1
                 copies: list = [None] * len(waiters)
             else:
-                self._cache[key] = matcher
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
+                evicted = self._cache.evictions
+                self._cache.put(key, matcher, size)  # one over the bound serves its waiters, uncached
+                trim = self._cache.evictions > evicted
                 copies = [matcher.deep_copy() for _ in waiters]
         for ready, copy in zip(waiters, copies):
             ready(copy, error)
+        if matcher is not None and trim:
+            release_freed_memory()
 
     def _expire(self, key: tuple[str, str | None], pending: _Pending) -> None:
         with self._lock:
@@ -221,6 +237,18 @@ class GuideCompiler:
         reason = f"compiling the guide took longer than {self.timeout_s:g} s"
         for ready in waiters:
             ready(None, reason)
+
+
+def release_freed_memory() -> None:
+    """Give what evicted guides freed back to the system (glibc's `malloc_trim`: its allocator keeps freed
+    pages of every thread's arena otherwise, so a stub's memory would stay at its peak); on a compile
+    thread, after an eviction, never on the decode loop. Nothing where the C library has no such call."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def matcher_error(matcher: llguidance.LLMatcher) -> str:

@@ -49,6 +49,8 @@ class StandinSettings:
     guided_decoding_backend: str = "xgrammar"
     # runtime.pytorch.guided_whitespace: compact (JSON without free whitespace) | flexible (TensorRT-LLM's).
     guided_whitespace: str = "compact"
+    # runtime.pytorch.guide_cache_bytes: what each instance's compiled guides may hold (engine_standin.guidance).
+    guide_cache_bytes: int = 128 << 20
 
     @property
     def synthetic(self) -> bool:
@@ -139,6 +141,7 @@ class StandinSettings:
             max_loras=integer("lora_max_loras", 1) if text("lora_max_loras") else None,
             guided_decoding_backend=guide_engine,
             guided_whitespace=whitespace,
+            guide_cache_bytes=integer("guide_cache_bytes", 128 << 20, minimum=0),
         )
         if problems:
             raise SettingsError("; ".join(problems))

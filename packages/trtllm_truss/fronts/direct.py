@@ -8,6 +8,7 @@ Who owns what:
 | launcher (this module, `DirectFront`) | the stack (`runtime.stack.start_stack`: artifacts, repository, tritonserver and its supervisor, which restarts it), the engine probe, the listening socket, the shared state file (`fronts.replica_state`), the frontends (started, restarted when they die, stopped), readiness of the stack written for all |
 | frontend `i` (`fronts.direct_app`, N of them) | its uvicorn server accepting from the shared socket (the lowest frontend with room first: `fronts.accept`), its request core and dialects (`serving/`), on the same event loop its tokenizer, gRPC streams to the engine and detokenizer (`streaming.in_process`), its slot of admission and its metrics array |
 | stream workers (only with `runtime.direct_front.stream_worker_processes`: W per frontend) | as under truss's server (`streaming.worker`); they exit when their frontend's socket closes |
+| guide compile service (`guides.compile_service`, started by the launcher) | the replica's one bound on guide compiles, its compile processes and its cache of checked guides: every frontend asks it over a Unix socket before a guided request is queued (`runtime.guides`) |
 | tritonserver, stubs | as under truss's server (`runtime/`), in their own session |
 
 Nothing is relayed between processes per request: a frontend talks to tritonserver itself (or through
@@ -137,6 +138,7 @@ class DirectFront:
         self.stack: Any = None
         self.state: Any = None
         self._probe: Any = None
+        self._guides: Any = None  # guides.compile_client.GuideService
         self._socket: socket.socket | None = None
         self._work_dir: Path | None = None
         self._frontends: list[subprocess.Popen | None] = []
@@ -169,7 +171,7 @@ class DirectFront:
         from trtllm_truss.engine.tokenizer import ensure_tokenizer_json
         from trtllm_truss.fronts.direct_app import FrontendSettings
         from trtllm_truss.fronts.replica_state import ReplicaState
-        from trtllm_truss.fronts.service import max_in_flight
+        from trtllm_truss.fronts.service import guide_service, max_in_flight
         from trtllm_truss.runtime.stack import start_stack
         from trtllm_truss.streaming.pool import default_worker_count
 
@@ -195,6 +197,10 @@ class DirectFront:
         self._work_dir = Path(tempfile.mkdtemp(prefix="trtllm-truss-direct-", dir=_shm_dir()))
         self.state = ReplicaState.create(self._work_dir / "replica", frontends=frontends,
                                          max_in_flight=max_in_flight(plan))
+        self._guides = guide_service(plan, self._environ, directory=str(self._work_dir / "guides"))
+        if self._guides is not None:
+            progress("starting the guide compile service")
+            self._guides.start(wait=False)  # warms up while the probe and the frontends start
         self._start_probe(plan)
         server = self.stack.server
         server.add_exit_listener(self._tritonserver_exited)
@@ -205,9 +211,12 @@ class DirectFront:
                 plan=plan, grpc_url=server.grpc_url, stream_workers=per_frontend, api_key=api_key,
                 secret_values=known_secret_values(), http=http, loop=loop, fill_connections=fill,
                 log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                guides=self._guides.settings if self._guides is not None else None,
             )
             for i in range(frontends)
         ]
+        if self._guides is not None:
+            self._guides.wait_ready()
         progress(f"starting {frontends} frontend process(es), {per_frontend or 'no'} stream worker(s) each")
         self._frontends = [self._spawn(settings) for settings in self._settings]
         self._wait_frontends(range(frontends))
@@ -309,6 +318,9 @@ class DirectFront:
             if self._probe is not None:
                 self._probe.stop()
                 self._probe = None
+            if self._guides is not None:
+                self._guides.stop()
+                self._guides = None
             if self.stack is not None:
                 self.stack.stop()
                 self.stack = None

@@ -12,7 +12,7 @@ under truss's server (`serving/`); what differs is only who reads the body and r
 | `GET /v1/models` | OpenAI's model list: the served name and the LoRA adapters |
 | `GET /v1/models/model`, `GET /health/ready` | readiness: 200 once tritonserver and this process's workers are up, else 503 |
 | `GET /health/live` | liveness: 503 once tritonserver died for good (the container should be replaced) |
-| `GET /metrics` | the serving metrics summed over every frontend (`fronts.replica_state`) |
+| `GET /metrics` | the serving metrics summed over every frontend (`fronts.replica_state`), and the replica's guide compile service's (`trtllm_guide_*`) |
 
 With `runtime.direct_front.api_key_secret` set, every POST route and `GET /v1/models` need
 `Authorization: Bearer <key>` (`/v1/messages` also takes Anthropic's `x-api-key`); a missing or wrong
@@ -76,6 +76,7 @@ class FrontendSettings:
     loop: str
     fill_connections: int = 0  # fronts.accept; 0: the kernel spreads connections (uvicorn's own listener)
     log_level: str = "INFO"
+    guides: Any = None  # guides.compile_service.ServiceSettings of the replica's guide compile service (None: off)
 
 
 def _json(result: Any) -> Response:
@@ -214,7 +215,7 @@ def serve(settings: FrontendSettings) -> None:
     import uvicorn
 
     from trtllm_truss.fronts.replica_state import ReplicaState
-    from trtllm_truss.fronts.service import stream_pool
+    from trtllm_truss.fronts.service import register_guide_metrics, stream_pool
 
     _die_with_launcher(settings.launcher_pid)
     _configure_logging(settings)
@@ -230,9 +231,15 @@ def serve(settings: FrontendSettings) -> None:
                        admission=state.admission(settings.index))
     pool.start()
     info = pool.info
+    checker = None
+    if settings.guides is not None:
+        from trtllm_truss.guides.compile_client import GuideServiceClient
+
+        checker = GuideServiceClient(settings.guides)
+        register_guide_metrics(checker)
     core = RequestCore()
     core.attach(pool, RequestLimits.from_plan(
-        plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes))
+        plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes), checker)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -10,6 +10,7 @@ here and in `model/model.py`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import threading
@@ -47,6 +48,7 @@ class LLMService:
         self._stack: Any = None
         self._pool: StreamPool | None = None
         self._engine_probe: Any = None
+        self._guides: Any = None  # guides.compile_client.GuideService
         self._stop_signals_chained = False
         self._shutdown_lock = threading.Lock()
         self.core = RequestCore()
@@ -80,16 +82,28 @@ class LLMService:
 
             # A sentencepiece-only tokenizer is converted once here, not by every worker.
             ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
+            self._guides = guide_service(plan, self._environ)
+            if self._guides is not None:
+                progress("starting the guide compile service")
+                self._guides.start(wait=False)  # warms up while the stream workers start
             progress("starting the stream workers")
             self._pool = stream_pool(plan, self._stack.server.grpc_url)
             self._pool.start()
+            checker = None
+            if self._guides is not None:
+                self._guides.wait_ready()
+                checker = self._guides.client()
+                register_guide_metrics(checker)
         except BaseException:
+            if self._guides is not None:
+                self._guides.stop()
             self._stack.stop()
             raise
         info = self._pool.info
         self.core.attach(
             self._pool,
             RequestLimits.from_plan(plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes),
+            checker,
         )
         if plan.runtime.health.enabled:
             from trtllm_truss.engine.health import stack_probe
@@ -114,6 +128,8 @@ class LLMService:
                 self._engine_probe.stop()
             if self._pool is not None:
                 self._pool.stop()
+            if self._guides is not None:
+                self._guides.stop()
             if self._stack is not None:
                 self._stack.stop()
 
@@ -167,6 +183,50 @@ def max_in_flight(plan: ServingPlan) -> int:
     runtime = plan.runtime
     queued = runtime.max_queued_requests if runtime.max_queued_requests is not None else 2 * plan.max_batch_size
     return plan.max_batch_size + queued
+
+
+def guide_service(plan: ServingPlan, environ: Mapping[str, str] | None = None, directory: str | None = None) -> Any:
+    """The replica's guide compile service (`guides.compile_client.GuideService`, not started) as
+    `plan.runtime.guides` configures it, over the model's tokenizer with the deployment's grammar engine; None
+    where guided decoding is off (every guided request is a 400 before any check). `directory`: where its
+    sockets live (None: a new temporary one, removed at stop)."""
+    import os
+
+    from trtllm_truss.guides.compile_client import GuideService
+    from trtllm_truss.guides.compile_service import ServiceSettings
+
+    engine = plan.guide_engine
+    if engine is None:
+        return None
+    config = plan.runtime.guides
+    settings = dict(engine=engine, tokenizer_dir=str(plan.tokenizer_dir), budget_s=config.compile_budget_s,
+                    processes=config.compile_processes, cache_bytes=config.cache_bytes,
+                    log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+    environ = os.environ if environ is None else environ
+    if directory is None:
+        return GuideService.in_temporary_directory(environ, **settings)
+    return GuideService(ServiceSettings(directory=directory, **settings), environ)
+
+
+def register_guide_metrics(checker: Any, registry: Any = None) -> Any:
+    """The guide service's counts on `/metrics` (`serving.metrics.GuideCacheCollector`, on prometheus_client's
+    default registry: truss's and the direct front's `/metrics`)."""
+    from prometheus_client import REGISTRY
+
+    from trtllm_truss.serving.core import SERVED_MODEL_NAME
+    from trtllm_truss.serving.metrics import GuideCacheCollector
+
+    global _GUIDE_COLLECTOR
+    registry = REGISTRY if registry is None else registry
+    if _GUIDE_COLLECTOR is not None:  # a service started again in this process replaces the last one's
+        with contextlib.suppress(KeyError):
+            registry.unregister(_GUIDE_COLLECTOR)
+    _GUIDE_COLLECTOR = GuideCacheCollector(checker.stats, model_name=SERVED_MODEL_NAME)
+    registry.register(_GUIDE_COLLECTOR)
+    return _GUIDE_COLLECTOR
+
+
+_GUIDE_COLLECTOR: Any = None
 
 
 def stream_pool(

@@ -185,7 +185,12 @@ def compile_matcher(
 ) -> llguidance.LLMatcher:
     """A matcher for the guide over the model's tokenizer, its first mask computed (a guide over the
     per-step limits there is refused now, not mid-generation); raises GuideError with the reason."""
-    grammar = grammar_of(guide_type, guide, whitespace)
+    return matcher_of(grammar_of(guide_type, guide, whitespace), tokenizer, limits)
+
+
+def matcher_of(grammar: str, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits | None = None) -> llguidance.LLMatcher:
+    """`compile_matcher` from a grammar `grammar_of` made (whose length sizes the compiled matcher:
+    `guides.verdict.llguidance_bytes`)."""
     matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
     if not matcher.is_error():
         matcher.compute_bitmask()

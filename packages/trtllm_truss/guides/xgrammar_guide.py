@@ -140,46 +140,66 @@ class XGrammarMatcher:
 @functools.lru_cache(maxsize=4)
 def guides_for(tokenizer_dir: str) -> XGrammarGuides:
     """One XGrammarGuides per tokenizer folder in this process: building the TokenizerInfo takes seconds,
-    and xgrammar's compiler caches what it compiled; both are safe to share between threads and engines."""
+    and both it and the compiler are safe to share between threads and engines."""
     return XGrammarGuides(tokenizer_dir)
+
+
+def tokenizer_info(tokenizer_dir: str) -> Any:
+    """xgrammar's TokenizerInfo of the Hugging Face tokenizer, as TensorRT-LLM builds it (the end token as
+    stop token); seconds for a large vocabulary."""
+    from transformers import AutoTokenizer
+
+    xgr = _xgrammar()
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
+    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer), stop_token_ids=stop)
+
+
+def grammar_compiler(info: Any, *, cache_limit_bytes: int = 0) -> Any:
+    """xgrammar's GrammarCompiler over `info`, one compile thread; its own cache off (0: our callers keep
+    what they compiled, bounded in bytes) or bounded at `cache_limit_bytes` (TensorRT-LLM's is on, at
+    XGRAMMAR_CACHE_LIMIT_GB, 1 GB by default)."""
+    xgr = _xgrammar()
+    if cache_limit_bytes > 0:
+        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True, cache_limit_bytes=cache_limit_bytes)
+    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+
+def compile_guide(compiler: Any, guide_type: str, guide: str | None, *, any_whitespace: bool = True) -> Any:
+    """The guide compiled (xgrammar's CompiledGrammar) with TensorRT-LLM's calls; raises ValueError with
+    xgrammar's reason. `any_whitespace` False: JSON Schemas with no blank at all, separators "," and ":"
+    as llguidance's compact JSON (the stand-in's compact option; TensorRT-LLM's is True, where xgrammar
+    ignores separators)."""
+    try:
+        if guide_type == "json":
+            return compiler.compile_builtin_json_grammar()
+        if guide_type == "json_schema":
+            return compiler.compile_json_schema(guide, any_whitespace=any_whitespace, separators=None if any_whitespace else (",", ":"))
+        if guide_type == "regex":
+            return compiler.compile_regex(guide)
+        if guide_type == "ebnf_grammar":
+            return compiler.compile_grammar(guide)
+        parts = structural_tag_parts(guide or "")
+        return compiler.compile_structural_tag(*parts) if parts is not None else compiler.compile_structural_tag(guide)
+    except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(reason(exc)) from None
 
 
 class XGrammarGuides:
     """xgrammar's GrammarCompiler over the model's tokenizer, as TensorRT-LLM builds it (TokenizerInfo
-    from the Hugging Face tokenizer, the end token as stop token, the compiler's cache on). Get one with
+    from the Hugging Face tokenizer, the end token as stop token), without its own cache: the stand-in
+    keeps compiled guides in its LRU bounded in bytes (`engine_standin.guidance`). Get one with
     `guides_for` (shared per tokenizer)."""
 
     def __init__(self, tokenizer_dir: str) -> None:
-        from transformers import AutoTokenizer
-
-        xgr = _xgrammar()
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
-        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer), stop_token_ids=stop)
+        self.info = tokenizer_info(tokenizer_dir)
         self.vocab_size = self.info.vocab_size
         self.stop_token_ids = list(self.info.stop_token_ids)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=True)
+        self.compiler = grammar_compiler(self.info)
 
     def compile(self, guide_type: str, guide: str | None, *, any_whitespace: bool = True) -> XGrammarMatcher:
-        """A matcher for the guide; raises ValueError with xgrammar's reason. `any_whitespace` False: JSON
-        Schemas with no blank at all, separators "," and ":" as llguidance's compact JSON (the stand-in's
-        compact option; TensorRT-LLM's is True, where xgrammar ignores separators)."""
-        compiler = self.compiler
-        try:
-            if guide_type == "json":
-                compiled = compiler.compile_builtin_json_grammar()
-            elif guide_type == "json_schema":
-                compiled = compiler.compile_json_schema(guide, any_whitespace=any_whitespace, separators=None if any_whitespace else (",", ":"))
-            elif guide_type == "regex":
-                compiled = compiler.compile_regex(guide)
-            elif guide_type == "ebnf_grammar":
-                compiled = compiler.compile_grammar(guide)
-            else:
-                parts = structural_tag_parts(guide or "")
-                compiled = compiler.compile_structural_tag(*parts) if parts is not None else compiler.compile_structural_tag(guide)
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
-            raise ValueError(reason(exc)) from None
-        return XGrammarMatcher(compiled)
+        """A matcher for the guide; raises ValueError with xgrammar's reason (`compile_guide`)."""
+        return XGrammarMatcher(compile_guide(self.compiler, guide_type, guide, any_whitespace=any_whitespace))
 
     def fill_bitmask(self, matchers: list[XGrammarMatcher], bitmask: Any) -> None:
         """Row k of `bitmask` (a numpy int32 [rows, words] array) gets matcher k's allowed tokens."""

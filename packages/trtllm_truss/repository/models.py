@@ -196,6 +196,7 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             # runtime.guided_decoding_backend resolved (guides.engines.guide_engine): the engine the stand-in masks with.
             ("guided_decoding_backend", plan.guide_engine or "none"),
             ("guided_whitespace", pytorch.guided_whitespace),  # runtime.pytorch.guided_whitespace
+            ("guide_cache_bytes", pytorch.guide_cache_bytes),  # runtime.pytorch.guide_cache_bytes, per instance
             # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
             ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
             ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),

@@ -191,9 +191,11 @@ class RequestCore:
     def __init__(self) -> None:
         self._pool: StreamPool | None = None
         self._limits: RequestLimits | None = None
+        self.guide_checker: structured.GuideChecker | None = None
 
-    def attach(self, pool: StreamPool, limits: RequestLimits) -> None:
-        self._pool, self._limits = pool, limits
+    def attach(self, pool: StreamPool, limits: RequestLimits, guide_checker: structured.GuideChecker | None = None) -> None:
+        """`guide_checker`: the replica's guide compile service (None: guides are checked in process)."""
+        self._pool, self._limits, self.guide_checker = pool, limits, guide_checker
 
     # Why requests get 503 while nothing is attached (a worker node of a multi-node world serves none).
     unavailable = "the model is still loading"
@@ -241,7 +243,12 @@ class RequestCore:
             check_strict_tools(req.tools, req.strict_tools, limits.guide_engine, req.tools_field)
             strict = req.guide.strict if req.guide is not None else False
             guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field, strict)
-            checked = await structured.check(guide, engine=limits.guide_engine)
+            try:
+                checked = await structured.check(guide, engine=limits.guide_engine, checker=self.guide_checker)
+            except structured.GuideBusy as exc:
+                raise Refused(429, exc.message, {"Retry-After": str(exc.retry_after_s)}) from None
+            except structured.GuideCheckerUnavailable as exc:
+                raise Refused(503, str(exc), {"Retry-After": str(RETRY_AFTER_S)}) from None
             if checked is not None:
                 # The engine gets the schema as it enforces it; the worker validates answers against the original.
                 schema = params.guided_decoding_guide if params.guided_decoding_guide_type == "json_schema" else None

@@ -317,3 +317,53 @@ class _Collector:
         for name in ("num_requests_running", "num_requests_waiting"):
             names.append(GaugeMetricFamily(PREFIX + name, ""))
         return names
+
+
+# The front's guide compile service (guides.compile_service) on /metrics: one per replica, read from its stats
+# file by every process that serves /metrics (the same values whichever answers; never summed).
+# (name, type, help, stats field)
+GUIDE_SERIES = (
+    ("guide_cache_bytes", "gauge", "Bytes of checked guides the front keeps (verdicts, refusals included).", "bytes"),
+    ("guide_cache_limit_bytes", "gauge", "The bound of the front's guide cache in bytes (runtime.guides.cache_bytes).", "limit_bytes"),
+    ("guide_cache_entries", "gauge", "Checked guides the front keeps.", "entries"),
+    ("guide_cache_hits", "counter", "Guides answered from the front's cache or by a compile already running.", "hits"),
+    ("guide_cache_misses", "counter", "Guides the front had to check and compile.", "misses"),
+    ("guide_cache_evictions", "counter", "Checked guides dropped to keep the front's cache within its bytes.", "evictions"),
+    ("guide_compiles", "counter", "Guides checked and compiled by the front's compile processes.", "compiles"),
+    ("guide_compile_seconds", "counter", "Seconds the front's compile processes spent on guides.", "compile_seconds"),
+    ("guide_compile_processes", "gauge", "The front's compile processes up.", "workers"),
+    ("guide_compile_budget_seconds", "gauge", "What one guide may cost (runtime.guides.compile_budget_s).", "budget_s"),
+)
+GUIDE_REFUSALS = (("engine", "refused"), ("budget", "over_budget"), ("busy", "busy"))  # (reason label, stats field)
+
+
+class GuideCacheCollector:
+    """A prometheus_client custom collector over `stats()` (`guides.compile_client.GuideServiceClient.stats`)."""
+
+    def __init__(self, stats, *, model_name: str = "model") -> None:
+        self._stats = stats
+        self.model_name = model_name
+
+    def collect(self) -> Iterator:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self._stats()
+        labels, values = ["model_name"], [self.model_name]
+        for name, kind, doc, field in GUIDE_SERIES:
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(PREFIX + name, doc, labels=labels)
+            family.add_metric(values, float(stats.get(field, 0.0)))
+            yield family
+        refusals = CounterMetricFamily(
+            PREFIX + "guide_refusals", "Guides the front refused, by reason: engine (the engine or the schema),"
+            " budget (over runtime.guides.compile_budget_s), busy (no compile process in time: 429).",
+            labels=[*labels, "reason"],
+        )
+        for reason, field in GUIDE_REFUSALS:
+            refusals.add_metric([*values, reason], float(stats.get(field, 0.0)))
+        yield refusals
+
+    def describe(self) -> list:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        names = [(CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(PREFIX + name, "") for name, kind, _, _ in GUIDE_SERIES]
+        return [*names, CounterMetricFamily(PREFIX + "guide_refusals", "")]
