@@ -49,6 +49,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 import trtllm_truss
+import yaml
 from trtllm_truss.engine_standin.request_inputs import STOP_WITHOUT_ID_ERROR, read_generation, read_rows, request_scalar
 from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, ResponseExtras, response_arrays
 from trtllm_truss.engine_standin.senders import accept_each, fail
@@ -118,9 +119,8 @@ class TritonPythonModel:
             {"model_dir": "-", "lora_adapters": parameters.get("lora_adapters", "")}
         ).lora_adapters
         model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / MODEL_YAML
-        import yaml
-
-        self.default_end_id = checkpoint_eos_token_id((yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}).get("model"))
+        llm_args = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
+        self.default_end_id = checkpoint_eos_token_id(llm_args.get("model"))
         self._flights: dict[int, Flight] = {}
         self._rows: dict[tuple[int, int], tuple[Flight, int]] = {}
         self._ids = itertools.count()
@@ -129,7 +129,7 @@ class TritonPythonModel:
         self._finalizing = False
         self._parent_watch = watch_parent(self.name)
         timeout_s = float(parameters.get("startup_timeout_s") or 1800)
-        self._host, self._socket = _connect(
+        self._host, self._claim, self._socket = _connect(
             host_address(str(Path(args["model_repository"]).resolve()), os.getppid()), model_yaml, parameters, timeout_s
         )
         self._reader = FrameReader(self._socket)
@@ -375,9 +375,9 @@ class TritonPythonModel:
 
 
 def _connect(address: str, model_yaml: Path, parameters: dict, timeout_s: float):
-    """(the host process if this instance started it, else None; a socket to the host, past its `ready`).
-    The first instance to claim the starter name starts the host; an instance whose starter is gone before
-    the host listens claims it in turn."""
+    """(the host process if this instance started it, else None; the starter name it holds then; a socket to
+    the host, past its `ready`). The first instance to claim the starter name starts the host and holds the
+    name for its life; an instance whose starter is gone before the host listens claims it in turn."""
     deadline = time.monotonic() + timeout_s
     host: subprocess.Popen | None = None
     claim: socket.socket | None = None
@@ -393,7 +393,7 @@ def _connect(address: str, model_yaml: Path, parameters: dict, timeout_s: float)
         if claim is None:
             claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                claim.bind(address + "-starter")  # held for this stub's life: nobody else starts one
+                claim.bind(address + "-starter")  # nobody else starts one while it is held
                 host = _start_host(address, model_yaml, parameters)
             except OSError:
                 claim.close()
@@ -409,9 +409,7 @@ def _connect(address: str, model_yaml: Path, parameters: dict, timeout_s: float)
     kind, payload = first[0]
     if kind != "ready":
         raise RuntimeError(f"the LLM host: {payload}")
-    if claim is not None:
-        host._claim = claim  # type: ignore[union-attr]  # kept open with the process handle
-    return host, sock
+    return host, claim, sock
 
 
 def _start_host(address: str, model_yaml: Path, parameters: dict) -> subprocess.Popen:
