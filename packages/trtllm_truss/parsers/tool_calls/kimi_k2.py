@@ -1,0 +1,71 @@
+"""Kimi K2 (Instruct, 0905, Thinking) tool calls: `<|tool_calls_section_begin|>`, then per call
+`<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>`, then
+`<|tool_calls_section_end|>`. The call's id is the model's own `functions.NAME:INDEX` (Kimi's
+template writes the id back into the conversation, so the model sees its own). A call is committed
+at the `{` of its arguments, which stream as written."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator
+
+from trtllm_truss.parsers.base import register_tool_parser
+from trtllm_truss.parsers.json_calls import valid_name
+from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, space, until
+from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
+from trtllm_truss.parsers.detect import Family, register_family
+
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+_ID = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?")
+
+
+def name_of(call_id: str) -> str | None:
+    """`functions.get_weather:0` -> `get_weather`."""
+    match = _ID.fullmatch(call_id.strip())
+    return match.group(1) if match else None
+
+
+@register_tool_parser("kimi_k2")
+class KimiK2ToolParser(ToolCallParser):
+    markers = (SECTION_BEGIN, CALL_BEGIN)
+    keep_tokens = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
+    forced = CallSyntax(
+        begin=f"{CALL_BEGIN}functions.{{name}}:0{ARGUMENT_BEGIN}",
+        end=CALL_END,
+        section_begin=SECTION_BEGIN,
+        section_end=SECTION_END,
+        trigger=SECTION_BEGIN,
+    )
+
+    def new_id(self, name: str) -> str:
+        return f"functions.{name}:{self.calls}"
+
+    def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
+        if opener == SECTION_BEGIN:
+            cur.pos += len(opener)
+        while True:
+            yield from space(cur)
+            self.anchor()
+            got = yield from choice(cur, (CALL_BEGIN, SECTION_END))
+            if got is None:
+                return
+            if got == SECTION_END:
+                self.unanchor()
+                return
+            head, stop = yield from until(cur, (ARGUMENT_BEGIN, CALL_END), limit=NAME_LIMIT)
+            name = name_of(head)
+            if stop != ARGUMENT_BEGIN or not valid_name(name):
+                raise NotACall
+            self.named(name)
+            yield from space(cur)
+            if cur.text[cur.pos] != "{":
+                raise NotACall
+            self.begin(name, head.strip())
+            yield from json_container(cur, self.args, (CALL_END, CALL_BEGIN, SECTION_END))
+            self.end()
+            _, stop = yield from until(cur, (CALL_END, CALL_BEGIN, SECTION_END))
+            if stop != CALL_END:  # the model left the call's end out
+                cur.pos -= len(stop)
+
+register_family(Family("kimi_k2", "Kimi K2", "kimi_k2", "kimi_k2", template=("<|im_middle|>", "tool_declare"), thinks=("<think>",)))
