@@ -76,6 +76,12 @@ def setting_problems(tool_call_parser: str, reasoning_parser: str) -> list[str]:
     return problems
 
 
+def template_turns(tool_parser: str | None, turns: Sequence[Any]) -> Sequence[Any]:
+    """A conversation as the deployment's family's template should see it (`ToolCallParser.template_turns`)."""
+    cls = TOOL_PARSERS.get(tool_parser) if tool_parser else None
+    return cls.template_turns(turns) if cls is not None else turns
+
+
 def keep_tokens(tool_parser: str | None, reasoning_parser: str | None) -> set[str]:
     """Special tokens a decoder must keep as text for these parsers' markers to be seen."""
     keep: set[str] = set()
@@ -151,4 +157,5 @@ __all__ = [
     "keep_tokens",
     "resolve",
     "setting_problems",
+    "template_turns",
 ]

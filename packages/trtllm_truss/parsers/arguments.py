@@ -8,11 +8,12 @@ written so far.
 
 A value is a string or JSON by the format's own mark where it has one (DSML's `string="true"`, K3's
 `type=`), else by the tool's schema (`kind_of`): a string parameter's text is the string; any other
-value is JSON when it parses as JSON (Python's `True`/`False`/`None` too), else a string.
+value is JSON when it parses as JSON (or as a Python literal: `True`, `['a']`), else a string.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,12 +34,26 @@ def kind_of(schema: Any) -> str:
     return JSON if kind is not None or "properties" in schema or "items" in schema else UNKNOWN
 
 
+def _loads(text: str) -> Any:
+    """JSON, else a Python literal (Qwen3-Coder's template writes lists and booleans with Python's
+    `str`: `['a', 'b']`, `True`); ValueError when it is neither (or not JSON-representable)."""
+    try:
+        return json.loads(_PYTHON_WORDS.get(text, text))
+    except ValueError:
+        pass
+    try:
+        value = ast.literal_eval(text)
+        json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(text) from exc
+    return value
+
+
 def json_text(raw: str, kind: str) -> str:
     """A complete value's JSON: the string for STRING, else its JSON when it parses, else the string."""
     if kind != STRING:
-        value = raw.strip()
         try:
-            return json.dumps(json.loads(_PYTHON_WORDS.get(value, value)), ensure_ascii=False)
+            return json.dumps(_loads(raw.strip()), ensure_ascii=False, allow_nan=False)
         except ValueError:
             pass
     return json.dumps(raw, ensure_ascii=False)
@@ -52,7 +67,7 @@ def typed_value(raw: str, schema: Any) -> Any:
         return raw
     value = raw.strip()
     try:
-        return json.loads(_PYTHON_WORDS.get(value, value))
+        return _loads(value)
     except ValueError:
         pass
     declared = schema.get("type") if isinstance(schema, Mapping) else None

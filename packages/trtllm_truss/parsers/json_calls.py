@@ -21,6 +21,7 @@ from trtllm_truss.parsers.scan import (
     Step,
     decoded_string,
     json_container,
+    json_object_opens,
     json_string,
     json_value,
     space,
@@ -104,6 +105,8 @@ def json_call(
         elif key in argument_keys and held is None:
             if c == "{" and name is not None:
                 if not committed:
+                    if not (yield from json_object_opens(cur)):
+                        raise NotACall
                     parser.begin(name)
                     committed = True
                 held = ""

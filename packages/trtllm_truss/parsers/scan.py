@@ -301,6 +301,21 @@ def json_container(cur: Cursor, emit: Emit, stops: tuple[str, ...] = ()) -> Step
         yield
 
 
+_OPENING = re.compile(r"\{\s*")
+
+
+def json_object_opens(cur: Cursor) -> Step:
+    """Whether the text at `pos` opens a JSON object (`{`, then a key's quote or `}`), waiting until it
+    can tell: where a call's arguments must be an object, what the model wrote is a call only from there."""
+    while True:
+        match = _OPENING.match(cur.text, cur.pos)
+        if match is None:
+            return False
+        if match.end() < len(cur.text):
+            return cur.text[match.end()] in '"}'
+        yield
+
+
 def json_scalar(cur: Cursor) -> Step:
     """A JSON number / true / false / null at `pos` (consumed), as text; waits for what follows it."""
     while True:

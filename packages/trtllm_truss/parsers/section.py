@@ -20,7 +20,7 @@ nothing but whitespace before it since the answer's start or the last call.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -131,6 +131,13 @@ class ToolCallParser:
         properties = schema.get("properties") if isinstance(schema, Mapping) else None
         return properties if isinstance(properties, Mapping) else {}
 
+    @classmethod
+    def template_turns(cls, turns: Sequence[Any]) -> Sequence[Any]:
+        """The conversation as the family's template should see it (its calls' ids in the family's
+        own form, where the template writes them back to the model). By default as it is."""
+        return turns
+
+
     def opens_call(self, text: str) -> bool:
         """A cut answer ended inside `text`, a call without its name yet: whether it may be a call
         (dropped) rather than the model's text. By default it may."""
@@ -165,7 +172,13 @@ class ToolCallParser:
                 cur.pos = len(cur.text)
         rest = cur.text[cur.pos:]
         cur.text, cur.pos = "", 0
+        stripped = rest.lstrip()
+        if cut and stripped and any(m.startswith(stripped) for m in (*self.markers, *self.at_start) if m):
+            return self._flush()  # the start of a marker the limit cut: no text, maybe a call's
         self._text(rest)
+        return self._flush()
+
+    def _flush(self) -> list[Part]:
         out, self._out = self._out, []
         return out
 
@@ -244,8 +257,7 @@ class ToolCallParser:
             if self._said or not before.isspace():
                 self._text(before)
             else:
-                self._gap = before
-            self._after_call = False
+                self._gap = before  # (right after a call, `_text` drops it too should no call follow)
             self._scanned = 0
             self._start(opener, at=found)
             return True
@@ -262,3 +274,25 @@ class ToolCallParser:
         cur.anchor = cur.pos = at
         self._pending = None
         self._gen = self.section(cur, opener)
+
+
+def renamed_ids(turns: Sequence[Any], rename: Callable[[str, str, int], str]) -> tuple[Any, ...]:
+    """`turns` with each call's id `rename(id, function name, index of the call in the
+    conversation)`, and each tool result's `tool_call_id` renamed with it."""
+    names: dict[str, str] = {}
+    out = []
+    index = 0
+    for turn in turns:
+        calls = turn.get("tool_calls") if isinstance(turn, Mapping) else None
+        if calls:
+            renamed = []
+            for call in calls:
+                given = str(call.get("id") or "")
+                wanted = names[given] = rename(given, str((call.get("function") or {}).get("name", "")), index)
+                renamed.append({**call, "id": wanted})
+                index += 1
+            turn = {**turn, "tool_calls": renamed}
+        elif isinstance(turn, Mapping) and turn.get("tool_call_id") in names:
+            turn = {**turn, "tool_call_id": names[turn["tool_call_id"]]}
+        out.append(turn)
+    return tuple(out)

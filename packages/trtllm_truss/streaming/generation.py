@@ -221,8 +221,11 @@ class WorkerModel:
         return spec.prompt or ""
 
     def _chat_call(self, method: Callable, spec: GenerationSpec) -> Any:
+        from trtllm_truss.parsers import template_turns
+
+        messages = template_turns(self.tool_call_parser, spec.messages) if spec.messages else spec.messages
         try:
-            return method(spec.messages, spec.prompt_field, tools=spec.tools, template_kwargs=dict(spec.chat_template_kwargs))
+            return method(messages, spec.prompt_field, tools=spec.tools, template_kwargs=dict(spec.chat_template_kwargs))
         except HTTPException as exc:  # field_error: its detail already names the field
             raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
 

@@ -21,7 +21,7 @@ from trtllm_truss.parsers.base import (
     register_reasoning_parser,
     register_tool_parser,
 )
-from trtllm_truss.parsers.scan import Cursor, json_container, space, until
+from trtllm_truss.parsers.scan import Cursor, json_container, json_object_opens, space, until
 from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
 
@@ -118,7 +118,7 @@ class GptOssParser(ReasoningParser):
                 continue
             self._tool = recipients[-1][len(FUNCTIONS):]
             yield from space(cur)
-            if cur.text[cur.pos] != "{":  # no JSON object: the body is text
+            if not (yield from json_object_opens(cur)):  # no JSON object: the body is text
                 self._kind = PART_TEXT
                 yield from until(cur, ENDS, emit=lambda text: self._emit(PART_TEXT, text))
                 continue

@@ -9,7 +9,7 @@ from collections.abc import Generator
 
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, space, until
+from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, json_object_opens, space, until
 from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
 
@@ -52,7 +52,7 @@ class DeepSeekCalls(ToolCallParser):
                 raise NotACall
             self.named(name)
             yield from space(cur)
-            if cur.text[cur.pos] != "{":
+            if not (yield from json_object_opens(cur)):
                 raise NotACall
             self.begin(name)
             yield from json_container(cur, self.args, (CALL_END, CALL_BEGIN, CALLS_END))

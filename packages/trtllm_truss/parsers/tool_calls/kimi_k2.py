@@ -7,17 +7,19 @@ at the `{` of its arguments, which stream as written."""
 from __future__ import annotations
 
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
+from typing import Any
 
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, space, until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
+from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, json_object_opens, space, until
+from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser, renamed_ids
 from trtllm_truss.parsers.detect import Family, register_family
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 _ID = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?")
+_KIMI_ID = re.compile(r"functions\.[^\s:]+:\d+")
 
 
 def name_of(call_id: str) -> str | None:
@@ -41,6 +43,13 @@ class KimiK2ToolParser(ToolCallParser):
     def new_id(self, name: str) -> str:
         return f"functions.{name}:{self.calls}"
 
+    @classmethod
+    def template_turns(cls, turns: Sequence[Any]) -> Sequence[Any]:
+        """Kimi's template writes each call's id back (`<|tool_call_begin|>ID`, `## Return of ID`) and the
+        model reads the function from it: ids of another form (`call_...`, a client's own) become
+        `functions.NAME:INDEX`, the index counting the conversation's calls, their results' ids with them."""
+        return renamed_ids(turns, lambda given, name, index: given if _KIMI_ID.fullmatch(given) else f"functions.{name}:{index}")
+
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         if opener == SECTION_BEGIN:
             cur.pos += len(opener)
@@ -59,7 +68,7 @@ class KimiK2ToolParser(ToolCallParser):
                 raise NotACall
             self.named(name)
             yield from space(cur)
-            if cur.text[cur.pos] != "{":
+            if not (yield from json_object_opens(cur)):
                 raise NotACall
             self.begin(name, head.strip())
             yield from json_container(cur, self.args, (CALL_END, CALL_BEGIN, SECTION_END))

@@ -120,4 +120,4 @@ class MiniMaxM3ToolParser(ToolCallParser):
             self.end()
 
 # No M3 template is public: found by its namespace, which a template must spell out.
-register_family(Family("minimax_m3", "MiniMax-M3", "minimax_m3", "minimax_m3", template=(NS,)))
+register_family(Family("minimax_m3", "MiniMax-M3", "minimax_m3", "minimax_m3", template=(NS, "<invoke")))

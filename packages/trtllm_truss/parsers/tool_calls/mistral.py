@@ -7,15 +7,23 @@ one). A call is committed at the `{` of its arguments, which stream as written."
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import hashlib
+import re
+from collections.abc import Generator, Sequence
+from typing import Any
 
 from trtllm_truss.parsers.base import alphanumeric_id, register_tool_parser
 from trtllm_truss.parsers.json_calls import json_call, valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, space, until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
+from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, json_object_opens, space, until
+from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser, renamed_ids
 from trtllm_truss.parsers.detect import Family, register_family
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _short(call_id: str) -> str:
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
 @register_tool_parser("mistral")
@@ -26,6 +34,13 @@ class MistralToolParser(ToolCallParser):
 
     def new_id(self, name: str) -> str:
         return alphanumeric_id()
+
+    @classmethod
+    def template_turns(cls, turns: Sequence[Any]) -> Sequence[Any]:
+        """Mistral's templates refuse ids other than 9 letters and digits: another id (`call_...`, a
+        client's own) becomes 9 hex digits of its hash, the same each time (the prompt stays a prefix of
+        the next one), its result's id with it."""
+        return renamed_ids(turns, lambda given, name, index: given if _MISTRAL_ID.fullmatch(given) else _short(given))
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)
@@ -62,7 +77,7 @@ class MistralToolParser(ToolCallParser):
                 raise NotACall
             self.named(name)
             yield from space(cur)
-            if cur.text[cur.pos] != "{":
+            if not (yield from json_object_opens(cur)):
                 raise NotACall
             self.begin(name, id_)
             yield from json_container(cur, self.args)
