@@ -31,7 +31,7 @@ def _hub_files(repo_id: str, revision: str | None, into: Path) -> None:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     for name in _FILES:
         url = hf_hub_url(repo_id, name, revision=revision, endpoint=hub_endpoint())
-        response = httpx.get(url, headers=headers, timeout=10.0, follow_redirects=True)
+        response = httpx.get(url, headers=headers, timeout=5.0, follow_redirects=True)
         if response.status_code == 404:
             continue
         response.raise_for_status()
