@@ -6,7 +6,6 @@ input (the `anthropic` SDK's partial-JSON reading of `input_json_delta`), Respon
 from __future__ import annotations
 
 import pytest
-
 from trtllm_truss.api.messages_events import MessageEvents
 from trtllm_truss.api.responses import parse_responses_request
 from trtllm_truss.api.responses_events import ResponseEvents

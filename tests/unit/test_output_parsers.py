@@ -237,22 +237,6 @@ def test_every_registered_parser_is_documented_and_configurable():
 # ------------------------------------------------------------------------- cut by the token limit
 
 
-def _cut(answer: str, step: int | None = None, **kwargs):
-    """(text, [(name, arguments)]) of `answer` when the token limit ended it."""
-    parser = OutputParser.create(kwargs.pop("reasoning", None), kwargs.pop("tools"), kwargs.pop("arg", None), "")
-    assert parser is not None
-    pieces = [answer] if step is None else [answer[i : i + step] for i in range(0, len(answer), step)]
-    parts = [part for piece in pieces for part in parser.feed(piece)] + parser.finish(cut=True)
-    calls: list[list] = []
-    for p in parts:
-        if p[0] == "tool":
-            if p[3] is not None:
-                calls.append([p[3], ""])
-            calls[p[1]][1] += p[4]
-    assert parser.tool_calls == len(calls)
-    return "".join(p[1] for p in parts if p[0] == "text"), [(name, json.loads(args)) for name, args in calls]
-
-
 # Answers the limit cut inside their second call (the first complete), in each family's format: the
 # second call is kept with the arguments generated so far.
 CUT_IN_SECOND_CALL = [

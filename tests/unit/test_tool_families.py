@@ -14,8 +14,13 @@ from pathlib import Path
 
 import pytest
 from pydantic_core import from_json
-
-from trtllm_truss.parsers import FAMILIES, TOOL_PARSERS, CallSyntax, OutputParser, detect
+from trtllm_truss.parsers import (
+    FAMILIES,
+    TOOL_PARSERS,
+    CallSyntax,
+    OutputParser,
+    detect,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tool_families"
 

@@ -19,30 +19,36 @@ from trtllm_truss.parsers.base import (
     ReasoningParser,
 )
 from trtllm_truss.parsers.detect import FAMILIES, Detection, Family, describe, detect
+
 from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 
-# Each module registers its parser and the families that use it.
-from trtllm_truss.parsers.reasoning import gemma4, glm45, gpt_oss, kimi_k2, kimi_k3, minimax_m3, mistral, think  # noqa: F401
-from trtllm_truss.parsers.tool_calls import (  # noqa: F401
-    deepseek_v3,
-    deepseek_v31,
-    deepseek_v32,
-    deepseek_v4,
-    deepseek_v41,
-    gemma4 as gemma4_calls,
-    glm45 as glm45_calls,
-    guided,
-    hermes,
-    kimi_k2 as kimi_k2_calls,
-    kimi_k3 as kimi_k3_calls,
-    llama3_json,
-    minimax_m2,
-    minimax_m3 as minimax_m3_calls,
-    mistral as mistral_calls,
-    poolside_v1,
-    pythonic,
-    qwen3_coder,
-)
+# Each module registers its parser and the families that use it: a family is one line here.
+import trtllm_truss.parsers.reasoning.gemma4  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.glm45  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.gpt_oss  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.kimi_k2  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.kimi_k3  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.minimax_m3  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.mistral  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.think  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v3  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v31  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v32  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v4  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v41  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.gemma4  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.glm45  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.guided  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.hermes  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.kimi_k2  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.kimi_k3  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.llama3_json  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.minimax_m2  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.minimax_m3  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.mistral  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.poolside_v1  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.pythonic  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.qwen3_coder  # noqa: F401, E402
 
 AUTO, NONE = "auto", "none"
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
+
+from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, attributes, until, value_until
 
 STRING, JSON, UNKNOWN = "string", "json", "unknown"
 _PYTHON_WORDS = {"True": "true", "False": "false", "None": "null"}
@@ -160,3 +162,34 @@ class ArgumentWriter:
         if not self.closed:
             self.closed = True
             self._emit("}")
+
+
+def tagged_parameters(
+    cur: Cursor,
+    writer: ArgumentWriter,
+    *,
+    tag: str,
+    closing: str,
+    call_end: str,
+    section_end: str,
+    key_of: Callable[[dict[str, str]], tuple[str | None, str]],
+) -> Generator[None, None, None]:
+    """A call's parameters written `TAG ATTRIBUTES>VALUE CLOSING` (MiniMax-M2's `<parameter name=..>`,
+    DSML's), until the call's end (consumed) or the section's (left for the section): each key and
+    how its value is written from the tag's attributes (`key_of`), the value streamed; text between
+    parameters is dropped. The arguments are closed at the end."""
+    ends = (tag, call_end, section_end)
+    while True:
+        _, found = yield from until(cur, ends)
+        if found != tag:
+            if found == section_end:
+                cur.pos -= len(found)
+            break
+        header, stop = yield from until(cur, (">",), limit=NAME_LIMIT)
+        key, kind = key_of(attributes(header))
+        if stop is None or key is None:
+            continue
+        writer.key(key, kind)
+        yield from value_until(cur, closing, ends, writer.part)
+        writer.value_end()
+    writer.close()

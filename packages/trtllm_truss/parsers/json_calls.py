@@ -11,12 +11,10 @@ as a JSON string holding an object are that object; no arguments at all are `{}`
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtllm_truss.parsers.base import arguments_json
 from trtllm_truss.parsers.scan import (
-    NAME_LIMIT,
     Cursor,
     Step,
     decoded_string,
@@ -25,6 +23,7 @@ from trtllm_truss.parsers.scan import (
     json_string,
     json_value,
     space,
+    valid_name,
 )
 from trtllm_truss.parsers.section import NotACall
 
@@ -33,15 +32,6 @@ if TYPE_CHECKING:
 
 NAME_KEYS = ("name",)
 ARGUMENT_KEYS = ("arguments", "parameters")
-
-
-_NAME = re.compile(r"[^\s<>{}\[\]()\"'`,;=]+")
-
-
-def valid_name(name: str | None) -> bool:
-    """A function name a call can have: one word (letters, digits, `_.:/-`...; no space, bracket,
-    quote or `=`), not absurdly long."""
-    return name is not None and len(name) <= NAME_LIMIT and _NAME.fullmatch(name) is not None
 
 
 def json_call(
@@ -150,3 +140,25 @@ def json_call(
         parser.args(held if held is not None else "{}")
     elif held is None:
         parser.args("{}")  # committed at its name, no arguments written
+
+
+def json_call_list(parser: ToolCallParser, cur: Cursor, **call: Any) -> Step:
+    """A JSON array of call objects at `pos` (`[`, consumed): each read by `json_call(**call)` and
+    ended as it closes, then the array's `]` (consumed). An array that holds no call object is no call."""
+    cur.pos += 1
+    while True:
+        yield from space(cur)
+        parser.anchor()
+        if cur.text[cur.pos] != "{":
+            break
+        yield from json_call(parser, cur, **call)
+        parser.end()
+        yield from space(cur)
+        if cur.text[cur.pos] != ",":
+            break
+        cur.pos += 1
+    if cur.text[cur.pos] == "]":
+        cur.pos += 1
+        parser.unanchor()
+    elif parser.calls == 0:
+        raise NotACall

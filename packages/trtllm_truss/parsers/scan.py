@@ -22,6 +22,13 @@ _SPACE = re.compile(r"\s*")
 _STRING_BODY = re.compile(r'[^"\\]*')
 _SCALAR = re.compile(r"[-+0-9.eEtrufalsn]*")
 NAME_LIMIT = 256  # a function name longer than this is no call
+_NAME = re.compile(r"[^\s<>{}\[\]()\"'`,;=]+")
+
+
+def valid_name(name: str | None) -> bool:
+    """A function name a call can have: one word (letters, digits, `_.:/-`...; no space, bracket,
+    quote or `=`), not absurdly long."""
+    return name is not None and len(name) <= NAME_LIMIT and _NAME.fullmatch(name) is not None
 
 
 class Cursor:

@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trtllm_truss.parsers.base import PART_TEXT, PART_TOOL, Part, call_id
-from trtllm_truss.parsers.scan import Cursor, held_prefix
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    attributes,
+    choice,
+    held_prefix,
+    space,
+    until,
+    valid_name,
+)
 
 
 class NotACall(Exception):
@@ -124,6 +133,26 @@ class ToolCallParser:
 
     def new_id(self, name: str) -> str:
         return call_id()
+
+    def next_call(self, cur: Cursor, opener: str, closer: str) -> Generator[None, None, bool]:
+        """Between a section's calls: True when `opener` (consumed) begins another call, False when the
+        section ends there: at `closer` (consumed), or at text that is neither (text again; with no call
+        of the section made, the section's text from its start is the model's text)."""
+        yield from space(cur)
+        self.anchor()
+        got = yield from choice(cur, (opener, closer))
+        if got == closer:
+            self.unanchor()
+        return got == opener
+
+    def header_name(self, cur: Cursor, end: str, attribute: str) -> Generator[None, None, str]:
+        """The function name a call's header gives as `attribute="..."`, read up to `end` (consumed); a
+        header without a name is no call."""
+        header, stop = yield from until(cur, (end,), limit=NAME_LIMIT)
+        name = attributes(header).get(attribute, "").strip()
+        if stop is None or not valid_name(name):
+            raise NotACall
+        return name
 
     def parameters(self, function: str) -> Mapping[str, Any]:
         """The JSON-schema `properties` of a requested tool (empty when unknown)."""

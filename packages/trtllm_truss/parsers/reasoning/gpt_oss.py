@@ -21,9 +21,15 @@ from trtllm_truss.parsers.base import (
     register_reasoning_parser,
     register_tool_parser,
 )
-from trtllm_truss.parsers.scan import Cursor, json_container, json_object_opens, space, until
-from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    Cursor,
+    json_container,
+    json_object_opens,
+    space,
+    until,
+)
+from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from trtllm_truss.parsers.base import PART_REASONING, PART_TEXT, Part, ReasoningParser, register_reasoning_parser
+from trtllm_truss.parsers.base import (
+    PART_REASONING,
+    PART_TEXT,
+    Part,
+    ReasoningParser,
+    register_reasoning_parser,
+)
 from trtllm_truss.parsers.scan import Cursor, choice, until
 
 OPEN, CLOSE, SEP, END_OF_MESSAGE = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"

@@ -8,10 +8,18 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, json_object_opens, space, until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    choice,
+    json_container,
+    json_object_opens,
+    space,
+    until,
+    valid_name,
+)
+from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -27,15 +35,7 @@ class DeepSeekCalls(ToolCallParser):
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         if opener == CALLS_BEGIN:
             cur.pos += len(opener)
-        while True:
-            yield from space(cur)
-            self.anchor()
-            got = yield from choice(cur, (CALL_BEGIN, CALLS_END))
-            if got is None:
-                return  # no call follows: text again
-            if got == CALLS_END:
-                self.unanchor()
-                return
+        while (yield from self.next_call(cur, CALL_BEGIN, CALLS_END)):
             head, stop = yield from until(cur, (SEP, CALL_END), limit=NAME_LIMIT)
             if stop != SEP:
                 raise NotACall

@@ -6,9 +6,16 @@ forces)."""
 from __future__ import annotations
 
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.section import CallSyntax
 from trtllm_truss.parsers.detect import Family, register_family
-from trtllm_truss.parsers.tool_calls.deepseek_v3 import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP, DeepSeekCalls
+from trtllm_truss.parsers.section import CallSyntax
+from trtllm_truss.parsers.tool_calls.deepseek_v3 import (
+    CALL_BEGIN,
+    CALL_END,
+    CALLS_BEGIN,
+    CALLS_END,
+    SEP,
+    DeepSeekCalls,
+)
 
 
 @register_tool_parser("deepseek_v31")

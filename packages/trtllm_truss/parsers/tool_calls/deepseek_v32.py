@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.tool_calls.dsml import DsmlToolParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.tool_calls.dsml import DsmlToolParser
 
 
 @register_tool_parser("deepseek_v32")

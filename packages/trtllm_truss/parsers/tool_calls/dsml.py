@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from trtllm_truss.parsers.arguments import JSON, STRING, ArgumentWriter
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, attributes, choice, json_container, space, until, value_until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
+from trtllm_truss.parsers.arguments import (
+    JSON,
+    STRING,
+    ArgumentWriter,
+    tagged_parameters,
+)
+from trtllm_truss.parsers.scan import Cursor, json_container, space, until
+from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 
 
 class DsmlToolParser(ToolCallParser):
@@ -47,46 +51,19 @@ class DsmlToolParser(ToolCallParser):
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)
         invoke, invoke_end = self.tag + "invoke", self._close("invoke")
-        parameter, parameter_end = self.tag + "parameter", self._close("parameter")
         section_end = self._close(self.section_name)
-        while True:
-            yield from space(cur)
-            self.anchor()
-            got = yield from choice(cur, (invoke, section_end))
-            if got is None:
-                if self.calls:
-                    return
-                raise NotACall
-            if got == section_end:
-                self.unanchor()
-                return
-            header, stop = yield from until(cur, (">",), limit=NAME_LIMIT)
-            name = attributes(header).get("name", "").strip()
-            if stop is None or not valid_name(name):
-                raise NotACall
-            self.begin(name)
+        while (yield from self.next_call(cur, invoke, section_end)):
+            self.begin((yield from self.header_name(cur, ">", "name")))
             yield from space(cur)
             if cur.text[cur.pos] == "{":  # the body is the arguments' JSON
                 yield from json_container(cur, self.args, (invoke_end, section_end))
-                self.end()
                 _, stop = yield from until(cur, (invoke_end, section_end))
                 if stop == section_end:
                     cur.pos -= len(stop)
-                continue
-            writer = ArgumentWriter(self.args)
-            while True:
-                _, tag = yield from until(cur, (parameter, invoke_end, section_end))
-                if tag != parameter:
-                    if tag == section_end:
-                        cur.pos -= len(tag)
-                    break
-                header, stop = yield from until(cur, (">",), limit=NAME_LIMIT)
-                marks = attributes(header)
-                key = marks.get("name")
-                if stop is None or key is None:
-                    continue
-                writer.key(key, STRING if marks.get("string", "true") == "true" else JSON)
-                yield from value_until(cur, parameter_end, (parameter, invoke_end, section_end), writer.part)
-                writer.value_end()
-            writer.close()
+            else:
+                yield from tagged_parameters(
+                    cur, ArgumentWriter(self.args), tag=self.tag + "parameter", closing=self._close("parameter"),
+                    call_end=invoke_end, section_end=section_end,
+                    key_of=lambda marks: (marks.get("name"), STRING if marks.get("string", "true") == "true" else JSON),
+                )
             self.end()

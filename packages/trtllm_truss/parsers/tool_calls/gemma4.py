@@ -11,10 +11,19 @@ from collections.abc import Generator
 
 from trtllm_truss.parsers.arguments import escaped
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, Emit, Step, choice, held_prefix, space, until
-from trtllm_truss.parsers.section import NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    Emit,
+    Step,
+    choice,
+    held_prefix,
+    space,
+    until,
+    valid_name,
+)
+from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _WORD = re.compile(r"[A-Za-z0-9_.+\-]*")

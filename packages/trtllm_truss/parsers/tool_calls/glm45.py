@@ -17,10 +17,17 @@ from collections.abc import Generator
 
 from trtllm_truss.parsers.arguments import ArgumentWriter, kind_of
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, space, until, value_until
-from trtllm_truss.parsers.section import NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    choice,
+    space,
+    until,
+    valid_name,
+    value_until,
+)
+from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"

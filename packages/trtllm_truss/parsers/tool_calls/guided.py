@@ -10,8 +10,8 @@ from collections.abc import Generator
 
 from trtllm_truss.api.tools import GUIDED_NAMED_PARSER, GUIDED_REQUIRED_PARSER
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import json_call
-from trtllm_truss.parsers.scan import Cursor, json_container, space
+from trtllm_truss.parsers.json_calls import json_call_list
+from trtllm_truss.parsers.scan import Cursor, json_container
 from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 FORCED = "the guide is the JSON itself"
@@ -25,23 +25,7 @@ class GuidedRequiredParser(ToolCallParser):
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         if cur.text[cur.pos] != "[":
             raise NotACall
-        cur.pos += 1
-        while True:
-            yield from space(cur)
-            self.anchor()
-            if cur.text[cur.pos] != "{":
-                break
-            yield from json_call(self, cur, argument_keys=("parameters",), commit_at_name=True)
-            self.end()
-            yield from space(cur)
-            if cur.text[cur.pos] != ",":
-                break
-            cur.pos += 1
-        if cur.text[cur.pos] == "]":
-            cur.pos += 1
-            self.unanchor()
-        elif self.calls == 0:
-            raise NotACall
+        yield from json_call_list(self, cur, argument_keys=("parameters",), commit_at_name=True)
 
 
 @register_tool_parser(GUIDED_NAMED_PARSER)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from trtllm_truss.parsers.base import register_tool_parser
+from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.json_calls import json_call
 from trtllm_truss.parsers.scan import Cursor, space, until
 from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
-from trtllm_truss.parsers.detect import Family, register_family
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -11,10 +11,22 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, json_object_opens, space, until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser, renamed_ids
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    json_container,
+    json_object_opens,
+    space,
+    until,
+    valid_name,
+)
+from trtllm_truss.parsers.section import (
+    CallSyntax,
+    NotACall,
+    ToolCallParser,
+    renamed_ids,
+)
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
@@ -53,15 +65,7 @@ class KimiK2ToolParser(ToolCallParser):
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         if opener == SECTION_BEGIN:
             cur.pos += len(opener)
-        while True:
-            yield from space(cur)
-            self.anchor()
-            got = yield from choice(cur, (CALL_BEGIN, SECTION_END))
-            if got is None:
-                return
-            if got == SECTION_END:
-                self.unanchor()
-                return
+        while (yield from self.next_call(cur, CALL_BEGIN, SECTION_END)):
             head, stop = yield from until(cur, (ARGUMENT_BEGIN, CALL_END), limit=NAME_LIMIT)
             name = name_of(head)
             if stop != ARGUMENT_BEGIN or not valid_name(name):

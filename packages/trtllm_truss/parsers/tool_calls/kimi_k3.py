@@ -18,10 +18,17 @@ from collections.abc import Generator
 
 from trtllm_truss.parsers.arguments import JSON, STRING, ArgumentWriter
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, attributes, choice, json_container, space, until, value_until
-from trtllm_truss.parsers.section import NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    attributes,
+    json_container,
+    space,
+    until,
+    value_until,
+)
+from trtllm_truss.parsers.section import ToolCallParser
 
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 TOOLS, TOOLS_END = f"{OPEN}tools{SEP}", f"{CLOSE}tools{SEP}"
@@ -38,22 +45,8 @@ class KimiK3ToolParser(ToolCallParser):
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)
-        while True:
-            yield from space(cur)
-            self.anchor()
-            got = yield from choice(cur, (CALL, TOOLS_END))
-            if got is None:
-                if self.calls:
-                    return
-                raise NotACall
-            if got == TOOLS_END:
-                self.unanchor()
-                return
-            header, stop = yield from until(cur, (SEP,), limit=NAME_LIMIT)
-            name = attributes(header).get("tool", "").strip()
-            if stop is None or not valid_name(name):
-                raise NotACall
-            self.begin(name)
+        while (yield from self.next_call(cur, CALL, TOOLS_END)):
+            self.begin((yield from self.header_name(cur, SEP, "tool")))
             writer: ArgumentWriter | None = None
             body = False
             while True:

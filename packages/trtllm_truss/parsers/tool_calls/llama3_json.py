@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from trtllm_truss.parsers.base import register_tool_parser
+from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.json_calls import json_call
 from trtllm_truss.parsers.scan import Cursor, space
 from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
-from trtllm_truss.parsers.detect import Family, register_family
 
 PYTHON_TAG = "<|python_tag|>"
 _CALL_STARTS = ('{"name":', '{"type":')

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from trtllm_truss.parsers.arguments import ArgumentWriter, kind_of
+from trtllm_truss.parsers.arguments import ArgumentWriter, kind_of, tagged_parameters
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, attributes, choice, space, until, value_until
-from trtllm_truss.parsers.section import NotACall, ToolCallParser
+from trtllm_truss.parsers.scan import Cursor
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.section import ToolCallParser
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE, INVOKE_END = "<invoke", "</invoke>"
@@ -32,38 +31,15 @@ class MiniMaxM2ToolParser(ToolCallParser):
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)
-        while True:
-            yield from space(cur)
-            self.anchor()
-            got = yield from choice(cur, (INVOKE, CLOSE))
-            if got is None:
-                if self.calls:
-                    return
-                raise NotACall
-            if got == CLOSE:
-                self.unanchor()
-                return
-            header, stop = yield from until(cur, (">",), limit=NAME_LIMIT)
-            name = attributes(header).get("name", "").strip()
-            if stop is None or not valid_name(name):
-                raise NotACall
+        while (yield from self.next_call(cur, INVOKE, CLOSE)):
+            name = yield from self.header_name(cur, ">", "name")
             self.begin(name)
-            writer = ArgumentWriter(self.args)
             schema = self.parameters(name)
-            while True:
-                _, tag = yield from until(cur, (PARAMETER, INVOKE_END, CLOSE))
-                if tag != PARAMETER:
-                    if tag == CLOSE:
-                        cur.pos -= len(tag)
-                    break
-                header, stop = yield from until(cur, (">",), limit=NAME_LIMIT)
-                key = attributes(header).get("name")
-                if stop is None or key is None:
-                    continue
-                writer.key(key, kind_of(schema.get(key)))
-                yield from value_until(cur, PARAMETER_END, (PARAMETER, INVOKE_END, CLOSE), writer.part)
-                writer.value_end()
-            writer.close()
+            yield from tagged_parameters(
+                cur, ArgumentWriter(self.args), tag=PARAMETER, closing=PARAMETER_END, call_end=INVOKE_END, section_end=CLOSE,
+                key_of=lambda marks: (marks.get("name"), kind_of(schema.get(marks.get("name")))),
+            )
             self.end()
+
 
 register_family(Family("minimax_m2", "MiniMax-M2", "minimax_m2", "qwen3", template=(OPEN,), thinks=("<think>",)))

@@ -17,12 +17,21 @@ import re
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from trtllm_truss.parsers.arguments import JSON, STRING, ArgumentWriter, kind_of, typed_value
+from trtllm_truss.parsers.arguments import (
+    JSON,
+    STRING,
+    ArgumentWriter,
+    kind_of,
+    typed_value,
+)
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.json_calls import valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, attributes, choice, space, until
-from trtllm_truss.parsers.section import NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    until,
+)
+from trtllm_truss.parsers.section import ToolCallParser
 
 NS = "]<]minimax[>["
 OPEN, CLOSE = NS + "<tool_call>", NS + "</tool_call>"
@@ -75,21 +84,8 @@ class MiniMaxM3ToolParser(ToolCallParser):
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)
-        while True:
-            yield from space(cur)
-            self.anchor()
-            got = yield from choice(cur, (INVOKE, CLOSE))
-            if got is None:
-                if self.calls:
-                    return
-                raise NotACall
-            if got == CLOSE:
-                self.unanchor()
-                return
-            header, stop = yield from until(cur, (">",), limit=NAME_LIMIT)
-            name = attributes(header).get("name", "").strip()
-            if stop is None or not valid_name(name):
-                raise NotACall
+        while (yield from self.next_call(cur, INVOKE, CLOSE)):
+            name = yield from self.header_name(cur, ">", "name")
             self.begin(name)
             writer = ArgumentWriter(self.args)
             schema = self.parameters(name)

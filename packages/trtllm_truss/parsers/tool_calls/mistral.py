@@ -13,10 +13,24 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from trtllm_truss.parsers.base import alphanumeric_id, register_tool_parser
-from trtllm_truss.parsers.json_calls import json_call, valid_name
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, choice, json_container, json_object_opens, space, until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser, renamed_ids
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.json_calls import json_call_list
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    choice,
+    json_container,
+    json_object_opens,
+    space,
+    until,
+    valid_name,
+)
+from trtllm_truss.parsers.section import (
+    CallSyntax,
+    NotACall,
+    ToolCallParser,
+    renamed_ids,
+)
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -46,23 +60,7 @@ class MistralToolParser(ToolCallParser):
         cur.pos += len(opener)
         yield from space(cur)
         if cur.text[cur.pos] == "[":  # v3: one JSON array of calls
-            cur.pos += 1
-            while True:
-                yield from space(cur)
-                self.anchor()
-                if cur.text[cur.pos] != "{":
-                    break
-                yield from json_call(self, cur)
-                self.end()
-                yield from space(cur)
-                if cur.text[cur.pos] != ",":
-                    break
-                cur.pos += 1
-            if cur.text[cur.pos] == "]":
-                cur.pos += 1
-                self.unanchor()
-            elif self.calls == 0:
-                raise NotACall
+            yield from json_call_list(self, cur)
             return
         while True:  # v11: NAME[ARGS]{...} after each [TOOL_CALLS]
             head, stop = yield from until(cur, (ARGS, CALL_ID, TOOL_CALLS, "{"), limit=NAME_LIMIT)

@@ -5,8 +5,8 @@ its own (`<assistant>` turns)."""
 from __future__ import annotations
 
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.tool_calls.glm45 import KeyValueCalls
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.tool_calls.glm45 import KeyValueCalls
 
 
 @register_tool_parser("poolside_v1")

@@ -13,9 +13,17 @@ from collections.abc import Generator
 
 from trtllm_truss.parsers.arguments import JSON, STRING, ArgumentWriter
 from trtllm_truss.parsers.base import register_tool_parser
-from trtllm_truss.parsers.scan import NAME_LIMIT, Cursor, Emit, Step, choice, space, until
-from trtllm_truss.parsers.section import NotACall, ToolCallParser
 from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    NAME_LIMIT,
+    Cursor,
+    Emit,
+    Step,
+    choice,
+    space,
+    until,
+)
+from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
 _NAME = re.compile(r"(?:[A-Za-z_][\w.]*)?")
