@@ -294,8 +294,9 @@ class WorkerModel:
         if spec.reasoning_parser is not None or spec.tool_parser is not None:
             from trtllm_truss.parsers import OutputParser
 
-            # The prompt's last tokens tell whether the template opened a reasoning block.
-            tail = self.marker_decoder.decode(ids[-4:]) if spec.reasoning_parser is not None and not self.marker_decoder.windowed else ""
+            # The prompt's last tokens tell whether the template opened a reasoning block (16: the opener may be
+            # several tokens, as Kimi K3's `<|open|>think<|sep|>`; special tokens kept, whatever the parsers keep).
+            tail = self.tokenizer.decode(ids[-16:], skip_special_tokens=False) if spec.reasoning_parser is not None else ""
             parser = OutputParser.create(spec.reasoning_parser, spec.tool_parser, spec.tool_parser_arg, tail, spec.tools)
         pieces = self._pieces(
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None

@@ -38,6 +38,7 @@ class KeyValueCalls(ToolCallParser):
     """`<tool_call>NAME` then `<arg_key>`/`<arg_value>` pairs, `</tool_call>` (GLM, Poolside)."""
 
     markers = (OPEN,)
+    keep_tokens = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
     forced = FORCED
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:

@@ -19,6 +19,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 @register_tool_parser("hermes")
 class HermesToolParser(ToolCallParser):
     markers = (OPEN,)
+    keep_tokens = (OPEN, CLOSE)  # added tokens; kept should a tokenizer mark them special
     forced = CallSyntax(
         begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>", separator="\n", trigger=OPEN
     )

@@ -27,6 +27,7 @@ PARAMETER, PARAMETER_END = "<parameter", "</parameter>"
 @register_tool_parser("minimax_m2")
 class MiniMaxM2ToolParser(ToolCallParser):
     markers = (OPEN,)
+    keep_tokens = (OPEN, CLOSE)
     forced = "its arguments are XML parameters, not a JSON object"
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:

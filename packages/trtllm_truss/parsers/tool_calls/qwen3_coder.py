@@ -38,6 +38,7 @@ PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 @register_tool_parser("qwen3_coder")
 class Qwen3CoderToolParser(ToolCallParser):
     markers = (OPEN, FUNCTION)
+    keep_tokens = (OPEN, CLOSE)
     forced = "its arguments are XML parameters, not a JSON object"
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
