@@ -96,3 +96,32 @@ def test_a_family_end_to_end_in_a_stream_worker(folder, tmp_path):
     thinking = "".join(p[1] for p in parts if p[0] == "reasoning").strip() or None
     assert (content, thinking) == ((expected["content"] or "").strip() or None, (expected["reasoning"] or "").strip() or None)
     assert end.finish_reason == "tool_calls"
+    _the_dialects_agree(parts, calls, thinking, end)
+
+
+def _the_dialects_agree(parts: list, calls: list[list], thinking: str | None, end) -> None:
+    """The worker's parts as the core's events (serving.generation) through Responses' and Messages'
+    builders, streamed and not: the same calls and reasoning as the parser gave."""
+    from trtllm_truss.api.messages_events import MessageEvents
+    from trtllm_truss.api.responses import parse_responses_request
+    from trtllm_truss.api.responses_events import ResponseEvents
+    from trtllm_truss.serving.generation import _parsed_events
+    from trtllm_truss.serving.request import Finish
+    from trtllm_truss.serving.semantic_events import feed
+
+    events = _parsed_events(parts, None) + [Finish(end.finish_reason, end.prompt_tokens, end.completion_tokens, None)]
+    for emit in (True, False):
+        responses = ResponseEvents(parse_responses_request({"model": "m", "input": "hi"}), emit=emit)
+        messages = MessageEvents("m", emit=emit)
+        for builder in (responses, messages):
+            builder.start()
+            for event in events:
+                feed(builder, event)
+        output = responses.response()["output"]
+        assert [(o["name"], o["arguments"]) for o in output if o["type"] == "function_call"] == [tuple(c) for c in calls]
+        reasoning = "".join(o["content"][0]["text"] for o in output if o["type"] == "reasoning").strip() or None
+        assert reasoning == thinking
+        content = messages.message()["content"]
+        assert [(b["name"], b["input"]) for b in content if b["type"] == "tool_use"] == [(n, json.loads(a)) for n, a in calls]
+        assert ("".join(b["thinking"] for b in content if b["type"] == "thinking").strip() or None) == thinking
+        assert messages.message()["stop_reason"] == "tool_use" and responses.response()["status"] == "completed"
