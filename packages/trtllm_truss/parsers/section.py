@@ -3,7 +3,8 @@ section, whose calls the family's `section` generator reads (`parsers.scan` prim
 each call as it is read: its name first (`begin`), then its arguments as they are generated (`args`).
 
 **Committing.** A call's name is sent only once the parser knows the text is a call: each family
-says when (`begin`; as a rule, the name complete and, for JSON arguments, their opening `{`). Until
+says when (`begin`; as a rule, the name complete and, for JSON arguments, an object opened: `{"` or
+`{}`, `scan.json_object_opens`). Until
 then the call's text is held from its `anchor`; if it turns out no call (`NotACall`), that text is
 returned as the model's text, unchanged, and parsing goes on after it. After commitment the call
 stays a call: what follows is its arguments as generated, whatever they are.
