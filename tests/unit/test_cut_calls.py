@@ -25,6 +25,7 @@ def _feed(builder, cut: list[str]):
 
 @pytest.mark.parametrize("cut", [CUT, [], ['{"ci'], ['{"city": "Par']])
 def test_messages_cut_tool_use_is_read_alike_streamed_by_the_sdk_and_whole(cut):
+    pytest.importorskip("anthropic")  # the SDK is in the main environment, not in every Python's
     from anthropic.lib.streaming._messages import accumulate_event
     from anthropic.types import RawMessageStreamEvent
     from pydantic import TypeAdapter
