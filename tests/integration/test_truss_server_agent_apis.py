@@ -240,9 +240,9 @@ def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
 
 
 # ------------------------------------------------------------------------- tool calls at the limit
-# Forced calls (tool_choice required / any) cut by the token limit: the calls complete before the cut
-# are returned as tool calls with each dialect's length finish, the call cut short is dropped, and
-# nothing becomes text.
+# Forced calls (tool_choice required / any) cut by the token limit (issue 40): the calls complete
+# before the cut and the call the limit cut, with the arguments generated so far, are returned as
+# tool calls with each dialect's length finish; nothing becomes text.
 
 CUT_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": False}
 CUT_TOOLS = [("get_weather", "The weather in a city"), ("get_time", "The time in a city")]
@@ -263,7 +263,12 @@ def _cut_chat_body(max_tokens: int) -> dict:
     )
 
 
-def test_chat_forced_calls_cut_by_max_tokens_keep_the_complete_ones(oai: openai.OpenAI):
+def _is_cut_from(cut: tuple[str, str], whole: tuple[str, str]) -> bool:
+    """A call the limit cut: the whole call's name, the start of its arguments."""
+    return cut[0] == whole[0] and whole[1].startswith(cut[1]) and cut[1] != whole[1]
+
+
+def test_chat_forced_calls_cut_by_max_tokens_keep_the_call_they_cut(oai: openai.OpenAI):
     whole = oai.chat.completions.create(**_cut_chat_body(120))
     calls = [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
     assert whole.choices[0].finish_reason == "tool_calls" and len(calls) >= 2
@@ -272,7 +277,8 @@ def test_chat_forced_calls_cut_by_max_tokens_keep_the_complete_ones(oai: openai.
     cut = oai.chat.completions.create(**_cut_chat_body(cut_at))
     choice = cut.choices[0]
     assert choice.finish_reason == "length" and not choice.message.content
-    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == calls[:-1]
+    kept = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert kept[:-1] == calls[:-1] and _is_cut_from(kept[-1], calls[-1])
 
     chunks = list(oai.chat.completions.create(**_cut_chat_body(cut_at), stream=True))
     deltas = [d for chunk in chunks for c in chunk.choices for d in (c.delta.tool_calls or [])]
@@ -281,18 +287,19 @@ def test_chat_forced_calls_cut_by_max_tokens_keep_the_complete_ones(oai: openai.
         entry = streamed.setdefault(d.index, ["", ""])
         entry[0] += d.function.name or ""
         entry[1] += d.function.arguments or ""
-    assert [tuple(streamed[i]) for i in sorted(streamed)] == calls[:-1]
+    assert [tuple(streamed[i]) for i in sorted(streamed)] == kept
     assert not "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
     assert [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason] == ["length"]
 
     # LangChain's bind_tools(tool_choice="any") is `required` (the same tools, so the same answer):
-    # the complete call, not text (issue 32).
+    # the complete calls are its tool_calls, the one cut its invalid_tool_calls, nothing text (issue 32).
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(model="embedded", base_url=str(oai.base_url), api_key="not-checked", temperature=0, max_tokens=cut_at, max_retries=0)
     message = llm.bind_tools(CUT_CHAT_TOOLS, tool_choice="any").invoke(CUT_CHAT_ASK)
     assert message.content == "" and message.response_metadata["finish_reason"] == "length"
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [(n, json.loads(a)) for n, a in calls[:-1]]
+    assert [c["name"] for c in message.invalid_tool_calls] == [calls[-1][0]]
 
 
 def _cut_responses_body(max_output_tokens: int) -> dict:
@@ -300,24 +307,37 @@ def _cut_responses_body(max_output_tokens: int) -> dict:
     return dict(model="embedded", input=CUT_ASK, tools=tools, tool_choice="required", max_output_tokens=max_output_tokens, **GREEDY)
 
 
-def test_responses_forced_calls_cut_by_max_output_tokens_keep_the_complete_ones(oai: openai.OpenAI):
+def test_responses_forced_calls_cut_by_max_output_tokens_keep_the_call_they_cut(oai: openai.OpenAI):
     # Here the model goes on calling until the limit: at 120 tokens and at 60 it is cut, the calls at
-    # 60 are the first of those at 120 (greedy), and the one each limit cut short is in neither.
+    # 60 are the first of those at 120 (greedy), the last of each an incomplete item with the start of
+    # its arguments.
     longer = oai.responses.create(**_cut_responses_body(LONGER))
     calls = [(o.name, o.arguments) for o in longer.output if o.type == "function_call"]
     cut = oai.responses.create(**_cut_responses_body(SHORTER))
     for response in (longer, cut):
         assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
-        assert {(o.type, o.status) for o in response.output} == {("function_call", "completed")}
+        assert {o.type for o in response.output} == {"function_call"}
+        assert [o.status for o in response.output][:-1] == ["completed"] * (len(response.output) - 1)
+        last = response.output[-1]
+        assert last.status == ("completed" if _complete(last.arguments) else "incomplete")
     kept = [(o.name, o.arguments) for o in cut.output]
-    assert 1 <= len(kept) < len(calls) and kept == calls[: len(kept)]
-    for _, arguments in calls:
+    assert 1 <= len(kept) < len(calls) and kept[:-1] == calls[: len(kept) - 1]
+    assert kept[-1] == calls[len(kept) - 1] or _is_cut_from(kept[-1], calls[len(kept) - 1])
+    for _, arguments in calls[:-1]:
         jsonschema.validate(json.loads(arguments), CUT_CITY)
 
     events = list(oai.responses.create(**_cut_responses_body(SHORTER), stream=True))
     assert events[-1].type == "response.incomplete"
     done = [(e.name, e.arguments) for e in events if e.type == "response.function_call_arguments.done"]
     assert done == kept and not any(e.type == "response.output_text.delta" for e in events)
+    assert [e.item.status for e in events if e.type == "response.output_item.done"] == [o.status for o in cut.output]
+
+
+def _complete(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
 
 
 def _cut_messages_body(max_tokens: int) -> dict:
@@ -325,14 +345,15 @@ def _cut_messages_body(max_tokens: int) -> dict:
     return dict(model="embedded", max_tokens=max_tokens, messages=[{"role": "user", "content": CUT_ASK}], tools=tools, tool_choice={"type": "any"}, **GREEDY_ANTHROPIC)
 
 
-def test_messages_forced_tool_use_cut_by_max_tokens_keeps_the_complete_blocks(claude: anthropic.Anthropic):
+def test_messages_forced_tool_use_cut_by_max_tokens_keeps_the_block_it_cut(claude: anthropic.Anthropic):
     longer = claude.messages.create(**_cut_messages_body(LONGER))
     uses = [(b.name, b.input) for b in longer.content if b.type == "tool_use"]
     cut = claude.messages.create(**_cut_messages_body(SHORTER))
     for message in (longer, cut):
         assert message.stop_reason == "max_tokens" and {b.type for b in message.content} == {"tool_use"}
     kept = [(b.name, b.input) for b in cut.content]
-    assert 1 <= len(kept) < len(uses) and kept == uses[: len(kept)]
+    # the block the limit cut holds the members complete before the cut, as the SDK reads a stream
+    assert 1 <= len(kept) < len(uses) and kept[:-1] == uses[: len(kept) - 1] and kept[-1][0] == uses[len(kept) - 1][0]
     with claude.messages.stream(**_cut_messages_body(SHORTER)) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "max_tokens" and [(b.name, b.input) for b in final.content] == kept

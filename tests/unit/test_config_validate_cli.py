@@ -86,3 +86,29 @@ def test_console_script_on_the_root_config():
     )
     assert result.returncode == 0, result.stderr
     assert "build.huggingface_ckpt_repository" in result.stdout and "data/embedded-llama" in result.stdout
+
+
+def test_validate_says_which_parsers_the_chat_template_gets_and_refuses_unknown_ones(tmp_path: Path, monkeypatch, capsys):
+    """The family found in a local checkpoint's chat template (tests/data/tool_families), the parsers it
+    gives and why; a configured parser that does not exist is an error line naming the key (exit 1)."""
+    monkeypatch.setenv("TRTLLM_RUNTIME__PYTORCH__DEVICE", "cpu")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "chat_template.jinja").write_text((ROOT / "tests/data/tool_families/qwen3_coder/chat_template_qwen3.5_0.8B.jinja").read_text())
+    root = write(tmp_path, {"trt_llm": {"build": {"base_model_architecture": "llama", "huggingface_ckpt_repository": str(checkpoint)}}})
+    assert main(["validate", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "# runtime.tool_call_parser: auto -> qwen3_coder (Qwen3-Coder / Qwen3.5: the chat template has '<tool_call>'" in out
+    assert "# runtime.reasoning_parser: auto -> qwen3 (Qwen3-Coder / Qwen3.5:" in out
+
+    write(tmp_path, {"trt_llm": {"build": {"base_model_architecture": "llama", "huggingface_ckpt_repository": str(checkpoint)},
+                                 "runtime": {"tool_call_parser": "qwen9"}}})
+    assert main(["validate", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "error: model_metadata.trt_llm.runtime.tool_call_parser: 'qwen9' is no parser; one of auto, none, deepseek_v3" in err
+
+    (checkpoint / "chat_template.jinja").write_text("{% for tool in tools %}{{ tool | tojson }}{% endfor %}")
+    write(tmp_path, {"trt_llm": {"build": {"base_model_architecture": "llama", "huggingface_ckpt_repository": str(checkpoint)}}})
+    assert main(["validate", str(root)]) == 0
+    captured = capsys.readouterr()
+    assert "runtime.tool_call_parser: auto -> none" in captured.out and "set runtime.tool_call_parser" in captured.err

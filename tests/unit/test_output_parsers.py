@@ -120,19 +120,27 @@ def test_documented_calls_parse_whole_and_streamed_alike(family, answer, text, c
 @pytest.mark.parametrize(
     "family, answer",
     [
-        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par'),  # ended early (EOS, a stop string): text
         ("hermes", '<tool_call>{"name": "get_weather", "arguments": [1, 2]}</tool_call>'),  # arguments not an object
         ("hermes", "<tool_call>not json</tool_call>"),
+        ("hermes", '<tool_call>{"name": "get_weather", "arguments": {oops}}</tool_call>'),  # `{` that opens no object
         ("llama3_json", '{"answer": 42, "note": "a JSON answer, no call"}'),
-        ("llama3_json", '{"name": "get_weather", "parameters": {"location": '),
-        ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"loc'),
         ("mistral", "[TOOL_CALLS]get_weather[ARGS]{oops}"),
-        ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"a\":"),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\nnope"),
     ],
 )
 def test_a_malformed_call_comes_back_as_the_models_text(family, answer):
     text, _, calls, _ = _same_streamed(answer, tools=family)
     assert calls == [] and text == answer.lstrip()
+
+
+def test_a_call_the_model_ended_inside_its_arguments_is_a_call_with_what_it_wrote():
+    """Committed (name and `{"`): the answer ending early (EOS, a stop string) leaves the call with the
+    arguments written, as a cut by the limit does; a call is never taken back once streamed."""
+    answer = '<tool_call>{"name": "get_weather", "arguments": {"location": "Par'
+    parser = OutputParser.create(None, "hermes", None, "")
+    parts = parser.feed(answer) + parser.finish()
+    assert [p for p in parts if p[0] == "text"] == []
+    assert "".join(p[4] for p in parts if p[0] == "tool") == '{"location": "Par' and parser.tool_calls == 1
 
 
 def test_a_good_call_before_a_malformed_one_is_kept_and_the_rest_is_text():
@@ -151,10 +159,10 @@ def test_text_without_calls_streams_untouched_and_only_a_marker_prefix_is_held()
 @pytest.mark.parametrize(
     "reasoning, answer, prompt_tail, thinking, text",
     [
-        ("deepseek_r1", "Let me think.\nOK.</think>\n\nThe answer is 4.", "<｜Assistant｜><think>\n", "Let me think.\nOK.", "\n\nThe answer is 4."),
+        ("deepseek_r1", "Let me think.\nOK.</think>\n\nThe answer is 4.", "<｜Assistant｜><think>\n", "Let me think.\nOK.", "The answer is 4."),
         ("deepseek_r1", "<think>Hmm.</think>Four.", "<｜Assistant｜>", "Hmm.", "Four."),
         ("deepseek_r1", "still thinking when max_tokens hit", "", "still thinking when max_tokens hit", ""),
-        ("qwen3", "<think>\nTwo plus two.\n</think>\n\n4", "<|im_start|>assistant\n", "\nTwo plus two.\n", "\n\n4"),
+        ("qwen3", "<think>\nTwo plus two.\n</think>\n\n4", "<|im_start|>assistant\n", "Two plus two.", "4"),
         ("qwen3", "4, without thinking", "<|im_start|>assistant\n<think>\n\n</think>\n\n", "", "4, without thinking"),
         ("qwen3", "Reasoning first.</think>4", "<|im_start|>assistant\n<think>\n", "Reasoning first.", "4"),
         (
@@ -191,44 +199,60 @@ def test_guided_answers_are_the_calls():
     required = json.dumps([{"name": "get_weather", "parameters": WEATHER}, {"name": "get_time", "parameters": {}}])
     assert _same_streamed(required, tools="guided_required")[2] == [("get_weather", WEATHER), ("get_time", {})]
     assert _same_streamed(json.dumps(WEATHER), tools="guided_named", arg="get_weather")[2] == [("get_weather", WEATHER)]
-    text, _, calls, _ = _same_streamed('{"location": "Par', tools="guided_named", arg="get_weather")
-    assert calls == [] and text == '{"location": "Par'
+    text, _, calls, _ = _same_streamed('{"location": "Paris"}', tools="guided_named", arg="get_weather")
+    assert calls == [("get_weather", {"location": "Paris"})] and text == ""
 
 
 @pytest.mark.parametrize(
     "template, tools, reasoning",
     [
         ("{% for m in messages %}<|im_start|>{{ m.role }}{% if tools %}<tools></tools> <tool_call>{% endif %}", "hermes", None),
-        ("[AVAILABLE_TOOLS]...[TOOL_CALLS]", "mistral", None),
-        ("<｜Assistant｜><｜tool▁calls▁begin｜><think>\\n", "deepseek_v3", "deepseek_r1"),
-        ("<|start_header_id|>ipython<|end_header_id|> <|python_tag|>", "llama3_json", None),
         ("<|im_start|>assistant\\n<think>\\n\\n</think> <tool_call>", "hermes", "qwen3"),
-        ("<|start|>assistant<|channel|>final<|message|>", "gpt_oss", "gpt_oss"),
         ("{% for message in messages %}### {{ message['role'] }}{% endfor %}", None, None),
     ],
 )
 def test_auto_detects_the_family_from_the_chat_template(template, tools, reasoning):
+    """(Every recorded template of every family: tests/unit/test_tool_families.py.)"""
     assert detect_tool_parser(template) == tools
     assert detect_reasoning_parser(template) == reasoning
 
 
 def test_every_registered_parser_is_documented_and_configurable():
     from trtllm_truss.config.runtime import RuntimeConfig
+    from trtllm_truss.parsers import FAMILIES, setting_problems
 
     documented = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
-    tool_names = set(RuntimeConfig.model_fields["tool_call_parser"].annotation.__args__) - {"auto", "none"}
-    reasoning_names = set(RuntimeConfig.model_fields["reasoning_parser"].annotation.__args__) - {"auto", "none"}
-    assert tool_names == set(TOOL_PARSERS) - {"guided_required", "guided_named"}
-    assert reasoning_names == set(REASONING_PARSERS)
-    assert all(f"`{name}`" in documented for name in tool_names | reasoning_names)
+    names = {n for n in TOOL_PARSERS if not n.startswith("guided_")} | set(REASONING_PARSERS)
+    assert all(f"`{name}`" in documented for name in names)
+    assert all(f"`{family}`" in documented for family in FAMILIES)
+    for name in TOOL_PARSERS:
+        if not name.startswith("guided_"):
+            assert RuntimeConfig(tool_call_parser=name).tool_call_parser == name
+            assert setting_problems(name, "auto") == []
+    assert setting_problems("nope", "qwen3")[0].startswith("model_metadata.trt_llm.runtime.tool_call_parser: 'nope' is no parser")
+    assert setting_problems("auto", "guided_named") != [] and setting_problems("guided_required", "none") != []
     assert keep_tokens("mistral", None) >= {"[TOOL_CALLS]"}
 
 
 # ------------------------------------------------------------------------- cut by the token limit
 
 
-def _cut(answer: str, step: int | None = None, **kwargs):
-    """(text, [(name, arguments)]) of `answer` when the token limit ended it."""
+# Answers the limit cut inside their second call (the first complete), in each family's format: the
+# second call is kept with the arguments generated so far.
+CUT_IN_SECOND_CALL = [
+    ("guided_required", '[{"name": "get_weather", "parameters": {"city": ""}}, {"name": "get_weather", "parameters": {"ci', None, "", '{"ci'),
+    ("hermes", 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": ""}}</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"ci', None, "Checking.", '{"ci'),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": ""}}; {"name": "get_weather", "parameters": {"ci', None, "", '{"ci'),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": ""}}, {"name": "get_weather", "arguments": {"ci', None, "", '{"ci'),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": ""}[TOOL_CALLS]get_weather[ARGS]{"ci', None, "", '{"ci'),
+    ("deepseek_v3", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": ""}<｜tool▁call▁end｜>'
+                    '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"ci', None, "", '{"ci'),
+    ("guided_required", '[{"name": "get_weather", "parameters": {"city": ""}}, {"name": "get_weather", "param', None, "", ""),
+]
+
+
+def _cut_calls(answer: str, step: int | None = None, **kwargs):
+    """(text, [(name, arguments text)]) of `answer` when the token limit ended it."""
     parser = OutputParser.create(kwargs.pop("reasoning", None), kwargs.pop("tools"), kwargs.pop("arg", None), "")
     assert parser is not None
     pieces = [answer] if step is None else [answer[i : i + step] for i in range(0, len(answer), step)]
@@ -240,53 +264,50 @@ def _cut(answer: str, step: int | None = None, **kwargs):
                 calls.append([p[3], ""])
             calls[p[1]][1] += p[4]
     assert parser.tool_calls == len(calls)
-    return "".join(p[1] for p in parts if p[0] == "text"), [(name, json.loads(args)) for name, args in calls]
+    return "".join(p[1] for p in parts if p[0] == "text"), [(name, args) for name, args in calls]
 
 
-# Answers the limit cut inside their second call (the first complete), in each family's format.
-CUT_IN_SECOND_CALL = [
-    ("guided_required", '[{"name": "get_weather", "parameters": {"city": ""}}, {"name": "get_wea', None, ""),
-    ("guided_required", '[{"name": "get_weather", "parameters": {"city": ""}},', None, ""),
-    ("hermes", 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": ""}}</tool_call>\n<tool_call>{"name": "ge', None, "Checking."),
-    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": ""}}</tool_call>\n<tool_', None, ""),
-    ("llama3_json", '{"name": "get_weather", "parameters": {"city": ""}}; {"name": "get_w', None, ""),
-    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": ""}}, {"name": "get', None, ""),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": ""}[TOOL_CALLS]get_weather[ARGS]{"ci', None, ""),
-    ("deepseek_v3", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": ""}<｜tool▁call▁end｜>'
-                    '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"ci', None, ""),
-]
-
-
-@pytest.mark.parametrize("family, answer, arg, text", CUT_IN_SECOND_CALL)
+@pytest.mark.parametrize("family, answer, arg, text, cut_arguments", CUT_IN_SECOND_CALL)
 @pytest.mark.parametrize("step", [None, 1, 3])
-def test_a_cut_answer_keeps_its_complete_calls_and_drops_the_cut_one(family, answer, arg, text, step):
-    assert _cut(answer, step, tools=family, arg=arg) == (text, [("get_weather", {"city": ""})])
+def test_a_cut_answer_keeps_the_call_it_cut_with_the_arguments_generated_so_far(family, answer, arg, text, cut_arguments, step):
+    assert _cut_calls(answer, step, tools=family, arg=arg) == (text, [("get_weather", '{"city": ""}'), ("get_weather", cut_arguments)])
 
 
 @pytest.mark.parametrize(
     "family, answer, arg",
     [
-        ("guided_named", '{"city": "Par', "get_weather"),
-        ("guided_required", '[{"name": "get_weather", "param', None),
-        ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"ci', None),
-        ("llama3_json", '{"name": "get_weather", "parameters": {"city": ', None),
+        ("guided_required", '[{"name": "get_wea', None),
+        ("hermes", '<tool_call>{"name": "get_wea', None),
+        ("hermes", '<tool_call>\n{"na', None),
+        ("hermes", "<tool_", None),
         ("llama3_json", '<|python_tag|>{"na', None),
+        ("qwen3_coder", "<tool_call>\n<function=get_wea", None),
     ],
 )
-def test_a_call_the_limit_cut_short_is_never_text(family, answer, arg):
-    assert _cut(answer, tools=family, arg=arg) == ("", [])
+def test_a_call_cut_inside_its_name_is_dropped(family, answer, arg):
+    assert _cut_calls(answer, tools=family, arg=arg) == ("", [])
+
+
+def test_a_call_cut_after_its_name_has_the_arguments_generated_so_far():
+    assert _cut_calls('<tool_call>{"name": "get_weather", "arguments": ', tools="hermes") == ("", [("get_weather", "")])
+    assert _cut_calls('{"city": "Par', tools="guided_named", arg="get_weather") == ("", [("get_weather", '{"city": "Par')])
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"properties": {"city": {"type": "string"}}}}}]
+    parser = OutputParser.create(None, "qwen3_coder", None, "", tools)
+    parts = parser.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar") + parser.finish(cut=True)
+    assert "".join(p[4] for p in parts) == '{"city": "Par'  # a string parameter streams
 
 
 def test_text_the_limit_cut_stays_text():
-    assert _cut('{"answer": 4', tools="llama3_json") == ('{"answer": 4', [])  # JSON that is no call
-    assert _cut("The weather is", tools="hermes") == ("The weather is", [])
+    assert _cut_calls('{"answer": 4', tools="llama3_json") == ('{"answer": 4', [])  # JSON that is no call
+    assert _cut_calls("The weather is", tools="hermes") == ("The weather is", [])
     answer = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"ci"
-    assert _cut(answer, tools="gpt_oss", reasoning="gpt_oss") == ("", [])
+    assert _cut_calls(answer, tools="gpt_oss", reasoning="gpt_oss") == ("", [("get_weather", '{"ci')])
 
 
-def test_guided_required_calls_stream_as_each_item_completes():
+def test_guided_required_calls_stream_name_first_then_arguments_as_generated():
     parser = OutputParser.create(None, "guided_required", None, "")
-    first = parser.feed('[{"name": "a", "parameters": {}}, {"name": "b", "par')
-    assert [p[3] for p in first if p[0] == "tool" and p[3]] == ["a"]
-    rest = parser.feed('ameters": {"x": 1}}]') + parser.finish()
-    assert [p[3] for p in rest if p[0] == "tool" and p[3]] == ["b"] and not [p for p in rest if p[0] == "text"]
+    first = parser.feed('[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {"x"')
+    assert [p[3] for p in first if p[0] == "tool" and p[3]] == ["a", "b"]
+    assert "".join(p[4] for p in first if p[0] == "tool" and p[1] == 1) == '{"x"'
+    rest = parser.feed(': 1}}]') + parser.finish()
+    assert "".join(p[4] for p in rest if p[0] == "tool") == ": 1}" and not [p for p in rest if p[0] == "text"]

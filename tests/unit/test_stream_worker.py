@@ -264,26 +264,27 @@ def test_a_hermes_call_in_the_answer_is_a_tool_call_with_finish_reason_tool_call
 
 
 @pytest.mark.parametrize("cut_by_limit", [True, False])
-def test_a_hermes_answer_cut_inside_a_call_keeps_the_complete_ones(model: WorkerModel, cut_by_limit: bool):
-    """Cut by max_tokens: the complete call is the answer's, the one cut short is dropped (finish
-    `length`); the same text ended by the engine (EOS) keeps it as the model's text."""
+def test_a_hermes_answer_cut_inside_a_call_keeps_it_with_the_arguments_generated(model: WorkerModel, cut_by_limit: bool):
+    """Cut by max_tokens (finish `length`), or ended by the engine (EOS) inside the second call: both
+    calls are the answer's, the second with the arguments generated before the end (docs/api.md,
+    "Calls at the token limit")."""
     answer = (
         '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
         '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
     )
-    ids = _ids(model, answer)[:-6]  # inside the second call
+    ids = _ids(model, answer[: answer.rindex("Rome") + 2])  # inside the second call's arguments
     max_tokens = len(ids) if cut_by_limit else len(ids) + 1
     spec = GenerationSpec(GenerationParams("", max_tokens=max_tokens), messages=(("user", "Weather?"),), prompt_field="messages", tool_parser="hermes")
     model.engine = ScriptedEngine(ids)
     parts: list = []
     end = asyncio.run(model.run(spec, lambda out, entries: parts.extend(out)))
     calls = [p for p in parts if p[0] == "tool"]
-    text = "".join(p[1] for p in parts if p[0] == "text")
-    assert [p[3] for p in calls if p[3]] == ["get_weather"] and "".join(p[4] for p in calls) == '{"city": "Paris"}'
-    if cut_by_limit:
-        assert end.finish_reason == "length" and text == ""
-    else:
-        assert end.finish_reason == "tool_calls" and text.startswith('<tool_call>{"name": "get_weather", "arguments": {"city": "R')
+    assert [p[3] for p in calls if p[3]] == ["get_weather", "get_weather"]
+    assert "".join(p[4] for p in calls if p[1] == 0) == '{"city": "Paris"}'
+    second = "".join(p[4] for p in calls if p[1] == 1)
+    assert second and '{"city": "Rome"}'.startswith(second) and second != '{"city": "Rome"}'
+    assert "".join(p[1] for p in parts if p[0] == "text") == ""
+    assert end.finish_reason == ("length" if cut_by_limit else "tool_calls")
 
 
 def test_the_chat_tokenizer_loads_once_off_the_event_loop_while_other_work_goes_on(monkeypatch):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic_core import from_json
+
 from trtllm_truss.api.messages import (
     error_body,
     message_object,
@@ -123,9 +125,16 @@ class MessageEvents:
 
 
 def _arguments(text: str) -> dict[str, Any]:
-    """A tool call's arguments as the object `tool_use.input` is (the parser gives JSON text)."""
+    """A tool call's arguments as the object `tool_use.input` is (the parser gives JSON text). A call
+    the token limit cut has the start of an object: its complete members, as the `anthropic` SDK
+    reads the streamed `input_json_delta` fragments (jiter's partial mode, which pydantic-core shares)."""
+    if not text:
+        return {}
     try:
-        value = json.loads(text) if text else {}
+        value = json.loads(text)
     except json.JSONDecodeError:
-        return {"_raw": text}
+        try:
+            value = from_json(text, allow_partial=True)
+        except ValueError:
+            return {"_raw": text}
     return value if isinstance(value, dict) else {"_value": value}

@@ -16,8 +16,9 @@ the caller chooses (`literal_special_tokens`, default True: special-token text i
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,62 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(inner)
 
 
+_PROBE_KEY, _PROBE_VALUE = "probe_key", "probe_value"
+
+
+def _probe_turns(arguments: Any) -> list[dict[str, Any]]:
+    call = {"id": "probe0001", "type": "function", "function": {"name": "probe_fn", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "probe0001", "name": "probe_fn", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+
+
+_ESCAPED = ("&#34;", "&quot;", "&#39;")
+
+
+def wants_text_arguments(render: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """Whether a chat template writes a call's arguments right only as JSON text: given an object it
+    fails (DeepSeek V3.1 and R1 add `arguments` to strings), prints Python's repr of it, or
+    HTML-escapes the quotes around it (mistral-common's templates join `arguments | tojson | safe`,
+    a Markup, to plain strings, which Jinja then escapes), and given the text it does not.
+    Templates that take an object (`arguments | tojson`, `arguments.items()`) get objects."""
+    def rendered(arguments: Any) -> str | None:
+        try:
+            return render(_probe_turns(arguments))
+        except Exception:  # noqa: BLE001 - the template refuses this shape
+            return None
+
+    as_object = rendered({_PROBE_KEY: _PROBE_VALUE})
+    if as_object is not None and f"'{_PROBE_KEY}'" not in as_object and not any(e in as_object for e in _ESCAPED):
+        return False
+    as_text = rendered(json.dumps({_PROBE_KEY: _PROBE_VALUE}))
+    return as_text is not None and f'"{_PROBE_KEY}"' in as_text and not any(e in as_text for e in _ESCAPED)
+
+
+def _with_text_arguments(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turns with every call's arguments as JSON text (for templates that take only text)."""
+    out = []
+    for turn in turns:
+        calls = turn.get("tool_calls")
+        if calls:
+            turn = dict(turn)
+            turn["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": _as_text(call["function"].get("arguments"))}}
+                if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping)
+                else call
+                for call in calls
+            ]
+        out.append(turn)
+    return out
+
+
+def _as_text(arguments: Any) -> Any:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
 @dataclass
 class PromptTokenizer:
     tokenizer: Any  # transformers.PreTrainedTokenizerBase
@@ -100,6 +157,8 @@ class PromptTokenizer:
     _control_text: re.Pattern[str] = field(default=re.compile("(?!)"), repr=False)
     # The first characters of those texts: a string without any of them (found at C speed) has no match.
     _control_starts: frozenset[str] = field(default=frozenset(), repr=False)
+    # Whether the template takes a call's arguments as JSON text only (`wants_text_arguments`), probed once.
+    _text_arguments: bool | None = field(default=None, repr=False)
 
     @classmethod
     def load(
@@ -146,7 +205,7 @@ class PromptTokenizer:
         `apply_chat_template(turns, tokenize=True, add_generation_prompt=True)`, with control-token
         text in any message string encoded as plain text (`sanitize_control_tokens=True`). `tools`
         go to the template as `tools=`, `template_kwargs` as extra template variables."""
-        turns = _turns(messages)
+        turns = self._template_turns(messages)
         self._require_template(field)
         extra = _template_extra(tools, template_kwargs)
         if any(self._has_control_text(text) for text in _strings([turns, extra])):
@@ -204,7 +263,19 @@ class PromptTokenizer:
         """The prompt text for chat turns, ending with the assistant's turn opened. It may contain
         the template's BOS text: tokenize it with `chat_ids`, not with special tokens added."""
         self._require_template(field)
-        return self._render(_turns(messages), field, _template_extra(tools, template_kwargs))
+        return self._render(self._template_turns(messages), field, _template_extra(tools, template_kwargs))
+
+    def _template_turns(self, messages: Sequence[ChatTurn]) -> list[dict[str, Any]]:
+        """The turns as this template takes them: a call's arguments as objects (Hugging Face's
+        convention), or as JSON text for a template that takes only text (`wants_text_arguments`)."""
+        turns = _turns(messages)
+        if not any(turn.get("tool_calls") for turn in turns):
+            return turns
+        if self._text_arguments is None:
+            self._text_arguments = bool(getattr(self.tokenizer, "chat_template", None)) and wants_text_arguments(
+                lambda probe: self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+            )
+        return _with_text_arguments(turns) if self._text_arguments else turns
 
     def _require_template(self, field: str) -> None:
         if not getattr(self.tokenizer, "chat_template", None):

@@ -14,6 +14,7 @@ in the order the model wrote them; an item is closed when another begins or the 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -67,7 +68,8 @@ class ResponseEvents:
         item, self._open = self._open, None
         if item is None:
             return []
-        item["status"] = "completed"
+        if item["status"] == "in_progress":
+            item["status"] = "completed"
         if not self.emit:
             return []
         where = self._item_where(item)
@@ -127,13 +129,15 @@ class ResponseEvents:
     def finish(
         self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None = None
     ) -> list[dict[str, Any]]:
-        events = self._close()
         self.usage = usage(prompt_tokens, completion_tokens)
         self.incomplete = finish_reason == "length"
-        # The text the limit cut is incomplete; a function call is only ever reported complete
-        # (one the limit cut short is dropped by the parser).
-        if self.incomplete and self.output and self.output[-1]["type"] != "function_call":
-            self.output[-1]["status"] = "incomplete"
+        # What the limit cut is incomplete: the last item, unless it is a call whose arguments were
+        # complete (a call the limit cut keeps the arguments generated so far: not a whole object).
+        last = self._open
+        if self.incomplete and last is not None:
+            if last["type"] != "function_call" or not complete_object(last["arguments"]):
+                last["status"] = "incomplete"
+        events = self._close()
         if self.emit:
             kind = "response.incomplete" if self.incomplete else "response.completed"
             events.append(self._event(kind, response=self.response()))
@@ -152,3 +156,11 @@ class ResponseEvents:
         if self.incomplete:
             return self._snapshot("incomplete", usage_=self.usage, incomplete_reason="max_output_tokens")
         return self._snapshot("completed", usage_=self.usage)
+
+
+def complete_object(text: str) -> bool:
+    """Whether a call's arguments are a whole JSON object (not the start of one the limit cut)."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

@@ -103,9 +103,17 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
         err.print(f"error: {redact(str(exc))}", markup=False)
         return 1
     lines += kv_estimate_lines(resolved)
+    from trtllm_truss.commands.parser_report import parser_report
+
+    parser_lines, warnings, problems = parser_report(resolved)
+    lines += parser_lines
     for line in lines:  # plain print: a command must stay on one line whatever the terminal width
         print(redact(line), file=out.file)
-    return 0
+    for warning in warnings:
+        err.print(f"warning: {redact(warning)}", markup=False)
+    for problem in problems:
+        err.print(f"error: {redact(problem)}", markup=False)
+    return 1 if problems else 0
 
 
 def _model_config(resolved) -> tuple[dict | None, int | None, str]:

@@ -234,10 +234,14 @@ class RuntimeConfig(StrictModel):
         description="proxy: the truss proxy streams token ids from `ensemble_ids` and decodes them (no "
         "python-backend hop per token); postprocessing: it streams text from `ensemble`.",
     )
-    tool_call_parser: Literal["auto", "none", "hermes", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"] = Field(
+    tool_call_parser: str = Field(
         "auto",
-        description="How tool calls are read from chat answers (the model family's format); auto: detected from"
-        " the chat template's markers (<tool_call>: hermes, [TOOL_CALLS]: mistral, ...); none: tools are refused.",
+        pattern=r"^[a-z0-9_]{1,64}$",
+        description="How tool calls are read from chat answers: a registered parser (the model family's"
+        " format: docs/api.md's table of families, e.g. hermes, qwen3_coder, deepseek_v31, kimi_k2, glm45,"
+        " gpt_oss); auto: the family detected from the chat template and the tokenizer's special tokens"
+        " (`trtllm-truss validate` says which and why); none: tools with tool_choice auto are refused. An"
+        " unknown name fails `validate` and the load.",
     )
     guided_decoding_backend: Literal["auto", "xgrammar", "llguidance", "none"] = Field(
         "auto",
@@ -248,10 +252,12 @@ class RuntimeConfig(StrictModel):
         " answered 400 where the engine path has none (engines before 0.19); none: off, guided requests get 400."
         " Guides are checked before they are queued with the same engine and options.",
     )
-    reasoning_parser: Literal["auto", "none", "deepseek_r1", "qwen3", "gpt_oss"] = Field(
+    reasoning_parser: str = Field(
         "auto",
-        description="How a reasoning model's thinking is split from its answer into reasoning_content; auto:"
-        " detected from the chat template (<think>, harmony channels); none: the answer is returned as it is.",
+        pattern=r"^[a-z0-9_]{1,64}$",
+        description="How a reasoning model's thinking is split from its answer into reasoning_content: a"
+        " registered parser (docs/api.md, Reasoning: qwen3, deepseek_r1, glm45, kimi_k2, gpt_oss, ...); auto:"
+        " the family detected from the chat template; none: the answer is returned as it is.",
     )
     stream_workers: int | None = Field(
         None,

@@ -252,3 +252,17 @@ def read_chat_template(tokenizer_dir: Path | str) -> str | None:
     if isinstance(template, list):
         return "\n".join(str(item.get("template", "")) for item in template if isinstance(item, dict))
     return template if isinstance(template, str) else None
+
+
+def read_added_tokens(tokenizer_dir: Path | str) -> frozenset[str]:
+    """The added tokens' text (`<tool_call>`, `<|channel|>`...) as tokenizer_config.json's
+    `added_tokens_decoder` lists them (else tokenizer.json's `added_tokens`), read without loading
+    the tokenizer: what tells a template-less model's family apart."""
+    tokenizer_dir = Path(tokenizer_dir)
+    decoder = (_read_json(tokenizer_dir / "tokenizer_config.json") or {}).get("added_tokens_decoder")
+    if isinstance(decoder, dict) and decoder:
+        return frozenset(str(v.get("content")) for v in decoder.values() if isinstance(v, dict) and v.get("content"))
+    added = (_read_json(tokenizer_dir / "tokenizer.json") or {}).get("added_tokens")
+    if isinstance(added, list):
+        return frozenset(str(v.get("content")) for v in added if isinstance(v, dict) and v.get("content"))
+    return frozenset()

@@ -243,6 +243,11 @@ def stream_pool(
     from trtllm_truss.streaming.generation import WorkerSettings, worker_lora_weights
 
     runtime = plan.runtime
+    from trtllm_truss.config import ConfigError
+    from trtllm_truss.parsers import setting_problems
+
+    if problems := setting_problems(runtime.tool_call_parser, runtime.reasoning_parser):
+        raise ConfigError(problems)
     settings = WorkerSettings(
         grpc_url=grpc_url,
         tokenizer_dir=str(plan.tokenizer_dir),

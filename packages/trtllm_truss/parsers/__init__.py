@@ -3,9 +3,13 @@ stream worker runs per request: `OutputParser`, the reasoning parser then the to
 the answer part only.
 
 Which parsers a deployment uses: `runtime.tool_call_parser` / `runtime.reasoning_parser`; `auto`
-(the default) detects the family from the chat template's own markers (`detect_*`)."""
+(the default) is the family `parsers.detect` finds in the chat template and special tokens.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from trtllm_truss.parsers.base import (
     PART_TEXT,
@@ -13,39 +17,49 @@ from trtllm_truss.parsers.base import (
     TOOL_PARSERS,
     Part,
     ReasoningParser,
-    ToolCallParser,
 )
-from trtllm_truss.parsers.reasoning import gpt_oss, think  # noqa: F401 - registers the families
-from trtllm_truss.parsers.tool_calls import deepseek_v3, guided, hermes, llama3_json, mistral  # noqa: F401
+from trtllm_truss.parsers.detect import FAMILIES, Detection, Family, describe, detect
+
+from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
+
+# Each module registers its parser and the families that use it: a family is one line here.
+import trtllm_truss.parsers.reasoning.gemma4  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.glm45  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.gpt_oss  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.kimi_k2  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.kimi_k3  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.minimax_m3  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.mistral  # noqa: F401, E402
+import trtllm_truss.parsers.reasoning.think  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v3  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v31  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v32  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v4  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.deepseek_v41  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.gemma4  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.glm45  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.guided  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.hermes  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.kimi_k2  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.kimi_k3  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.llama3_json  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.minimax_m2  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.minimax_m3  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.mistral  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.poolside_v1  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.pythonic  # noqa: F401, E402
+import trtllm_truss.parsers.tool_calls.qwen3_coder  # noqa: F401, E402
 
 AUTO, NONE = "auto", "none"
 
 
-def detect_tool_parser(template: str | None) -> str | None:
-    """The tool-call format a chat template teaches its model, from the markers it writes."""
-    if not template:
-        return None
-    if "<tool_call>" in template:
-        return "hermes"
-    if "<|channel|>" in template:
-        return "gpt_oss"
-    if "[TOOL_CALLS]" in template:
-        return "mistral"
-    if "tool▁calls▁begin" in template:
-        return "deepseek_v3"
-    if "<|python_tag|>" in template or "ipython" in template:
-        return "llama3_json"
-    return None
+def detect_tool_parser(template: str | None, tokens: Iterable[str] = ()) -> str | None:
+    """The tool-call format a chat template teaches its model (`detect`'s family)."""
+    return detect(template, tokens).tool_parser
 
 
-def detect_reasoning_parser(template: str | None) -> str | None:
-    if not template:
-        return None
-    if "<|channel|>" in template:
-        return "gpt_oss"
-    if "<think>" in template:
-        return "deepseek_r1" if "｜Assistant｜" in template else "qwen3"
-    return None
+def detect_reasoning_parser(template: str | None, tokens: Iterable[str] = ()) -> str | None:
+    return detect(template, tokens).reasoning_parser
 
 
 def resolve(setting: str, detected: str | None) -> str | None:
@@ -53,6 +67,25 @@ def resolve(setting: str, detected: str | None) -> str | None:
     if setting == AUTO:
         return detected
     return None if setting == NONE else setting
+
+
+def setting_problems(tool_call_parser: str, reasoning_parser: str) -> list[str]:
+    """One line per `runtime.*_parser` that names no registered parser, with the names that would."""
+    problems = []
+    for key, setting, registry in (
+        ("tool_call_parser", tool_call_parser, TOOL_PARSERS),
+        ("reasoning_parser", reasoning_parser, REASONING_PARSERS),
+    ):
+        if setting not in (AUTO, NONE) and (setting not in registry or setting.startswith("guided_")):
+            names = ", ".join(sorted(n for n in registry if not n.startswith("guided_")))
+            problems.append(f"model_metadata.trt_llm.runtime.{key}: {setting!r} is no parser; one of auto, none, {names}")
+    return problems
+
+
+def template_turns(tool_parser: str | None, turns: Sequence[Any]) -> Sequence[Any]:
+    """A conversation as the deployment's family's template should see it (`ToolCallParser.template_turns`)."""
+    cls = TOOL_PARSERS.get(tool_parser) if tool_parser else None
+    return cls.template_turns(turns) if cls is not None else turns
 
 
 def keep_tokens(tool_parser: str | None, reasoning_parser: str | None) -> set[str]:
@@ -76,13 +109,18 @@ class OutputParser:
 
     @classmethod
     def create(
-        cls, reasoning_parser: str | None, tool_parser: str | None, tool_parser_arg: str | None, prompt_tail: str
+        cls,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        tool_parser_arg: str | None,
+        prompt_tail: str,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> OutputParser | None:
         if reasoning_parser is None and tool_parser is None:
             return None
         reasoning = REASONING_PARSERS[reasoning_parser](prompt_tail) if reasoning_parser else None
-        tools = TOOL_PARSERS[tool_parser](tool_parser_arg) if tool_parser else None
-        return cls(reasoning, tools)
+        parser = TOOL_PARSERS[tool_parser](tool_parser_arg, tools) if tool_parser else None
+        return cls(reasoning, parser)
 
     @property
     def tool_calls(self) -> int:
@@ -94,7 +132,7 @@ class OutputParser:
         return self._answer(parts) if self._tools is not None else parts
 
     def finish(self, cut: bool = False) -> list[Part]:
-        """The rest; `cut`: the token limit ended the answer (a call it cut short is dropped)."""
+        """The rest; `cut`: the token limit ended the answer (section.py says what becomes of a call it cut)."""
         parts = self._reasoning.finish(cut) if self._reasoning is not None else []
         if self._tools is None:
             return parts
@@ -109,13 +147,21 @@ class OutputParser:
 
 
 __all__ = [
+    "FAMILIES",
     "REASONING_PARSERS",
     "TOOL_PARSERS",
+    "CallSyntax",
+    "Detection",
+    "Family",
     "OutputParser",
     "ReasoningParser",
     "ToolCallParser",
+    "describe",
+    "detect",
     "detect_reasoning_parser",
     "detect_tool_parser",
     "keep_tokens",
     "resolve",
+    "setting_problems",
+    "template_turns",
 ]

@@ -499,7 +499,8 @@ def _content_text(message: Mapping[str, Any]) -> str:
 
 def _template_turn(message: Mapping[str, Any]) -> dict[str, Any]:
     """A chat turn as Hugging Face templates take it: tool-call arguments as objects (templates
-    write `arguments | tojson`), not the JSON text OpenAI sends."""
+    write `arguments | tojson`; the worker gives a template that takes only text the JSON text back:
+    api.prompt.wants_text_arguments), not the JSON text OpenAI sends."""
     turn = dict(message)
     calls = turn.get("tool_calls")
     if calls:

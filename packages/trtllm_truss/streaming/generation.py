@@ -136,11 +136,11 @@ class WorkerModel:
         self.max_token_bytes = TokenDecoder(self.tokenizer, skip_special_tokens=False).max_token_bytes
         self.max_prompt_bytes = (settings.max_input_len + TOKENS_A_TOKENIZER_ADDS) * self.max_token_bytes
         from trtllm_truss import parsers
-        from trtllm_truss.engine.tokenizer import read_chat_template
+        from trtllm_truss.engine.tokenizer import read_added_tokens, read_chat_template
 
-        template = read_chat_template(settings.tokenizer_dir)
-        self.tool_call_parser = parsers.resolve(settings.tool_call_parser, parsers.detect_tool_parser(template))
-        self.reasoning_parser = parsers.resolve(settings.reasoning_parser, parsers.detect_reasoning_parser(template))
+        family = parsers.detect(read_chat_template(settings.tokenizer_dir), read_added_tokens(settings.tokenizer_dir))
+        self.tool_call_parser = parsers.resolve(settings.tool_call_parser, family.tool_parser)
+        self.reasoning_parser = parsers.resolve(settings.reasoning_parser, family.reasoning_parser)
         # Decodes parsed answers: the parsers' markers that are special tokens stay in the text.
         keep = parsers.keep_tokens(self.tool_call_parser, self.reasoning_parser)
         self.marker_decoder = (
@@ -221,8 +221,11 @@ class WorkerModel:
         return spec.prompt or ""
 
     def _chat_call(self, method: Callable, spec: GenerationSpec) -> Any:
+        from trtllm_truss.parsers import template_turns
+
+        messages = template_turns(self.tool_call_parser, spec.messages) if spec.messages else spec.messages
         try:
-            return method(spec.messages, spec.prompt_field, tools=spec.tools, template_kwargs=dict(spec.chat_template_kwargs))
+            return method(messages, spec.prompt_field, tools=spec.tools, template_kwargs=dict(spec.chat_template_kwargs))
         except HTTPException as exc:  # field_error: its detail already names the field
             raise RequestError(spec.prompt_field, str(exc.detail).split(f"{spec.prompt_field}: ", 1)[-1]) from None
 
@@ -291,9 +294,10 @@ class WorkerModel:
         if spec.reasoning_parser is not None or spec.tool_parser is not None:
             from trtllm_truss.parsers import OutputParser
 
-            # The prompt's last tokens tell whether the template opened a reasoning block.
-            tail = self.marker_decoder.decode(ids[-4:]) if spec.reasoning_parser is not None and not self.marker_decoder.windowed else ""
-            parser = OutputParser.create(spec.reasoning_parser, spec.tool_parser, spec.tool_parser_arg, tail)
+            # The prompt's last tokens tell whether the template opened a reasoning block (16: the opener may be
+            # several tokens, as Kimi K3's `<|open|>think<|sep|>`; special tokens kept, whatever the parsers keep).
+            tail = self.tokenizer.decode(ids[-16:], skip_special_tokens=False) if spec.reasoning_parser is not None else ""
+            parser = OutputParser.create(spec.reasoning_parser, spec.tool_parser, spec.tool_parser_arg, tail, spec.tools)
         pieces = self._pieces(
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
         )
@@ -327,7 +331,7 @@ class WorkerModel:
             rest = release.release(len(tail)) + release.rest(cut=stops.stopped)
         reason = "stop" if stops.stopped or completion < params.max_tokens else "length"
         if parser is not None:
-            # Cut by the limit: the calls complete before the cut are the answer's, the one cut short is dropped.
+            # Cut by the limit: a call the limit cut keeps the arguments generated so far (parsers/section.py).
             parts = (parser.feed(tail) if tail else []) + parser.finish(cut=reason == "length")
             if parts or rest:
                 emit(parts, rest or None)

@@ -1,30 +1,42 @@
 """gpt-oss (OpenAI's harmony format): the answer is messages on channels, each
 `<|channel|>NAME[ to=functions.TOOL][ <|constrain|>json]<|message|>BODY` ended by `<|end|>`,
-`<|return|>` or `<|call|>`, the next one opened with `<|start|>assistant`. `analysis` is the
-reasoning, `final` (and `commentary` without a recipient) the answer, and a message to
-`functions.TOOL` a tool call whose body is its JSON arguments. The tool-call parser `gpt_oss`
-leaves the text as it is: the calls come from the channels here."""
+`<|return|>` or `<|call|>`, the next one opened with `<|start|>assistant` (the recipient may also
+stand before the channel). `analysis` is the reasoning, `final` (and `commentary` without a
+recipient) the answer, and a message to `functions.TOOL` a tool call whose body is its JSON
+arguments: committed at the body's `{`, streamed as written (a body that is no object is text).
+The tool-call parser `gpt_oss` leaves the text as it is: the calls come from the channels here."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 
 from trtllm_truss.parsers.base import (
+    PART_REASONING,
+    PART_TEXT,
+    PART_TOOL,
     Part,
     ReasoningParser,
-    ToolCallParser,
-    arguments_json,
     call_id,
-    held_prefix,
     register_reasoning_parser,
     register_tool_parser,
 )
-from trtllm_truss.parsers.base import PART_REASONING, PART_TEXT, PART_TOOL
+from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.scan import (
+    Cursor,
+    json_container,
+    json_object_opens,
+    space,
+    until,
+)
+from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
-_RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
+HEADER_LIMIT = 512
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+FUNCTIONS = "functions."
 
 
 def _harmony_start(head: str) -> bool:
@@ -39,86 +51,104 @@ class GptOssParser(ReasoningParser):
     def __init__(self, prompt_tail: str = "") -> None:
         super().__init__(prompt_tail)
         self.calls = 0
-        self._header = ""  # the current message's header, until <|message|>
-        self._body: str | None = None  # None: reading a header
-        self._kind = PART_TEXT  # the current body's part kind, or PART_TOOL
-        self._tool: str | None = None
+        self._cur = Cursor()
+        self._out: list[Part] = []
+        self._gen = self._messages(self._cur)
         self._plain = False  # the answer is not in harmony's format: all text
+        self._tool: str | None = None  # a call's name, read but not committed
+        self._kind: str | None = None  # the open body's kind (None: in a header)
 
     def feed(self, text: str) -> list[Part]:
         if self._plain:
             return [(PART_TEXT, text)] if text else []
-        parts: list[Part] = []
-        while text:
-            if self._body is None:
-                self._header += text
-                text = ""
-                head = self._header.lstrip()
-                if head and not _harmony_start(head):
-                    self._plain = True
-                    parts.append((PART_TEXT, self._header))
-                    self._header = ""
-                    break
-                if MESSAGE in self._header:
-                    header, _, text = self._header.partition(MESSAGE)
-                    self._header = ""
-                    self._open(header)
-            else:
-                pending = self._body + text
-                text = ""
-                found = [(i, e) for e in ENDS if (i := pending.find(e)) >= 0]
-                if found:
-                    cut, end = min(found)
-                    parts += self._close(pending[:cut])
-                    text = pending[cut + len(end):]
-                    self._body = None
-                    continue
-                keep = held_prefix(pending, ENDS) if self._kind != PART_TOOL else 0
-                if self._kind == PART_TOOL:
-                    self._body = pending  # a call is reported whole
-                else:
-                    self._body = pending[len(pending) - keep:] if keep else ""
-                    out = pending[: len(pending) - keep]
-                    if out:
-                        parts.append((self._kind, out))
-        return parts
-
-    def _open(self, header: str) -> None:
-        header = header.replace(START, " ")
-        recipient = _RECIPIENT.search(header)
-        channel = _CHANNEL.search(header)
-        self._tool = recipient.group(1) if recipient else None
-        if self._tool is not None:
-            self._kind = PART_TOOL
-        else:
-            self._kind = PART_REASONING if channel is not None and channel.group(1) == "analysis" else PART_TEXT
-        self._body = ""
-
-    def _close(self, body: str) -> list[Part]:
-        if self._kind != PART_TOOL:
-            return [(self._kind, body)] if body else []
-        arguments = arguments_json(body.strip())
-        if arguments is None or self._tool is None:
-            return [(PART_TEXT, body)]
-        index, self.calls = self.calls, self.calls + 1
-        return [(PART_TOOL, index, call_id(), self._tool, ""), (PART_TOOL, index, None, None, arguments)]
+        cur = self._cur
+        cur.add(text)
+        next(self._gen)
+        cur.compact()
+        out, self._out = self._out, []
+        return out
 
     def finish(self, cut: bool = False) -> list[Part]:
-        if self._body is None:
-            self._header = ""
-            return []  # an unfinished header is no text of the answer
-        body, self._body = self._body, None
-        if cut and self._kind == PART_TOOL and arguments_json(body.strip()) is None:
-            return []  # a call the token limit cut short: dropped, not text
-        return self._close(body)
+        self._gen.close()
+        rest = self._cur.rest()
+        if self._plain or self._kind in (PART_TEXT, PART_REASONING):
+            self._emit(self._kind or PART_TEXT, rest)
+        elif self._kind is None and self._tool is not None and cut:
+            self._begin(self._tool)  # cut before its body: the call with no arguments yet
+        out, self._out = self._out, []
+        return out
+
+    def _emit(self, kind: str, text: str) -> None:
+        if text:
+            self._out.append((kind, text))
+
+    def _begin(self, name: str) -> None:
+        self._out.append((PART_TOOL, self.calls, call_id(), name, ""))
+        self.calls += 1
+
+    def _args(self, text: str) -> None:
+        if text:
+            self._out.append((PART_TOOL, self.calls - 1, None, None, text))
+
+    def _messages(self, cur: Cursor) -> Generator[None, None, None]:
+        while True:
+            self._kind, self._tool = None, None
+            while not cur.rest().lstrip():
+                yield
+            if not self.calls and not _harmony_start(cur.rest().lstrip()[:3]):
+                self._plain = True
+                self._emit(PART_TEXT, cur.rest())
+                cur.pos = len(cur.text)
+                while True:
+                    yield
+            header, stop = yield from until(cur, (MESSAGE,), limit=HEADER_LIMIT)
+            if stop is None:  # no harmony header: the rest is text
+                self._plain = True
+                self._emit(PART_TEXT, cur.rest())
+                cur.pos = len(cur.text)
+                while True:
+                    yield
+            header = header.replace(START, " ")
+            recipients = [r for r in _RECIPIENT.findall(header) if r != "assistant"]
+            channels = _CHANNEL.findall(header)
+            if recipients and not recipients[-1].startswith(FUNCTIONS):
+                # a call of a built-in tool (`python`, `browser.*`, `container.*`), which this server
+                # does not offer: neither a call of the request's tools nor text for the user
+                self._kind = PART_TOOL
+                yield from until(cur, ENDS)
+                continue
+            if not recipients:
+                self._kind = PART_REASONING if channels and channels[-1] == "analysis" else PART_TEXT
+                kind = self._kind
+                yield from until(cur, ENDS, emit=lambda text: self._emit(kind, text))
+                continue
+            self._tool = recipients[-1][len(FUNCTIONS):]
+            yield from space(cur)
+            if not (yield from json_object_opens(cur)):  # no JSON object: the body is text
+                self._kind = PART_TEXT
+                yield from until(cur, ENDS, emit=lambda text: self._emit(PART_TEXT, text))
+                continue
+            self._begin(self._tool)
+            self._kind = PART_TOOL
+            yield from json_container(cur, self._args, ENDS)
+            yield from until(cur, ENDS)
 
 
 @register_tool_parser("gpt_oss")
 class GptOssToolParser(ToolCallParser):
     """Text passes through: gpt-oss's calls are messages on a channel (`GptOssParser`)."""
 
+    forced = CallSyntax(
+        begin="<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
+        end="<|call|>",
+        trigger="<|channel|>commentary to=functions.",
+    )
+
     def feed(self, text: str) -> list[Part]:
         return [(PART_TEXT, text)] if text else []
 
     def finish(self, cut: bool = False) -> list[Part]:
         return []
+
+
+register_family(Family("gpt_oss", "gpt-oss (harmony)", "gpt_oss", "gpt_oss", tokens=(CHANNEL, MESSAGE)))

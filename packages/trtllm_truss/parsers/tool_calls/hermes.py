@@ -1,43 +1,37 @@
-"""Hermes-style tool calls (Qwen 2.5, Qwen 3, NousResearch Hermes; the embedded model's template):
-each call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, several in a row for
-parallel calls. A call is reported as soon as its closing tag arrives."""
+"""Hermes-style tool calls (Qwen 2.5, Qwen3, Qwen3-2507, NousResearch Hermes; the embedded model's
+template): each call is `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several in
+a row for parallel calls. A call is committed once its name and the `{` of its arguments are read;
+its arguments stream as the model writes them (`parsers.json_calls`)."""
 
 from __future__ import annotations
 
-import json
-import re
+from collections.abc import Generator
 
-from trtllm_truss.parsers.base import ToolCallParser, arguments_json, register_tool_parser
+from trtllm_truss.parsers.base import register_tool_parser
+from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.json_calls import json_call
+from trtllm_truss.parsers.scan import Cursor, space, until
+from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.DOTALL)
-
-
-def _call(body: str) -> tuple[str, str] | None:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = arguments_json(value.get("arguments", {}))
-    return None if arguments is None else (value["name"], arguments)
 
 
 @register_tool_parser("hermes")
 class HermesToolParser(ToolCallParser):
     markers = (OPEN,)
+    keep_tokens = (OPEN, CLOSE)  # added tokens; kept should a tokenizer mark them special
+    forced = CallSyntax(
+        begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>", separator="\n", trigger=OPEN
+    )
 
-    call_pattern = _BLOCK
+    def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
+        cur.pos += len(opener)
+        yield from space(cur)
+        if cur.text[cur.pos] != "{":
+            raise NotACall
+        yield from json_call(self, cur, stops=(CLOSE,))
+        self.end()
+        yield from until(cur, (CLOSE,))  # the block's end (anything the model wrote after the object is dropped)
 
-    def call_of(self, match: re.Match[str]) -> tuple[str, str] | None:
-        return _call(match.group(1))
-
-    def parse(self, section: str) -> list[tuple[str, str]] | None:
-        calls, consumed = self.complete_calls(section)
-        rest = section[consumed:].strip()
-        if rest.startswith(OPEN) and CLOSE not in rest:  # the answer ended before the closing tag
-            call = _call(rest[len(OPEN):])
-            if call is not None:
-                return calls + [call]
-        return calls if calls and not rest else None
+register_family(Family("hermes", "Hermes / Qwen 2.5", "hermes", "qwen3", template=(OPEN,), thinks=("<think>",)))
+register_family(Family("qwen3", "Qwen3", "hermes", "qwen3", template=(OPEN, "<think>", "<|im_start|>")))

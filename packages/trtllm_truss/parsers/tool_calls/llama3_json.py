@@ -1,65 +1,56 @@
-"""Llama 3.1 / 3.2 / 3.3 JSON tool calls: the answer is a JSON object `{"name": ..., "parameters":
-{...}}` (or `"arguments"`), optionally after `<|python_tag|>`; several are separated by `;`
-(Llama 3.2) or whitespace. An answer that starts with `{` but is no call is returned as text."""
+"""Llama 3.1 / 3.2 / 3.3 (and Llama 4's JSON template) tool calls: the answer is a JSON object
+`{"name": ..., "parameters": {...}}` (or `"arguments"`; a leading `"type": "function"` is allowed),
+optionally after `<|python_tag|>`; several are separated by `;` (Llama 3.2) or whitespace, and
+may follow some text (`{"name":` opens a call anywhere). An answer that starts with `{` but is no
+call is returned as text; that is known once its first key is read (a call's first key is `name`,
+`parameters`, `arguments` or `type`)."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Generator
 
-from trtllm_truss.parsers.base import ToolCallParser, arguments_json, register_tool_parser
+from trtllm_truss.parsers.base import register_tool_parser
+from trtllm_truss.parsers.detect import Family, register_family
+from trtllm_truss.parsers.json_calls import json_call
+from trtllm_truss.parsers.scan import Cursor, space
+from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
 
 PYTHON_TAG = "<|python_tag|>"
-_DECODER = json.JSONDecoder()
-_CALL_START = '{"name":'
+_CALL_STARTS = ('{"name":', '{"type":')
 
 
 @register_tool_parser("llama3_json")
 class Llama3JsonToolParser(ToolCallParser):
-    markers = (PYTHON_TAG,)
+    markers = (PYTHON_TAG, '{"name":', '{"type": "function"')
     at_start = ("{", PYTHON_TAG)
     keep_tokens = (PYTHON_TAG,)
+    forced = CallSyntax(begin='{"name": "{name}", "parameters": ', end="}", separator="; ")
 
-    def _calls(self, section: str) -> tuple[list[tuple[str, str]], str, bool]:
-        """The calls at the start of `section`, the rest from the first that does not parse, and
-        whether that rest is only separators."""
-        calls: list[tuple[str, str]] = []
-        at = 0
+    def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         while True:
-            start = at
             while True:  # separators: whitespace, `;`, the tag
-                if at < len(section) and (section[at].isspace() or section[at] == ";"):
-                    at += 1
-                elif section.startswith(PYTHON_TAG, at):
-                    at += len(PYTHON_TAG)
+                yield from space(cur)
+                if cur.text.startswith(PYTHON_TAG, cur.pos):
+                    cur.pos += len(PYTHON_TAG)
+                elif cur.text[cur.pos] == ";":
+                    cur.pos += 1
+                elif PYTHON_TAG.startswith(cur.text[cur.pos:]):
+                    yield  # perhaps the tag
                 else:
                     break
-            if at == len(section):
-                return calls, "", True
-            try:
-                value, end = _DECODER.raw_decode(section, at)
-            except ValueError:
-                return calls, section[start:], False
-            if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-                return calls, section[start:], False
-            arguments = arguments_json(value.get("parameters", value.get("arguments", {})))
-            if arguments is None:
-                return calls, section[start:], False
-            calls.append((value["name"], arguments))
-            at = end
+            self.anchor()
+            if cur.text[cur.pos] != "{":
+                return
+            yield from json_call(self, cur, other_keys=("type",), arguments_required=True)
+            self.end()
 
-    def parse(self, section: str) -> list[tuple[str, str]] | None:
-        calls, _, whole = self._calls(section)
-        return calls if whole and calls else None
-
-    def calls_before_cut(self, section: str) -> tuple[list[tuple[str, str]], str]:
-        calls, rest, _ = self._calls(section)
-        return calls, rest
-
-    def opens_call(self, rest: str) -> bool:
-        """A cut answer's rest is a call when the tag opened it or it begins `{"name":`: other JSON
-        the model wrote is its text."""
-        stripped = rest.lstrip(" \t\n;")
+    def opens_call(self, text: str) -> bool:
+        """A cut answer's unfinished object is a call when the tag opened it or it begins like one."""
+        stripped = text.lstrip(" \t\n;")
         if stripped.startswith(PYTHON_TAG) or PYTHON_TAG.startswith(stripped):
             return True
         compact = "".join(stripped[:40].split())
-        return compact.startswith(_CALL_START) or _CALL_START.startswith(compact)
+        return any(compact.startswith(s) or s.startswith(compact) for s in _CALL_STARTS)
+
+register_family(Family("llama3_json", "Llama 3.1 / 3.2 / 3.3", "llama3_json", template=("ipython", '"parameters": ')))
+register_family(Family("llama4_json", "Llama 4 (JSON template)", "llama3_json", template=("<|header_start|>", "ipython", '"parameters": ')))
