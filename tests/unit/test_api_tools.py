@@ -131,3 +131,12 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     assert [c.id for c in assistant_message(answer).tool_calls] == ["call_a", "call_b"]
     only = assistant_message(answer, parallel_tool_calls=False)
     assert [c.id for c in only.tool_calls] == ["call_a"] and only.content is None
+
+
+def test_the_guided_parser_names_agree_with_the_parsers_registry():
+    """api.tools hands the request core these names; the parsers register them (written twice, so that the
+    parsers load without the HTTP layer)."""
+    from trtllm_truss.api.tools import GUIDED_NAMED_PARSER, GUIDED_REQUIRED_PARSER
+    from trtllm_truss.parsers import TOOL_PARSERS
+
+    assert {GUIDED_REQUIRED_PARSER, GUIDED_NAMED_PARSER} <= set(TOOL_PARSERS)

@@ -126,7 +126,7 @@ KNOWN_INVALID = [("best effort", "https://json.schemastore.org/bootstraprc.json"
 def engine():
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    guides = GuideCompiler(MODEL_DIR, cache_size=512, timeout_s=120.0)  # xgrammar, the default
+    guides = GuideCompiler(MODEL_DIR, cache_bytes=8 << 30, timeout_s=120.0)  # xgrammar, the default; every schema kept
     engine = StandinEngine(
         CausalLMRunner(MODEL_DIR), EngineLimits(max_batch_size=32, max_input_len=64, max_output_len=MAX_TOKENS), guides=guides
     ).start()

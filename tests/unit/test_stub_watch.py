@@ -73,11 +73,11 @@ def test_a_watched_process_ends_when_its_parent_is_killed(mode: str, hang_s: flo
 def test_a_watched_stub_that_crashes_writes_its_threads_stacks():
     """watch_parent() enables faulthandler: a segfault leaves the stacks that say where the stub died."""
     crash = textwrap.dedent("""
-        import os, signal
+        import signal, threading
         from trtllm_truss.runtime.stub_watch import watch_parent
         watch_parent("crash-test")
-        def die_here():
-            os.kill(os.getpid(), signal.SIGSEGV)
+        def die_here():  # to this thread: os.kill's signal may land on the watch's thread, and this one go on
+            signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
         die_here()
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}

@@ -18,9 +18,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokenizers import Tokenizer
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class TokenizerLoadError(RuntimeError):
@@ -58,6 +59,8 @@ class LoadedTokenizer:
         # so it cannot be a per-call argument on the shared one).
         literal = self.__dict__.get("_literal")
         if literal is None:
+            from tokenizers import Tokenizer
+
             literal = Tokenizer.from_str(self.tokenizer.to_str())
             literal.encode_special_tokens = True
             object.__setattr__(self, "_literal", literal)  # frozen dataclass: a cache, not state
@@ -208,6 +211,8 @@ def load_tokenizer(tokenizer_dir: Path | str, *, trust_remote_code: bool = False
     ]
     slow = None
     if tokenizer_file.is_file():
+        from tokenizers import Tokenizer
+
         tokenizer: Tokenizer | None = Tokenizer.from_file(str(tokenizer_file))
     else:
         built = load_transformers_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)

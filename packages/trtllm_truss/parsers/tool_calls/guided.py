@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from trtllm_truss.api.tools import GUIDED_NAMED_PARSER, GUIDED_REQUIRED_PARSER
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.json_calls import json_call_list
 from trtllm_truss.parsers.scan import Cursor, json_container
 from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 FORCED = "the guide is the JSON itself"
+# The names api/tools.py's tool_guide hands the request core (test_api_tools checks they agree). Written
+# here, not imported: the parsers must load without the HTTP layer's schemas (`validate` reads them).
+GUIDED_REQUIRED_PARSER, GUIDED_NAMED_PARSER = "guided_required", "guided_named"
 
 
 @register_tool_parser(GUIDED_REQUIRED_PARSER)
