@@ -12,16 +12,16 @@ One server for the module.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import json
 from collections.abc import Iterator
+from typing import Annotated
 
 import anthropic
 import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import Field
 from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import FRONTS, serve_front, serve_truss
 
@@ -487,8 +487,6 @@ def test_openai_agents_loop_calls_our_tool_then_answers(server: TrussServer):
         function_tool,
         set_tracing_disabled,
     )
-
-    from pydantic import Field
 
     set_tracing_disabled(True)
     calls: list[str] = []

@@ -3,12 +3,11 @@ guided by xgrammar's structural tag for the family (`xgrammar.get_model_structur
 builtin formats), where the engine path enforces structural tags in that form; elsewhere the JSON
 guide of `api.tools.tool_guide` stays (docs/api.md, "Tool calls (chat)").
 
-Keyed by our tool-call parser names (`parsers`' registry; the lead moves each entry into its family's
-parser module): `FORMATS` the families forced in their own syntax, each with the xgrammar format that
-writes it, `JSON_GUIDE` why the others keep the JSON guide. A family is in `FORMATS` only where xgrammar's
-format accepts the family's recorded outputs (tests/data/tool_families, real or rendered through the
-family's own template; tests/unit/test_tool_syntax.py names them); `FamilySyntax.differs` says where it
-is narrower than what the records show.
+Each family declares its own (`parsers.section.ToolCallParser.forced` in its parser module): a
+`FamilySyntax`, the xgrammar format that writes its calls, or why the JSON guide stays. A family has a
+`FamilySyntax` only where xgrammar's format accepts the family's recorded outputs (tests/data/tool_families,
+real or rendered through the family's own template; tests/unit/test_tool_syntax.py names them);
+`FamilySyntax.differs` says where it is narrower than what the records show.
 
 Reasoning (xgrammar's `reasoning`): a deployment without a reasoning parser gets "disabled" (no thinking
 block). With one, the request gets two guides: `closed` for a prompt whose template did not open the
@@ -66,35 +65,6 @@ class FamilySyntax:
     differs: str = ""
 
 
-FORMATS: dict[str, FamilySyntax] = {
-    "hermes": FamilySyntax("qwen_3", differs="`<tool_call>\\n` and `\\n</tool_call>` around each call, keys as `{\"name\": ..., \"arguments\": ...}`"),
-    "qwen3_coder": FamilySyntax("qwen_3_coder", differs="parameters in the schema's order; a call without parameters has an empty line"),
-    "deepseek_v3": FamilySyntax("deepseek_r1", differs="nothing between `</think>` and the calls; a newline between two calls"),
-    "deepseek_v31": FamilySyntax("deepseek_v3_1"),
-    "deepseek_v32": FamilySyntax("deepseek_v3_2", differs="the calls block opens with a blank line (DeepSeek's encoder writes one after the content, empty or not)"),
-    "kimi_k2": FamilySyntax("kimi"),
-    "kimi_k3": FamilySyntax("kimi_k3", think_opener="<|open|>think<|sep|>", closed=DISABLED, differs="arguments as `argument` elements (not a `json` block)"),
-    "glm45": FamilySyntax("glm_4_7"),
-    "glm47": FamilySyntax("glm_4_7"),
-    "poolside_v1": FamilySyntax("glm_4_7"),
-    "minimax_m3": FamilySyntax("minimax_m3", think_opener="<mm:think>", differs="parameters need `additionalProperties: false` (else the JSON guide)"),
-    "llama3_json": FamilySyntax("llama", differs="a bare JSON object per call (no `<|python_tag|>`)"),
-}
-JSON_GUIDE: dict[str, str] = {
-    "gpt_oss": "xgrammar's harmony format (`<|channel|>commentary to=functions.NAME<|constrain|>json<|message|>` and"
-    " two header orders) refuses every recorded gpt-oss call: OpenAI's harmony docs write a space before"
-    " `<|constrain|>`, llama.cpp's tests no `<|constrain|>`",
-    "minimax_m2": "xgrammar's minimax format writes a newline before `<minimax:tool_call>` (three after `</think>`),"
-    " which no recorded MiniMax-M2 output (MiniMax's guide, llama.cpp, vLLM) has",
-    "deepseek_v4": "xgrammar's deepseek_v4 format opens the calls block with a blank line, which the one recorded"
-    " V4 output (vLLM's test) does not have",
-    "deepseek_v41": "no recorded DeepSeek V4.1 output to check xgrammar's deepseek_v4_1 format against",
-    "pythonic": "xgrammar has no format for Python-call syntax",
-    "gemma4": "xgrammar 0.2.8 does not register its Gemma 4 format",
-    "mistral": "xgrammar has no Mistral format",
-}
-
-
 def _version(text: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text or "")[:3])
 
@@ -111,16 +81,12 @@ def forced_syntax_off(
     if backend == "tensorrtllm":
         return "NVIDIA's tensorrtllm backend maps no structural_tag guide (json, json_schema, regex, ebnf_grammar)"
     if xgrammar_version is None:
-        return "xgrammar is not installed here"
+        return "xgrammar is not installed here (NVIDIA's TensorRT-LLM 1.x images pin xgrammar 0.1.x: no get_model_structural_tag)"
     if _version(xgrammar_version) < BUILDER_SINCE:
         return f"xgrammar {xgrammar_version} has no get_model_structural_tag (from {'.'.join(map(str, BUILDER_SINCE))})"
     if backend == "llmapi" and not llm_api_double and _version(trtllm_version)[:2] < NEW_FORM_SINCE:
         return f"TensorRT-LLM {trtllm_version}'s PyTorch path takes only xgrammar's older structures/triggers form"
     return None
-
-
-def family(tool_parser: str | None) -> FamilySyntax | None:
-    return FORMATS.get(tool_parser or "")
 
 
 def request_text(

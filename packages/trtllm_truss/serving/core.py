@@ -34,6 +34,7 @@ from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.tools import check_strict_tools, tool_guide
 from trtllm_truss.guides import tool_syntax
+from trtllm_truss.parsers import forced_syntax
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
@@ -270,11 +271,11 @@ class RequestCore:
 
     async def _in_own_syntax(self, req: GenerationRequest, spec: GenerationSpec) -> GenerationSpec | None:
         """A forced call's spec guided by xgrammar's structural tag in the model family's own syntax and
-        parsed by the family's parser (guides.tool_syntax), where this deployment takes it; None where the
+        parsed by the family's parser (its `ToolCallParser.forced`, guides.tool_syntax), where this deployment takes it; None where the
         JSON guide stays: the family has no such format, the engine path takes none, or the engine refuses
         this tag (a schema its format cannot write). With a reasoning parser, two tags: the one for a
         prompt that opened the thinking goes with the spec and the stream worker sends it when it does."""
-        syntax = tool_syntax.family(self.tool_call_parser)
+        syntax = forced_syntax(self.tool_call_parser)
         if syntax is None or req.guide is not None or req.tool_choice in ("auto", "none") or self.limits.forced_syntax_off:
             return None
         modes = (tool_syntax.DISABLED,) if spec.reasoning_parser is None else (syntax.closed, tool_syntax.ENABLED)
