@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Annotated
 
 import anthropic
 import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import Field
 from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import FRONTS, serve_front, serve_truss
 
@@ -135,7 +137,7 @@ def _weather_tool_responses() -> dict:
 def test_responses_forced_tool_call_streamed_and_not(oai: openai.OpenAI, tool_choice):
     body = dict(
         model="embedded", input="What will the weather be in Paris?", tools=[_weather_tool_responses()],
-        tool_choice=tool_choice, max_output_tokens=60, **GREEDY,
+        tool_choice=tool_choice, parallel_tool_calls=False, max_output_tokens=128, **GREEDY,
     )
     whole = oai.responses.create(**body)
     calls = [item for item in whole.output if item.type == "function_call"]
@@ -204,9 +206,9 @@ def test_messages_stop_sequence_is_reported(claude: anthropic.Anthropic):
 @on_both_backends("claude")
 def test_messages_forced_tool_use_create_and_stream(claude: anthropic.Anthropic, tool_choice):
     body = dict(
-        model="embedded", max_tokens=60, messages=[{"role": "user", "content": "What will the weather be in Paris?"}],
+        model="embedded", max_tokens=128, messages=[{"role": "user", "content": "What will the weather be in Paris?"}],
         tools=[{"name": "weather", "description": "The weather forecast", "input_schema": WEATHER}],
-        tool_choice=tool_choice, **GREEDY_ANTHROPIC,
+        tool_choice={**tool_choice, "disable_parallel_tool_use": True}, **GREEDY_ANTHROPIC,
     )
     whole = claude.messages.create(**body)
     uses = [block for block in whole.content if block.type == "tool_use"]
@@ -240,17 +242,17 @@ def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
 
 
 # ------------------------------------------------------------------------- tool calls at the limit
-# Forced calls (tool_choice required / any) cut by the token limit (issue 40): the calls complete
-# before the cut and the call the limit cut, with the arguments generated so far, are returned as
-# tool calls with each dialect's length finish; nothing becomes text.
+# Forced calls (tool_choice required / any) cut by the token limit (issue 40): the call the limit cut,
+# with the arguments generated so far, is returned as a tool call with each dialect's length finish;
+# nothing becomes text. One call (parallel calls off): guided in the model's own syntax (Hermes
+# `<tool_call>` blocks, guides.tool_syntax), the embedded model writes text after its call when more
+# may follow, which the format allows (docs/api.md); the cuts of several calls are unit tests
+# (tests/unit/test_cut_calls.py).
 
 CUT_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": False}
 CUT_TOOLS = [("get_weather", "The weather in a city"), ("get_time", "The time in a city")]
-CUT_ASK = "Weather in Paris?"
-# Chat's prompt format: greedy, the model ends this answer after two calls (80 tokens under xgrammar).
-CUT_CHAT_ASK = "Weather and time in Paris, Rome and Oslo?"
-INSIDE_THE_LAST_CALL = 6  # tokens before the uncut answer's end: within its last call's arguments
-LONGER, SHORTER = 120, 60  # limits that both cut an answer that goes on calling
+CUT_ASK = "Weather and time in Paris, Rome and Oslo?"
+WHOLE = 160  # a limit above the whole answer (one call)
 
 
 CUT_CHAT_TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": CUT_CITY}} for n, d in CUT_TOOLS]
@@ -258,9 +260,26 @@ CUT_CHAT_TOOLS = [{"type": "function", "function": {"name": n, "description": d,
 
 def _cut_chat_body(max_tokens: int) -> dict:
     return dict(
-        model="embedded", messages=[{"role": "user", "content": CUT_CHAT_ASK}], tools=CUT_CHAT_TOOLS, tool_choice="required",
-        max_tokens=max_tokens, **GREEDY,
+        model="embedded", messages=[{"role": "user", "content": CUT_ASK}], tools=CUT_CHAT_TOOLS, tool_choice="required",
+        parallel_tool_calls=False, max_tokens=max_tokens, **GREEDY,
     )
+
+
+def _inside_the_arguments(oai: openai.OpenAI) -> tuple[int, tuple[str, str]]:
+    """(a limit that cuts the whole answer inside its call's arguments, after the city's first letters;
+    the whole call): from the whole answer's tokens (greedy, so every dialect's answer to this prompt is
+    the same, the tools and the question rendered alike)."""
+    whole = oai.chat.completions.create(**_cut_chat_body(WHOLE), logprobs=True)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+    text = ""
+    for count, token in enumerate(choice.logprobs.content, 1):
+        text += token.token
+        if '"city"' in text and text.rstrip().endswith(('"', "a", "e", "i", "o", "u")) and not text.rstrip().endswith('"city"'):
+            break
+    assert count < len(choice.logprobs.content) - 3, text
+    call = choice.message.tool_calls[0]
+    return count + 1, (call.function.name, call.function.arguments)
 
 
 def _is_cut_from(cut: tuple[str, str], whole: tuple[str, str]) -> bool:
@@ -269,16 +288,12 @@ def _is_cut_from(cut: tuple[str, str], whole: tuple[str, str]) -> bool:
 
 
 def test_chat_forced_calls_cut_by_max_tokens_keep_the_call_they_cut(oai: openai.OpenAI):
-    whole = oai.chat.completions.create(**_cut_chat_body(120))
-    calls = [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
-    assert whole.choices[0].finish_reason == "tool_calls" and len(calls) >= 2
-    cut_at = whole.usage.completion_tokens - INSIDE_THE_LAST_CALL
-
+    cut_at, call = _inside_the_arguments(oai)
     cut = oai.chat.completions.create(**_cut_chat_body(cut_at))
     choice = cut.choices[0]
     assert choice.finish_reason == "length" and not choice.message.content
     kept = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
-    assert kept[:-1] == calls[:-1] and _is_cut_from(kept[-1], calls[-1])
+    assert len(kept) == 1 and _is_cut_from(kept[0], call), (kept, call)
 
     chunks = list(oai.chat.completions.create(**_cut_chat_body(cut_at), stream=True))
     deltas = [d for chunk in chunks for c in chunk.choices for d in (c.delta.tool_calls or [])]
@@ -292,41 +307,51 @@ def test_chat_forced_calls_cut_by_max_tokens_keep_the_call_they_cut(oai: openai.
     assert [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason] == ["length"]
 
     # LangChain's bind_tools(tool_choice="any") is `required` (the same tools, so the same answer):
-    # the complete calls are its tool_calls, the one cut its invalid_tool_calls, nothing text (issue 32).
+    # the call cut is its invalid_tool_calls, nothing text (issue 32).
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(model="embedded", base_url=str(oai.base_url), api_key="not-checked", temperature=0, max_tokens=cut_at, max_retries=0)
-    message = llm.bind_tools(CUT_CHAT_TOOLS, tool_choice="any").invoke(CUT_CHAT_ASK)
+    message = llm.bind_tools(CUT_CHAT_TOOLS, tool_choice="any", parallel_tool_calls=False).invoke(CUT_ASK)
     assert message.content == "" and message.response_metadata["finish_reason"] == "length"
-    assert [(c["name"], c["args"]) for c in message.tool_calls] == [(n, json.loads(a)) for n, a in calls[:-1]]
-    assert [c["name"] for c in message.invalid_tool_calls] == [calls[-1][0]]
+    assert message.tool_calls == [] and [c["name"] for c in message.invalid_tool_calls] == [call[0]]
 
 
 def _cut_responses_body(max_output_tokens: int) -> dict:
     tools = [{"type": "function", "name": n, "description": d, "parameters": CUT_CITY, "strict": True} for n, d in CUT_TOOLS]
-    return dict(model="embedded", input=CUT_ASK, tools=tools, tool_choice="required", max_output_tokens=max_output_tokens, **GREEDY)
+    return dict(model="embedded", input=CUT_ASK, tools=tools, tool_choice="required", parallel_tool_calls=False,
+                max_output_tokens=max_output_tokens, **GREEDY)
+
+
+def _responses_cut(oai: openai.OpenAI) -> tuple[int, tuple[str, str]]:
+    """(the largest limit that cuts the call of the whole answer to `_cut_responses_body`, that call):
+    a binary search over the limits below the whole answer's tokens (its arguments are cut below some
+    limit and complete above it). Responses and Messages render this prompt alike (chat's tools differ
+    in their keys' order), so Messages' greedy answer is the same."""
+    whole = oai.responses.create(**_cut_responses_body(WHOLE))
+    assert whole.status == "completed" and [(o.type, o.status) for o in whole.output] == [("function_call", "completed")]
+    call = (whole.output[0].name, whole.output[0].arguments)
+    low, high = 1, whole.usage.output_tokens - 1  # the call is cut at `low` (its name is early), not at N
+    while low < high:
+        middle = (low + high + 1) // 2
+        items = oai.responses.create(**_cut_responses_body(middle)).output
+        if items and items[-1].type == "function_call" and items[-1].status == "incomplete":
+            low = middle
+        else:
+            high = middle - 1
+    return low, call
 
 
 def test_responses_forced_calls_cut_by_max_output_tokens_keep_the_call_they_cut(oai: openai.OpenAI):
-    # Here the model goes on calling until the limit: at 120 tokens and at 60 it is cut, the calls at
-    # 60 are the first of those at 120 (greedy), the last of each an incomplete item with the start of
-    # its arguments.
-    longer = oai.responses.create(**_cut_responses_body(LONGER))
-    calls = [(o.name, o.arguments) for o in longer.output if o.type == "function_call"]
-    cut = oai.responses.create(**_cut_responses_body(SHORTER))
-    for response in (longer, cut):
-        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
-        assert {o.type for o in response.output} == {"function_call"}
-        assert [o.status for o in response.output][:-1] == ["completed"] * (len(response.output) - 1)
-        last = response.output[-1]
-        assert last.status == ("completed" if _complete(last.arguments) else "incomplete")
+    # The whole answer's call is `completed`; cut inside its arguments it is an `incomplete` item with
+    # the start of its arguments, and the response `incomplete` at max_output_tokens.
+    cut_at, call = _responses_cut(oai)
+    cut = oai.responses.create(**_cut_responses_body(cut_at))
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in cut.output] == [("function_call", "incomplete")]
     kept = [(o.name, o.arguments) for o in cut.output]
-    assert 1 <= len(kept) < len(calls) and kept[:-1] == calls[: len(kept) - 1]
-    assert kept[-1] == calls[len(kept) - 1] or _is_cut_from(kept[-1], calls[len(kept) - 1])
-    for _, arguments in calls[:-1]:
-        jsonschema.validate(json.loads(arguments), CUT_CITY)
+    assert _is_cut_from(kept[0], call) and not _complete(kept[0][1])
 
-    events = list(oai.responses.create(**_cut_responses_body(SHORTER), stream=True))
+    events = list(oai.responses.create(**_cut_responses_body(cut_at), stream=True))
     assert events[-1].type == "response.incomplete"
     done = [(e.name, e.arguments) for e in events if e.type == "response.function_call_arguments.done"]
     assert done == kept and not any(e.type == "response.output_text.delta" for e in events)
@@ -342,19 +367,21 @@ def _complete(arguments: str) -> bool:
 
 def _cut_messages_body(max_tokens: int) -> dict:
     tools = [{"name": n, "description": d, "input_schema": CUT_CITY} for n, d in CUT_TOOLS]
-    return dict(model="embedded", max_tokens=max_tokens, messages=[{"role": "user", "content": CUT_ASK}], tools=tools, tool_choice={"type": "any"}, **GREEDY_ANTHROPIC)
+    return dict(model="embedded", max_tokens=max_tokens, messages=[{"role": "user", "content": CUT_ASK}], tools=tools,
+                tool_choice={"type": "any", "disable_parallel_tool_use": True}, **GREEDY_ANTHROPIC)
 
 
 def test_messages_forced_tool_use_cut_by_max_tokens_keeps_the_block_it_cut(claude: anthropic.Anthropic):
-    longer = claude.messages.create(**_cut_messages_body(LONGER))
-    uses = [(b.name, b.input) for b in longer.content if b.type == "tool_use"]
-    cut = claude.messages.create(**_cut_messages_body(SHORTER))
-    for message in (longer, cut):
-        assert message.stop_reason == "max_tokens" and {b.type for b in message.content} == {"tool_use"}
-    kept = [(b.name, b.input) for b in cut.content]
+    same_server = openai.OpenAI(base_url=str(claude.base_url).rstrip("/") + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+    cut_at, call = _responses_cut(same_server)
+    whole = claude.messages.create(**_cut_messages_body(WHOLE))
+    assert whole.stop_reason == "tool_use" and [(b.name, b.input) for b in whole.content] == [(call[0], json.loads(call[1]))]
+    cut = claude.messages.create(**_cut_messages_body(cut_at))
+    assert cut.stop_reason == "max_tokens" and {b.type for b in cut.content} == {"tool_use"}
     # the block the limit cut holds the members complete before the cut, as the SDK reads a stream
-    assert 1 <= len(kept) < len(uses) and kept[:-1] == uses[: len(kept) - 1] and kept[-1][0] == uses[len(kept) - 1][0]
-    with claude.messages.stream(**_cut_messages_body(SHORTER)) as stream:
+    kept = [(b.name, b.input) for b in cut.content]
+    assert [name for name, _ in kept] == [call[0]] and kept[0][1].items() <= json.loads(call[1]).items(), kept
+    with claude.messages.stream(**_cut_messages_body(cut_at)) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "max_tokens" and [(b.name, b.input) for b in final.content] == kept
 
@@ -464,10 +491,10 @@ def test_openai_agents_loop_calls_our_tool_then_answers(server: TrussServer):
     set_tracing_disabled(True)
     calls: list[str] = []
 
-    # One string argument: the embedded model, forced to write JSON, writes an unbounded integer
-    # digit after digit until max_tokens (guided decoding keeps it valid, not short).
+    # One short string argument: the embedded model, forced to write its call, fills an unbounded string
+    # (or integer) until max_tokens (guided decoding keeps it valid, not short).
     @function_tool
-    def weather(city: str) -> str:
+    def weather(city: Annotated[str, Field(max_length=12)]) -> str:
         """The weather forecast for a city."""
         calls.append(city)
         return f"Sunny in {city}."
@@ -478,7 +505,7 @@ def test_openai_agents_loop_calls_our_tool_then_answers(server: TrussServer):
         instructions="Answer questions about the weather using the weather tool.",
         tools=[weather],
         model=OpenAIResponsesModel(model="embedded", openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64, store=False),
+        model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=128, store=False),
     )
 
     async def run():

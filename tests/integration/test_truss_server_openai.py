@@ -487,14 +487,18 @@ def _check_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
 
 @ON_BOTH_BACKENDS
 def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: openai.OpenAI):
-    """Enforced by guided decoding: even the embedded model answers with calls whose arguments
-    validate against their tool's schema. One call (parallel_tool_calls: false, maxItems 1): with
-    parallel calls allowed the greedy embedded model keeps adding valid calls to the array until
-    max_tokens (finish_reason "length"), which the guide allows."""
-    body = greedy(messages=ASK, max_tokens=96, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
-    body["extra_body"] = {}  # stop at the end of the JSON, not at max_tokens
-    whole = oai.chat.completions.create(**body)
+    """Enforced by guided decoding in the model's own syntax (xgrammar's structural tag for Hermes'
+    `<tool_call>` blocks): even the embedded model answers with calls whose arguments validate against
+    their tool's schema. One call (parallel_tool_calls: false): with parallel calls allowed the greedy
+    embedded model keeps writing after its call until max_tokens (finish_reason "length"), which the
+    guide allows."""
+    body = greedy(messages=ASK, max_tokens=128, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    body["extra_body"] = {}  # stop at the end of the call, not at max_tokens
+    whole = oai.chat.completions.create(**body, logprobs=True)
     choice = whole.choices[0]
+    # The model's own (Hermes) syntax, guided by xgrammar's structural tag (guides.tool_syntax).
+    raw = "".join(token.token for token in choice.logprobs.content)
+    assert raw.startswith('<tool_call>\n{"name": "') and raw.endswith("}\n</tool_call>"), raw
     calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     assert choice.finish_reason == "tool_calls", choice
     _check_calls(calls, {"get_weather", "get_time"})
@@ -505,9 +509,12 @@ def test_tool_choice_required_returns_schema_valid_calls_streamed_and_not(oai: o
 
 def test_a_named_tool_choice_returns_that_call_streamed_and_not(oai: openai.OpenAI):
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    body = greedy(messages=ASK, max_tokens=64, tools=TOOLS, tool_choice=choice)
+    body = greedy(messages=ASK, max_tokens=128, tools=TOOLS, tool_choice=choice)
     body["extra_body"] = {}
-    whole = oai.chat.completions.create(**body)
+    whole = oai.chat.completions.create(**body, logprobs=True)
+    # The model's own (Hermes) syntax, guided by xgrammar's structural tag (guides.tool_syntax).
+    raw = "".join(token.token for token in whole.choices[0].logprobs.content)
+    assert raw.startswith('<tool_call>\n{"name": "get_weather", "arguments": ') and raw.endswith("}\n</tool_call>"), raw
     calls = [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls or []]
     assert whole.choices[0].finish_reason == "tool_calls", whole.choices[0]
     _check_calls(calls, {"get_weather"})

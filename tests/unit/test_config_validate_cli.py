@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import subprocess
 import sys
@@ -100,6 +102,9 @@ def test_validate_says_which_parsers_the_chat_template_gets_and_refuses_unknown_
     out = capsys.readouterr().out
     assert "# runtime.tool_call_parser: auto -> qwen3_coder (Qwen3-Coder / Qwen3.5: the chat template has '<tool_call>'" in out
     assert "# runtime.reasoning_parser: auto -> qwen3 (Qwen3-Coder / Qwen3.5:" in out
+    # how a forced call is guided there: the family's own syntax where xgrammar builds its tag (Python 3.11)
+    own = "# forced tool calls (tool_choice required / named): in the family's own syntax (xgrammar's 'qwen_3_coder' structural tag)"
+    assert (own if importlib.util.find_spec("xgrammar") else "# forced tool calls (tool_choice required / named): JSON guide (xgrammar is not installed") in out
 
     write(tmp_path, {"trt_llm": {"build": {"base_model_architecture": "llama", "huggingface_ckpt_repository": str(checkpoint)},
                                  "runtime": {"tool_call_parser": "qwen9"}}})

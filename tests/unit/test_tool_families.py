@@ -27,7 +27,7 @@ from tool_families import (
     run,
     text_of,
 )
-from trtllm_truss.parsers import FAMILIES, TOOL_PARSERS, CallSyntax, OutputParser, detect
+from trtllm_truss.parsers import FAMILIES, TOOL_PARSERS, OutputParser, detect
 
 @pytest.mark.parametrize("folder, record", records(), ids=lambda v: v["id"] if isinstance(v, dict) else v)
 def test_recorded_outputs_parse_alike_whole_and_streamed(folder, record):
@@ -113,29 +113,6 @@ def test_families_alike_are_a_warning_naming_the_setting():
         assert detection.tool_parser == "hermes" and "runtime.tool_call_parser" in detection.warnings[0]
     finally:
         del FAMILIES[twin.name]
-
-
-# ------------------------------------------------------------------------------- forced in own syntax
-
-
-@pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
-def test_each_parser_declares_how_a_forced_call_is_written_and_its_calls_parse_back(name):
-    """The seam for structural-tag guides: a `CallSyntax` (begin/end around the JSON arguments), or
-    why the format cannot be written so. Calls written that way parse back as those calls."""
-    forced = TOOL_PARSERS[name].forced
-    assert isinstance(forced, (CallSyntax, str)) and forced != "not declared"
-    if not isinstance(forced, CallSyntax):
-        return
-    calls = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]
-    written = forced.section_begin + forced.separator.join(
-        "".join((forced.around(n)[0], json.dumps(a), forced.around(n)[1])) for n, a in calls
-    ) + forced.section_end
-    reasoning = "gpt_oss" if name == "gpt_oss" else None
-    if name == "gpt_oss":
-        written = written.replace("<|start|>assistant", "", 1)  # the prompt opens the first message
-    for pieces in chunkings(written, name):
-        _, _, got = run(name, reasoning, "", None, pieces)
-        assert [(n, json.loads(a)) for n, a, _ in got] == (calls if name != "gpt_oss" else calls), written
 
 
 # ------------------------------------------------------------------------ rendered by the templates

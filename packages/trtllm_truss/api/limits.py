@@ -28,6 +28,12 @@ class RequestLimits:
     guided_decoding_off: str | None = None  # why guides cannot be enforced here (None: they are)
     guide_types: tuple[str, ...] | None = None  # the guide types the engine takes (None: any it compiles)
     guide_engine: str = "xgrammar"  # the grammar engine guides are checked with (guides.engines.guide_engine)
+    # Why forced tool calls keep the JSON guide here (None: they are guided in the family's own syntax,
+    # guides.tool_syntax); the default, for limits made by hand, is the JSON guide.
+    forced_syntax_off: str | None = "not planned"
+    # runtime.pytorch.guided_whitespace where the stand-in or the LLM-API double generates ("compact" |
+    # "flexible"), else TensorRT-LLM's "flexible": a forced call's structural tag is built with it.
+    guided_whitespace: str = "flexible"
     # build.lora_adapters: (name, NVIDIA lora_task_id) pairs; a request's `model` picks one.
     lora_task_ids: tuple[tuple[str, int], ...] = ()
     served_model_name: str | None = None  # runtime.served_model_name: the base model's name besides "model"
@@ -58,6 +64,8 @@ class RequestLimits:
             guided_decoding_off=plan.guided_decoding_off,
             guide_types=plan.guide_types,
             guide_engine=plan.guide_engine or "xgrammar",
+            forced_syntax_off=plan.forced_syntax_off,
+            guided_whitespace=plan.runtime.pytorch.guided_whitespace if plan.backend == "pytorch" or plan.llm_api_double else "flexible",
             lora_task_ids=tuple((adapter.name, adapter.task_id) for adapter in plan.lora_adapters),
             served_model_name=plan.runtime.served_model_name,
             top_logprobs_off=top_logprobs_off(plan),

@@ -93,9 +93,12 @@ def plan_version(requested: str | None, facts: RuntimeFacts, target: DeployTarge
     return PlanVersion(DEFAULT_PLAN_VERSION, f"{shown}; planned for {DEFAULT_PLAN_VERSION} (pass --trtllm-version)")
 
 
-def target_facts(gpu_count: int, accelerator: Any, version: str, tensorrt_version: str | None = None) -> RuntimeFacts:
+def target_facts(
+    gpu_count: int, accelerator: Any, version: str, tensorrt_version: str | None = None, xgrammar_version: str | None = None
+) -> RuntimeFacts:
     """The machine a dry run plans for: TensorRT-LLM `version` and `gpu_count` GPUs named after
-    resources.accelerator (0: a CPU deployment, where backend auto means the stand-in)."""
+    resources.accelerator (0: a CPU deployment, where backend auto means the stand-in, with this
+    environment's `xgrammar_version`: our pinned requirements)."""
     name = str(getattr(accelerator, "gpu", None) or "GPU")
     if gpu_count < 1:
         return RuntimeFacts(
@@ -103,6 +106,7 @@ def target_facts(gpu_count: int, accelerator: Any, version: str, tensorrt_versio
             trtllm_version=version,
             tensorrt_version=tensorrt_version,
             trtllm_unavailable_reason="resources.accelerator names no GPU (a CPU deployment)",
+            xgrammar_version=xgrammar_version,
             notes=(f"dry run: planned for a machine without GPUs (TensorRT-LLM {version} cannot run there)",),
         )
     return RuntimeFacts(

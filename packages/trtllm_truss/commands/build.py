@@ -151,7 +151,9 @@ def plan_for_target(
     if not local:
         accelerator = resolved.accelerator
         gpus = accelerator.count if accelerator is not None else (resolved.trt_llm.world_size if requested_version else 0)
-        facts = target_facts(gpus, accelerator, version.version, tensorrt_version=facts.tensorrt_version)
+        facts = target_facts(
+            gpus, accelerator, version.version, tensorrt_version=facts.tensorrt_version, xgrammar_version=facts.xgrammar_version
+        )
     plan = make_plan(resolved, facts)
     notes: list[str] = []
     chosen_examples = examples_dir or deploy.examples_dir

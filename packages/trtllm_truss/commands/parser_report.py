@@ -38,8 +38,8 @@ def _hub_files(repo_id: str, revision: str | None, into: Path) -> None:
         (into / name).write_bytes(response.content)
 
 
-def parser_report(resolved: Any) -> tuple[list[str], list[str], list[str]]:
-    """(lines, warnings, problems) for `validate`."""
+def parser_report(resolved: Any, forced_syntax_off: str | None = "not planned") -> tuple[list[str], list[str], list[str]]:
+    """(lines, warnings, problems) for `validate`; `forced_syntax_off` the plan's (`ServingPlan.forced_syntax_off`)."""
     from trtllm_truss import parsers
     from trtllm_truss.engine.tokenizer import read_added_tokens, read_chat_template
 
@@ -62,4 +62,13 @@ def parser_report(resolved: Any) -> tuple[list[str], list[str], list[str]]:
     except Exception as exc:  # noqa: BLE001 - the hub unreachable: say so, the rest of validate stands
         return [f"# output parsers: the chat template of {source} could not be read ({type(exc).__name__})"], [], problems
     lines = ["# " + line for line in parsers.describe(detection, runtime.tool_call_parser, runtime.reasoning_parser)]
+    tool_parser = detection.tool_parser if runtime.tool_call_parser == "auto" else runtime.tool_call_parser
+    family = parsers.TOOL_PARSERS.get(tool_parser or "")
+    if family is not None:
+        syntax = parsers.forced_syntax(tool_parser)
+        if syntax is not None and forced_syntax_off is None:
+            forced = f"in the family's own syntax (xgrammar's {syntax.xgrammar!r} structural tag)"
+        else:
+            forced = f"JSON guide ({forced_syntax_off if syntax is not None else family.forced})"
+        lines.append(f"# forced tool calls (tool_choice required / named): {forced}")
     return lines, list(detection.warnings), problems

@@ -105,7 +105,7 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
     lines += kv_estimate_lines(resolved)
     from trtllm_truss.commands.parser_report import parser_report
 
-    parser_lines, warnings, problems = parser_report(resolved)
+    parser_lines, warnings, problems = parser_report(resolved, target.plan.forced_syntax_off)
     lines += parser_lines
     for line in lines:  # plain print: a command must stay on one line whatever the terminal width
         print(redact(line), file=out.file)

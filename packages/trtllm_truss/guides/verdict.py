@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_truss.guides import best_effort
+from trtllm_truss.guides import best_effort, tool_syntax
 from trtllm_truss.guides.guide import (
     LLGUIDANCE,
     WHITESPACE_FLEXIBLE,
@@ -71,8 +71,16 @@ Verdict = Accepted | Refused
 
 def judge(guide_type: str, guide: str | None, engine: str, strict: bool) -> tuple[Verdict, str | None]:
     """The check without a tokenizer, and the text the engine would compile (None when refused, or for
-    a guide without text)."""
+    a guide without text). A forced call's `tool_syntax.TOOL_SYNTAX` request is built into its structural
+    tag here (`tool_syntax.build`), which is then checked as one: the verdict's text is the tag."""
     try:
+        if guide_type == tool_syntax.TOOL_SYNTAX and guide is not None:
+            try:
+                tag, notes = tool_syntax.build(guide, engine)
+            except (ValueError, KeyError, TypeError) as exc:  # xgrammar's pydantic errors are ValueErrors
+                raise GuideError(str(exc).splitlines()[0]) from None
+            check_guide(tool_syntax.STRUCTURAL_TAG, tag, engine)
+            return Accepted(tag, notes), tag
         if guide_type == "json_schema" and guide is not None:
             prepared = best_effort.prepare(json.loads(guide), engine, strict=strict)
             text = None if prepared.text == guide else prepared.text
@@ -98,7 +106,7 @@ def check(guide_type: str, guide: str | None, engine: str, strict: bool, compile
         return verdict
     started = time.perf_counter()
     try:
-        size = compiler_.compile(guide_type, text)
+        size = compiler_.compile(tool_syntax.STRUCTURAL_TAG if guide_type == tool_syntax.TOOL_SYNTAX else guide_type, text)
     except GuideError as exc:
         return Refused(f"cannot be enforced: {exc}")
     return Accepted(verdict.text, verdict.unenforced, time.perf_counter() - started, size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.base import (
     PART_TEXT,
     REASONING_PARSERS,
@@ -19,8 +20,7 @@ from trtllm_truss.parsers.base import (
     ReasoningParser,
 )
 from trtllm_truss.parsers.detect import FAMILIES, Detection, Family, describe, detect
-
-from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
+from trtllm_truss.parsers.section import ToolCallParser
 
 # Each module registers its parser and the families that use it: a family is one line here.
 import trtllm_truss.parsers.reasoning.gemma4  # noqa: F401, E402
@@ -88,6 +88,12 @@ def template_turns(tool_parser: str | None, turns: Sequence[Any]) -> Sequence[An
     return cls.template_turns(turns) if cls is not None else turns
 
 
+def forced_syntax(tool_parser: str | None) -> FamilySyntax | None:
+    """How the family forces a call in its own syntax (`ToolCallParser.forced`); None: the JSON guide."""
+    cls = TOOL_PARSERS.get(tool_parser) if tool_parser else None
+    return cls.forced if cls is not None and isinstance(cls.forced, FamilySyntax) else None
+
+
 def keep_tokens(tool_parser: str | None, reasoning_parser: str | None) -> set[str]:
     """Special tokens a decoder must keep as text for these parsers' markers to be seen."""
     keep: set[str] = set()
@@ -150,7 +156,6 @@ __all__ = [
     "FAMILIES",
     "REASONING_PARSERS",
     "TOOL_PARSERS",
-    "CallSyntax",
     "Detection",
     "Family",
     "OutputParser",
@@ -159,6 +164,7 @@ __all__ = [
     "describe",
     "detect",
     "detect_reasoning_parser",
+    "forced_syntax",
     "detect_tool_parser",
     "keep_tokens",
     "resolve",

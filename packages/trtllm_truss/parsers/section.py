@@ -22,9 +22,9 @@ nothing but whitespace before it since the answer's start or the last call.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.base import PART_TEXT, PART_TOOL, Part, call_id
 from trtllm_truss.parsers.scan import (
     NAME_LIMIT,
@@ -42,39 +42,21 @@ class NotACall(Exception):
     """Raised by a section generator: the text since the anchor is no call after all."""
 
 
-@dataclass(frozen=True)
-class CallSyntax:
-    """How one call of function NAME is written around its JSON arguments, for a structural-tag
-    guide (xgrammar's `{"begin", "schema", "end"}` per function, `triggers`): `begin` and `end` with
-    `{name}` standing for the function's name, the text that opens the calls section (`section_begin`,
-    also the trigger when set) and closes it, and the separator between two calls."""
-
-    begin: str
-    end: str
-    separator: str = ""
-    section_begin: str = ""
-    section_end: str = ""
-    trigger: str = ""
-
-    def around(self, name: str) -> tuple[str, str]:
-        return self.begin.replace("{name}", name), self.end.replace("{name}", name)
-
-
 class ToolCallParser:
     """A family's tool-call parser (registered by name: `base.register_tool_parser`).
 
     A family sets `markers` (text that opens its call section anywhere in the answer), `at_start`
     (text that opens it only as the answer's first non-space characters, e.g. Llama's bare JSON
     object; "" for an answer that is all calls), `keep_tokens` (special tokens the decoder must keep
-    as text for its markers to be seen), `forced` (a `CallSyntax`, or why its calls cannot be
-    written around JSON arguments) and implements `section(cur, opener)`.
+    as text for its markers to be seen), `forced` (the `guides.tool_syntax.FamilySyntax` a forced
+    call is guided by, in the family's own syntax, or why the JSON guide stays) and implements `section(cur, opener)`.
     """
 
     name: ClassVar[str] = ""
     markers: ClassVar[tuple[str, ...]] = ()
     at_start: ClassVar[tuple[str, ...]] = ()
     keep_tokens: ClassVar[tuple[str, ...]] = ()
-    forced: ClassVar[CallSyntax | str] = "not declared"
+    forced: ClassVar[FamilySyntax | str] = "not declared"
 
     def __init__(self, arg: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.arg = arg  # the named function of a guided tool_choice

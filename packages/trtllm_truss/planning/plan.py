@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
+from trtllm_truss.guides.tool_syntax import forced_syntax_off
 from trtllm_truss.planning import lora
 from trtllm_truss.planning.backend_settings import backend_setting_problems
 from trtllm_truss.planning.probe import RuntimeFacts, version_tuple
@@ -132,6 +133,15 @@ class ServingPlan:
         """The grammar engine ("xgrammar" | "llguidance") that enforces guides here; None when off."""
         setting = getattr(self.runtime, "guided_decoding_backend", "auto")
         return None if self.guided_decoding_off is not None else guide_engine(setting, self.backend)
+
+    @property
+    def forced_syntax_off(self) -> str | None:
+        """None when forced tool calls are guided in the model family's own syntax here, else why they
+        keep the JSON guide (guides.tool_syntax)."""
+        return forced_syntax_off(
+            backend=self.backend, engine=self.guide_engine, trtllm_version=self.facts.trtllm_version,
+            llm_api_double=self.llm_api_double, xgrammar_version=self.facts.xgrammar_version,
+        )
 
     @property
     def guide_types(self) -> tuple[str, ...] | None:

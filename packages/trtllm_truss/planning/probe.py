@@ -51,6 +51,9 @@ class RuntimeFacts:
     tensorrt_version: str | None = None
     # Why TensorRT-LLM cannot run here (None when it can); shown when `backend: tensorrtllm` is forced.
     trtllm_unavailable_reason: str | None = "TensorRT-LLM is not installed"
+    # xgrammar's version where installed (TensorRT-LLM's pin, or ours): whether forced tool calls can be
+    # guided in the family's own syntax (guides.tool_syntax.forced_syntax_off).
+    xgrammar_version: str | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -139,6 +142,7 @@ def probe_facts(*, nvidia_smi: str | None = None) -> RuntimeFacts:
         trtllm_version=trtllm_version,
         tensorrt_version=tensorrt_version,
         trtllm_unavailable_reason=reason,
+        xgrammar_version=_installed_version(("xgrammar",)),
         notes=tuple(n for n in (gpu_note,) if n),
     )
     logger.debug("probed runtime facts: %s", facts)

@@ -33,6 +33,8 @@ from trtllm_truss.api.errors import field_error, from_validation_error
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generation_params
 from trtllm_truss.api.tools import check_strict_tools, tool_guide
+from trtllm_truss.guides import tool_syntax
+from trtllm_truss.parsers import forced_syntax
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
@@ -241,14 +243,12 @@ class RequestCore:
                     f"guide type {params.guided_decoding_guide_type!r} is not one this engine takes ({', '.join(limits.guide_types)})",
                 )
             check_strict_tools(req.tools, req.strict_tools, limits.guide_engine, req.tools_field)
+            tagged = await self._in_own_syntax(req, spec)
+            if tagged is not None:
+                return tagged
             strict = req.guide.strict if req.guide is not None else False
             guide = Guide(params.guided_decoding_guide_type, params.guided_decoding_guide, own or req.tools_field, strict)
-            try:
-                checked = await structured.check(guide, engine=limits.guide_engine, checker=self.guide_checker)
-            except structured.GuideBusy as exc:
-                raise Refused(429, exc.message, {"Retry-After": str(exc.retry_after_s)}) from None
-            except structured.GuideCheckerUnavailable as exc:
-                raise Refused(503, str(exc), {"Retry-After": str(RETRY_AFTER_S)}) from None
+            checked = await self._checked(guide)
             if checked is not None:
                 # The engine gets the schema as it enforces it; the worker validates answers against the original.
                 schema = params.guided_decoding_guide if params.guided_decoding_guide_type == "json_schema" else None
@@ -259,6 +259,47 @@ class RequestCore:
                     unenforced=checked.unenforced,
                 )
         return spec
+
+    async def _checked(self, guide: Guide) -> structured.CheckedGuide | None:
+        """`structured.check` by the replica's compile service (or in process), its load refusals as 429 / 503."""
+        try:
+            return await structured.check(guide, engine=self.limits.guide_engine, checker=self.guide_checker)
+        except structured.GuideBusy as exc:
+            raise Refused(429, exc.message, {"Retry-After": str(exc.retry_after_s)}) from None
+        except structured.GuideCheckerUnavailable as exc:
+            raise Refused(503, str(exc), {"Retry-After": str(RETRY_AFTER_S)}) from None
+
+    async def _in_own_syntax(self, req: GenerationRequest, spec: GenerationSpec) -> GenerationSpec | None:
+        """A forced call's spec guided by xgrammar's structural tag in the model family's own syntax and
+        parsed by the family's parser (its `ToolCallParser.forced`, guides.tool_syntax), where this deployment takes it; None where the
+        JSON guide stays: the family has no such format, the engine path takes none, or the engine refuses
+        this tag (a schema its format cannot write). With a reasoning parser, two tags: the one for a
+        prompt that opened the thinking goes with the spec and the stream worker sends it when it does."""
+        syntax = forced_syntax(self.tool_call_parser)
+        if syntax is None or req.guide is not None or req.tool_choice in ("auto", "none") or self.limits.forced_syntax_off:
+            return None
+        modes = (tool_syntax.DISABLED,) if spec.reasoning_parser is None else (syntax.closed, tool_syntax.ENABLED)
+        tags = []
+        for mode in modes:
+            text = tool_syntax.request_text(
+                syntax, spec.tools or (), str(req.tool_choice), req.parallel_tool_calls, mode, self.limits.guided_whitespace
+            )
+            try:
+                checked = await self._checked(Guide(tool_syntax.TOOL_SYNTAX, text, req.tools_field, False))
+            except HTTPException as exc:
+                logger.debug("forced call in the JSON guide: the %s tag is refused (%s)", syntax.xgrammar, exc.detail)
+                return None
+            if checked is None:
+                return None
+            tags.append(checked)
+        thinking = (syntax.think_opener, tags[1].text) if len(tags) > 1 and tags[1].text != tags[0].text else None
+        params = dataclasses.replace(
+            spec.params, guided_decoding_guide_type=tool_syntax.STRUCTURAL_TAG, guided_decoding_guide=tags[0].text
+        )
+        return dataclasses.replace(
+            spec, params=params, tool_parser=self.tool_call_parser, tool_parser_arg=None, thinking_guide=thinking,
+            unenforced=tags[0].unenforced,
+        )
 
     def spec(self, req: GenerationRequest) -> GenerationSpec:
         """The worker's spec of `req` (one choice), or an HTTPException naming the field."""

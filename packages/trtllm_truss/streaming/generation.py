@@ -298,6 +298,8 @@ class WorkerModel:
             # several tokens, as Kimi K3's `<|open|>think<|sep|>`; special tokens kept, whatever the parsers keep).
             tail = self.tokenizer.decode(ids[-16:], skip_special_tokens=False) if spec.reasoning_parser is not None else ""
             parser = OutputParser.create(spec.reasoning_parser, spec.tool_parser, spec.tool_parser_arg, tail, spec.tools)
+            if spec.thinking_guide is not None and tail.rstrip().endswith(spec.thinking_guide[0]):
+                params = dataclasses.replace(params, guided_decoding_guide=spec.thinking_guide[1])
         pieces = self._pieces(
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
         )

@@ -53,6 +53,9 @@ class GenerationSpec:
     # A JSON Schema guide as the client sent it: the worker validates a completed answer against it.
     output_schema: str | None = None
     unenforced: tuple[str, ...] = ()  # what of the schema the engine does not enforce (a response header says)
+    # A forced call's structural tag for a prompt that opened the model's thinking (guides.tool_syntax):
+    # (what such a prompt ends with, the tag); the worker sends it instead of params' guide when it does.
+    thinking_guide: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from trtllm_truss.parsers.scan import (
     space,
     until,
 )
-from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
+from trtllm_truss.parsers.section import ToolCallParser
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
@@ -138,10 +138,10 @@ class GptOssParser(ReasoningParser):
 class GptOssToolParser(ToolCallParser):
     """Text passes through: gpt-oss's calls are messages on a channel (`GptOssParser`)."""
 
-    forced = CallSyntax(
-        begin="<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
-        end="<|call|>",
-        trigger="<|channel|>commentary to=functions.",
+    forced = (
+        "xgrammar's harmony format (`<|channel|>commentary to=functions.NAME<|constrain|>json<|message|>` and"
+        " two header orders) refuses every recorded gpt-oss call: OpenAI's harmony docs write a space before"
+        " `<|constrain|>`, llama.cpp's tests no `<|constrain|>`"
     )
 
     def feed(self, text: str) -> list[Part]:

@@ -19,7 +19,8 @@ from trtllm_truss.parsers.scan import (
     until,
     valid_name,
 )
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
+from trtllm_truss.guides.tool_syntax import FamilySyntax
+from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -64,14 +65,7 @@ class DeepSeekCalls(ToolCallParser):
 
 @register_tool_parser("deepseek_v3")
 class DeepSeekV3ToolParser(DeepSeekCalls):
-    forced = CallSyntax(
-        begin="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n",
-        end="\n```<｜tool▁call▁end｜>",
-        separator="\n",
-        section_begin=CALLS_BEGIN,
-        section_end=CALLS_END,
-        trigger=CALLS_BEGIN,
-    )
+    forced = FamilySyntax("deepseek_r1", differs="nothing between `</think>` and the calls; a newline between two calls")
 
 register_family(Family("deepseek_v3", "DeepSeek V3", "deepseek_v3", template=(CALLS_BEGIN, "```json")))
 register_family(Family("deepseek_r1", "DeepSeek-R1", "deepseek_v3", "deepseek_r1", template=(CALLS_BEGIN, "```json", "</think>")))

@@ -5,28 +5,16 @@ forces)."""
 
 from __future__ import annotations
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
-from trtllm_truss.parsers.section import CallSyntax
-from trtllm_truss.parsers.tool_calls.deepseek_v3 import (
-    CALL_BEGIN,
-    CALL_END,
-    CALLS_BEGIN,
-    CALLS_END,
-    SEP,
-    DeepSeekCalls,
-)
+from trtllm_truss.parsers.tool_calls.deepseek_v3 import CALLS_BEGIN, DeepSeekCalls
 
 
 @register_tool_parser("deepseek_v31")
 class DeepSeekV31ToolParser(DeepSeekCalls):
-    forced = CallSyntax(
-        begin=f"{CALL_BEGIN}{{name}}{SEP}",
-        end=CALL_END,
-        section_begin=CALLS_BEGIN,
-        section_end=CALLS_END,
-        trigger=CALLS_BEGIN,
-    )
+    forced = FamilySyntax("deepseek_v3_1")
+
 
 register_family(
     Family("deepseek_v31", "DeepSeek V3.1", "deepseek_v31", "qwen3", template=(CALLS_BEGIN, "<｜Assistant｜></think>"), absent=("```json",))

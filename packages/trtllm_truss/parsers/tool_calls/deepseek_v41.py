@@ -11,6 +11,7 @@ from trtllm_truss.parsers.tool_calls.dsml import DsmlToolParser
 @register_tool_parser("deepseek_v41")
 class DeepSeekV41ToolParser(DsmlToolParser):
     tag, section_name = "<｜DSML｜ ", "calls"
+    forced = "no recorded DeepSeek V4.1 output to check xgrammar's deepseek_v4_1 format against"
 
 # No template of V4.1 is public: found by its section tag, should a template spell it out.
 register_family(Family("deepseek_v41", "DeepSeek V4.1", "deepseek_v41", "qwen3", template=("｜DSML｜ calls",)))

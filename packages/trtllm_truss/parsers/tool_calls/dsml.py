@@ -22,7 +22,7 @@ from trtllm_truss.parsers.arguments import (
     tagged_parameters,
 )
 from trtllm_truss.parsers.scan import Cursor, json_container, space, until
-from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
+from trtllm_truss.parsers.section import ToolCallParser
 
 
 class DsmlToolParser(ToolCallParser):
@@ -34,16 +34,6 @@ class DsmlToolParser(ToolCallParser):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.markers = (f"{cls.tag}{cls.section_name}>",)
-        close = "</" + cls.tag[1:]
-        # An invoke's body may be its JSON arguments (the format's second shape).
-        cls.forced = CallSyntax(
-            begin=f'{cls.tag}invoke name="{{name}}">\n',
-            end=f"\n{close}invoke>",
-            separator="\n",
-            section_begin=cls.markers[0] + "\n",
-            section_end=f"\n{close}{cls.section_name}>",
-            trigger=cls.markers[0],
-        )
 
     def _close(self, name: str) -> str:
         return "</" + self.tag[1:] + name + ">"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.arguments import ArgumentWriter, kind_of
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
@@ -31,7 +32,6 @@ from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-FORCED = "its arguments are <arg_key>/<arg_value> pairs, not a JSON object"
 
 
 class KeyValueCalls(ToolCallParser):
@@ -39,7 +39,7 @@ class KeyValueCalls(ToolCallParser):
 
     markers = (OPEN,)
     keep_tokens = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
-    forced = FORCED
+    forced = FamilySyntax("glm_4_7")
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)

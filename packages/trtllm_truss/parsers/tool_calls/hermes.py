@@ -11,7 +11,8 @@ from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.json_calls import json_call
 from trtllm_truss.parsers.scan import Cursor, space, until
-from trtllm_truss.parsers.section import CallSyntax, NotACall, ToolCallParser
+from trtllm_truss.guides.tool_syntax import FamilySyntax
+from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -20,8 +21,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class HermesToolParser(ToolCallParser):
     markers = (OPEN,)
     keep_tokens = (OPEN, CLOSE)  # added tokens; kept should a tokenizer mark them special
-    forced = CallSyntax(
-        begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>", separator="\n", trigger=OPEN
+    forced = FamilySyntax(
+        "qwen_3", differs='`<tool_call>\\n` and `\\n</tool_call>` around each call, keys as `{"name": ..., "arguments": ...}`'
     )
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:

@@ -21,8 +21,8 @@ from trtllm_truss.parsers.scan import (
     until,
     valid_name,
 )
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.section import (
-    CallSyntax,
     NotACall,
     ToolCallParser,
     renamed_ids,
@@ -44,13 +44,7 @@ def name_of(call_id: str) -> str | None:
 class KimiK2ToolParser(ToolCallParser):
     markers = (SECTION_BEGIN, CALL_BEGIN)
     keep_tokens = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
-    forced = CallSyntax(
-        begin=f"{CALL_BEGIN}functions.{{name}}:0{ARGUMENT_BEGIN}",
-        end=CALL_END,
-        section_begin=SECTION_BEGIN,
-        section_end=SECTION_END,
-        trigger=SECTION_BEGIN,
-    )
+    forced = FamilySyntax("kimi")
 
     def new_id(self, name: str) -> str:
         return f"functions.{name}:{self.calls}"

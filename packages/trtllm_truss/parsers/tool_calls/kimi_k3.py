@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from trtllm_truss.guides.tool_syntax import DISABLED, FamilySyntax
 from trtllm_truss.parsers.arguments import JSON, STRING, ArgumentWriter
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
@@ -41,7 +42,9 @@ JSON_BODY, JSON_END = f"{OPEN}json", f"{CLOSE}json{SEP}"
 class KimiK3ToolParser(ToolCallParser):
     markers = (TOOLS,)
     keep_tokens = (OPEN, CLOSE, SEP)
-    forced = "its arguments are XTML elements (a JSON body needs its own tags around it)"
+    forced = FamilySyntax(
+        "kimi_k3", think_opener="<|open|>think<|sep|>", closed=DISABLED, differs="arguments as `argument` elements (not a `json` block)"
+    )
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)

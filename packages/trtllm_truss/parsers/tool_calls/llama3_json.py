@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.json_calls import json_call
 from trtllm_truss.parsers.scan import Cursor, space
-from trtllm_truss.parsers.section import CallSyntax, ToolCallParser
+from trtllm_truss.parsers.section import ToolCallParser
 
 PYTHON_TAG = "<|python_tag|>"
 _CALL_STARTS = ('{"name":', '{"type":')
@@ -24,7 +25,7 @@ class Llama3JsonToolParser(ToolCallParser):
     markers = (PYTHON_TAG, '{"name":', '{"type": "function"')
     at_start = ("{", PYTHON_TAG)
     keep_tokens = (PYTHON_TAG,)
-    forced = CallSyntax(begin='{"name": "{name}", "parameters": ', end="}", separator="; ")
+    forced = FamilySyntax("llama", differs="a bare JSON object per call (no `<|python_tag|>`)")
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         while True:

@@ -17,6 +17,7 @@ import re
 from collections.abc import Generator, Mapping
 from typing import Any
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.arguments import (
     JSON,
     STRING,
@@ -80,7 +81,9 @@ def nested(raw: str, schema: Any) -> Any:
 @register_tool_parser("minimax_m3")
 class MiniMaxM3ToolParser(ToolCallParser):
     markers = (OPEN,)
-    forced = "its arguments are XML elements, not a JSON object"
+    forced = FamilySyntax(
+        "minimax_m3", think_opener="<mm:think>", differs="parameters need `additionalProperties: false` (else the JSON guide)"
+    )
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         cur.pos += len(opener)

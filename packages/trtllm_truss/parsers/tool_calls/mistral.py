@@ -26,7 +26,6 @@ from trtllm_truss.parsers.scan import (
     valid_name,
 )
 from trtllm_truss.parsers.section import (
-    CallSyntax,
     NotACall,
     ToolCallParser,
     renamed_ids,
@@ -44,7 +43,7 @@ def _short(call_id: str) -> str:
 class MistralToolParser(ToolCallParser):
     markers = (TOOL_CALLS,)
     keep_tokens = (TOOL_CALLS, ARGS, CALL_ID)
-    forced = CallSyntax(begin=f"{TOOL_CALLS}{{name}}{ARGS}", end="", trigger=TOOL_CALLS)
+    forced = "xgrammar has no Mistral format"
 
     def new_id(self, name: str) -> str:
         return alphanumeric_id()

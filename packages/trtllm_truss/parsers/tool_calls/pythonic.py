@@ -119,7 +119,7 @@ class PythonicToolParser(ToolCallParser):
     markers = (PYTHON_START,)
     at_start = ("[",)
     keep_tokens = (PYTHON_START, PYTHON_END)
-    forced = "its arguments are Python keyword arguments, not a JSON object"
+    forced = "xgrammar has no format for Python-call syntax"
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         if opener == PYTHON_START:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.arguments import ArgumentWriter, kind_of
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
@@ -39,7 +40,7 @@ PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 class Qwen3CoderToolParser(ToolCallParser):
     markers = (OPEN, FUNCTION)
     keep_tokens = (OPEN, CLOSE)
-    forced = "its arguments are XML parameters, not a JSON object"
+    forced = FamilySyntax("qwen_3_coder", differs="parameters in the schema's order; a call without parameters has an empty line")
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         if opener == OPEN:
