@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 import anthropic
@@ -314,6 +315,30 @@ def test_chat_forced_calls_cut_by_max_tokens_keep_the_call_they_cut(oai: openai.
     message = llm.bind_tools(CUT_CHAT_TOOLS, tool_choice="any", parallel_tool_calls=False).invoke(CUT_ASK)
     assert message.content == "" and message.response_metadata["finish_reason"] == "length"
     assert message.tool_calls == [] and [c["name"] for c in message.invalid_tool_calls] == [call[0]]
+
+
+def _sampled_forced_call(oai: openai.OpenAI, i: int) -> tuple[str | None, int]:
+    """(finish_reason, tool calls) of one sampled `required` chat (seed i) at a limit of 24 + i tokens,
+    past the first call's name; even i streamed (the calls counted from their deltas' indexes)."""
+    body = dict(model="embedded", messages=[{"role": "user", "content": CUT_ASK}], tools=CUT_CHAT_TOOLS,
+                tool_choice="required", max_tokens=24 + i, temperature=1.0, seed=i)
+    if i % 2:
+        choice = oai.chat.completions.create(**body).choices[0]
+        return choice.finish_reason, len(choice.message.tool_calls or [])
+    chunks = list(oai.chat.completions.create(**body, stream=True))
+    indexes = {d.index for chunk in chunks for c in chunk.choices for d in (c.delta.tool_calls or [])}
+    finish = [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason]
+    return (finish[0] if finish else None), len(indexes)
+
+
+def test_sixty_sampled_forced_calls_at_the_limit_all_come_back_as_calls(oai: openai.OpenAI):
+    """Issue 40's count: 60 `required` chats, sampled, cut or not by limits from 24 to 83 tokens: each
+    answer has its calls (a cut one with the arguments generated so far), none comes back empty."""
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: _sampled_forced_call(oai, i), range(60)))
+    assert [i for i, (_, calls) in enumerate(answers) if calls == 0] == []
+    finishes = [finish for finish, _ in answers]
+    assert set(finishes) <= {"length", "tool_calls"} and "length" in finishes, finishes
 
 
 def _cut_responses_body(max_output_tokens: int) -> dict:
