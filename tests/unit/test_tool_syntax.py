@@ -194,6 +194,24 @@ def test_families_on_the_json_guide_are_refused_by_xgrammars_format_for_them(gui
     assert not _accepts(guides, tool_syntax.build(tool_syntax.request_text(syntax, tools, choice, parallel, mode), "xgrammar")[0], text)
 
 
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
+def test_glm45_forces_its_calls_without_thinking_where_xgrammars_format_would_bend_it(guides):
+    """GLM-4.5/4.6 think as `\\n<think>...</think>\\n`; xgrammar's glm_4_7 format, with thinking allowed
+    ("auto"), refuses that and takes only GLM-4.7's shape: so GLM-4.5 (and Poolside, no thinking
+    recorded) force with reasoning "disabled", where GLM-4.7 keeps "auto"."""
+    assert FORMATS["glm45"].closed == FORMATS["poolside_v1"].closed == tool_syntax.DISABLED != FORMATS["glm47"].closed
+    text, tools, choice, parallel, _, _, _, _ = _recorded_case("glm45", "glm45_rendered_two_calls_typed_value_dotted_name")
+    thinking = tool_syntax.build(tool_syntax.request_text(FORMATS["glm47"], tools, choice, parallel, tool_syntax.AUTO), "xgrammar")[0]
+    assert text.startswith("\n<think>") and not _accepts(guides, thinking, text)
+    assert _accepts(guides, thinking, text.removeprefix("\n").replace("</think>\n", "</think>", 1))  # GLM-4.7's shape
+
+
+def test_a_named_choice_builds_its_tag_of_that_tool_alone():
+    body = json.loads(tool_syntax.request_text(FORMATS["hermes"], [WEATHER, TIME], "get_time", False, tool_syntax.DISABLED))
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_time"]
+
+
 # --------------------------------------------------------------------------- what the request core sends
 
 

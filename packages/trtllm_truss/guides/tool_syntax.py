@@ -101,6 +101,7 @@ def request_text(
     slim = [
         {"type": "function", "function": {"name": t["function"]["name"], "parameters": t["function"].get("parameters") or {"type": "object", "properties": {}}}}
         for t in tools
+        if choice == "required" or t["function"]["name"] == choice  # a named choice guides that tool alone
     ]
     tool_choice: Any = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
     body = {"format": syntax.xgrammar, "tools": slim, "tool_choice": tool_choice, "parallel_tool_calls": parallel, "reasoning": reasoning}

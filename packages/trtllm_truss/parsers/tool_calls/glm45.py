@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from trtllm_truss.guides.tool_syntax import FamilySyntax
+from trtllm_truss.guides.tool_syntax import DISABLED, FamilySyntax
 from trtllm_truss.parsers.arguments import ArgumentWriter, kind_of
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
@@ -76,9 +76,16 @@ class KeyValueCalls(ToolCallParser):
         self.end()
 
 
+# GLM-4.5/4.6 think as `\n<think>...</think>\n` where xgrammar's glm_4_7 format takes no newline around the
+# block (GLM-4.7's shape): their forced calls come without thinking rather than with it bent.
+NO_THINKING = FamilySyntax(
+    "glm_4_7", closed=DISABLED, differs="no thinking before a forced call (xgrammar's format has no newline before `<think>` or after `</think>`)"
+)
+
+
 @register_tool_parser("glm45")
 class Glm45ToolParser(KeyValueCalls):
-    pass
+    forced = NO_THINKING
 
 
 @register_tool_parser("glm47")

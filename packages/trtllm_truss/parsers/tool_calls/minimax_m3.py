@@ -82,7 +82,7 @@ def nested(raw: str, schema: Any) -> Any:
 class MiniMaxM3ToolParser(ToolCallParser):
     markers = (OPEN,)
     forced = FamilySyntax(
-        "minimax_m3", think_opener="<mm:think>", differs="parameters need `additionalProperties: false` (else the JSON guide)"
+        "minimax_m3", think_opener="<mm:think>", differs="not for an object with `additionalProperties` true or a schema (the JSON guide then)"
     )
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:

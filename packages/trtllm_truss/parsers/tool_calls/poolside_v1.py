@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
-from trtllm_truss.parsers.tool_calls.glm45 import KeyValueCalls
+from trtllm_truss.parsers.tool_calls.glm45 import NO_THINKING, KeyValueCalls
 
 
 @register_tool_parser("poolside_v1")
 class PoolsideV1ToolParser(KeyValueCalls):
-    pass
+    forced = NO_THINKING  # no recorded thinking to check GLM-4.7's shape against
 
 # No Laguna template is public: a template with GLM's pairs but not GLM's `[gMASK]` is taken for it.
 register_family(Family("poolside_v1", "Poolside Laguna", "poolside_v1", "qwen3", template=("<tool_call>", "<arg_key>", "<arg_value>"), thinks=("<think>",)))
