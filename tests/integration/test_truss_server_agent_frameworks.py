@@ -83,7 +83,7 @@ def test_pydantic_ai_agent_with_a_tool_returns_its_typed_output(server: TrussSer
     responses = [m for m in result.all_messages() if isinstance(m, ModelResponse)]
     # Every answer is calls (tool_choice required, guided): of the agent's tool or the output tool.
     assert all(p.tool_name in ("weather", "final_result") for r in responses for p in r.parts if isinstance(p, ToolCallPart))
-    assert all(isinstance(p, ToolCallPart) for r in responses for p in r.parts)
+    assert all(isinstance(p, ToolCallPart) for r in responses for p in r.parts), [r.parts for r in responses]
     assert len(cities) == len(responses) - 1  # each response but the last called the tool
 
 

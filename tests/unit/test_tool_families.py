@@ -61,14 +61,16 @@ def test_recorded_outputs_parse_alike_whole_and_streamed(folder, record):
 def test_an_answer_cut_anywhere_keeps_its_calls_with_the_arguments_generated_so_far(folder, record):
     """Cut at any point (max_tokens): the calls are those of the whole answer up to the cut, each with
     a prefix of its arguments (JSON or the start of it, as the anthropic SDK's partial parser reads
-    it); the cut text is no call's half-written name."""
+    it); the cut text is no call's half-written name, nor the call section's closing tags cut short: what
+    text there is, is the start of the whole answer's text."""
     tool, reasoning = parsers_of(folder, record)
     tail = PROMPT_TAIL.get(record["id"], (record.get("context") or {}).get("generation_prompt_tail", ""))
     text = text_of(record)
-    _, _, whole = run(tool, reasoning, tail, record["tools"], [text])
+    whole_content, _, whole = run(tool, reasoning, tail, record["tools"], [text])
     step = max(1, len(text) // 40)
     for at in range(1, len(text), step):
-        _, _, calls = run(tool, reasoning, tail, record["tools"], [text[:at]], cut=True)
+        content, _, calls = run(tool, reasoning, tail, record["tools"], [text[:at]], cut=True)
+        assert " ".join(whole_content.split()).startswith(" ".join(content.split())), (at, content, whole_content)
         if len(calls) == len(whole) + 1:  # cut after a name, before what made the whole answer no call
             assert calls[-1][1] == "", at
             calls = calls[:-1]

@@ -168,6 +168,7 @@ class ToolCallParser:
     def finish(self, cut: bool = False) -> list[Part]:
         """The rest of the answer (see the module's doc); `cut`: the token limit ended it."""
         cur = self._cur
+        in_section = self._gen is not None
         if self._gen is not None:
             self._gen.close()
             self._gen = None
@@ -185,8 +186,10 @@ class ToolCallParser:
         rest = cur.text[cur.pos:]
         cur.text, cur.pos = "", 0
         stripped = rest.lstrip()
-        if cut and stripped and any(m.startswith(stripped) for m in (*self.markers, *self.at_start) if m):
-            return self._flush()  # the start of a marker the limit cut: no text, maybe a call's
+        if cut and stripped and (in_section or any(m.startswith(stripped) for m in (*self.markers, *self.at_start) if m)):
+            # The start of a marker the limit cut (no text, maybe a call's), or what is left of a call
+            # section it cut after a call: its closing tags cut short, say `</tool_cal`.
+            return self._flush()
         self._text(rest)
         return self._flush()
 

@@ -24,6 +24,7 @@ from trtllm_truss.parsers.base import (
 from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.scan import (
     Cursor,
+    held_prefix,
     json_container,
     json_object_opens,
     space,
@@ -71,6 +72,8 @@ class GptOssParser(ReasoningParser):
     def finish(self, cut: bool = False) -> list[Part]:
         self._gen.close()
         rest = self._cur.rest()
+        if cut and not self._plain:  # a harmony token the limit cut short is no text
+            rest = rest[: len(rest) - held_prefix(rest, self.keep_tokens)]
         if self._plain or self._kind in (PART_TEXT, PART_REASONING):
             self._emit(self._kind or PART_TEXT, rest)
         elif self._kind is None and self._tool is not None and cut:

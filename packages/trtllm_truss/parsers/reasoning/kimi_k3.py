@@ -54,7 +54,9 @@ class KimiK3ReasoningParser(ReasoningParser):
     def finish(self, cut: bool = False) -> list[Part]:
         self._gen.close()
         rest = self._cur.rest()
-        if rest and not any(m.startswith(rest) for m in (MESSAGE_END, END_OF_MESSAGE)):
+        # not a closing tag, nor (the token limit ended it) a tag it cut short
+        tags = (MESSAGE_END, END_OF_MESSAGE, *((THINK, RESPONSE, TOOLS, THINK_END, RESPONSE_END) if cut else ()))
+        if rest and not any(m.startswith(rest) for m in tags):
             self._emit(self._kind or PART_TEXT, rest)
         out, self._out = self._out, []
         return out
