@@ -178,7 +178,7 @@ class ReasoningParser:
         held = raw.rstrip()
         if not held or self._state == _ANSWER_LEAD:
             return []
-        if cut and self._state != _DONE and any(m.startswith(held.lstrip()) for m in (self.start, self.end, *self.ends_at)):
+        if cut and any(m.startswith(held.lstrip()) for m in (self.start, self.end, *self.ends_at)):
             return []  # a tag the token limit cut short: neither the answer's text nor reasoning
         if self._state == _AT_START and not self._inside:
             return [(PART_TEXT, raw)]  # the start of an answer that never opened its reasoning

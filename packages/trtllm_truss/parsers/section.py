@@ -169,7 +169,7 @@ class ToolCallParser:
         """The rest of the answer (see the module's doc); `cut`: the token limit ended it."""
         cur = self._cur
         in_section = self._gen is not None
-        if self._gen is not None:
+        if in_section:
             self._gen.close()
             self._gen = None
             if cur.anchor is not None:  # a call not committed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.scan import (
@@ -19,7 +20,6 @@ from trtllm_truss.parsers.scan import (
     until,
     valid_name,
 )
-from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.section import NotACall, ToolCallParser
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"

@@ -10,6 +10,7 @@ import re
 from collections.abc import Generator, Sequence
 from typing import Any
 
+from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.base import register_tool_parser
 from trtllm_truss.parsers.detect import Family, register_family
 from trtllm_truss.parsers.scan import (
@@ -21,7 +22,6 @@ from trtllm_truss.parsers.scan import (
     until,
     valid_name,
 )
-from trtllm_truss.guides.tool_syntax import FamilySyntax
 from trtllm_truss.parsers.section import (
     NotACall,
     ToolCallParser,
