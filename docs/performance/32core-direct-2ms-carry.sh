@@ -61,5 +61,11 @@ __attribute__((visibility("default"))) const struct icu_header icudt70_dat = {
 EOF
 gcc -shared -fPIC -O2 -Wl,-soname,libicudata-c1404396.so.70.1 -o $DST/nvidia_pytriton.libs/libicudata-c1404396.so.70.1 /tmp/icudata_stub.c
 
+# 4. BENCH_ONLY=1 (issue 39's llmapi runs, 2026-11-29: `trtllm-truss bench` with the direct front, no truss
+#    server): the working tree grew to ~17 MB, so also without what only `import truss` and its CLI need
+#    (boto3, botocore, s3transfer, cryptography, setuptools, prompt_toolkit, wcwidth): 49 MB.
+if [ -n "${BENCH_ONLY:-}" ]; then
+  (cd $DST && rm -rf boto3* botocore* s3transfer* cryptography* setuptools* prompt_toolkit* wcwidth*)
+fi
 tar -C $DST -cf - . | xz -T2 -9 > .carry/site312.tar.xz
 ls -la .carry/site312.tar.xz

@@ -41,11 +41,12 @@ export TRTLLM_BUILD__MAX_BATCH_SIZE=512 TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS=512
 C=$(nproc)
 if [ -z "${LOCAL:-}" ]; then
   HIGH2="--concurrency 64,256,512 --num-requests 1024 --output-stddev 32 --client-processes 8"
+  LONG2="--concurrency 256,512 --num-requests 4096 --output-stddev 32 --client-processes 8"   # 8-16 waves: steady state
   HIGH10="--concurrency 64,256 --num-requests 256 --output-stddev 32 --client-processes 8"
   ONE2="--concurrency 1 --num-requests 64 --output-mean 32 --output-stddev 0"
   ONE10="--concurrency 1 --num-requests 16 --output-mean 32 --output-stddev 0"
 else
-  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2
+  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2; LONG2=$HIGH2
   ONE2="--concurrency 1 --num-requests 8 --output-mean 16"; ONE10=$ONE2
 fi
 
@@ -74,6 +75,8 @@ BACK="--compare-backends pytorch,llmapi --target http --front direct"
 for s in "$@"; do case $s in
   2ms-i1)     step 2ms-interval1 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH2 ;;
   2ms-i4)     step 2ms-interval4 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH2 ;;
+  2ms-i1-long) step 2ms-interval1-long 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $LONG2 ;;
+  2ms-i4-long) step 2ms-interval4-long 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $LONG2 ;;
   2ms-i1-c1)  step 2ms-interval1-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE2 ;;
   2ms-i4-c1)  step 2ms-interval4-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE2 ;;
   10ms-i1)    step 10ms-interval1 110 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH10 ;;

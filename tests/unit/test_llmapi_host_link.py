@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import socket
 
-from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address, merged
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import (
+    FrameReader,
+    PendingUpdates,
+    encode,
+    host_address,
+)
 
 
 def test_frames_cross_a_socket_whole_however_the_bytes_arrive():
@@ -29,7 +34,12 @@ def test_a_sequences_updates_are_merged_into_one_response_in_order():
         ((1, 0), 0, [4], [-2.0], None, None, None),  # after its end: never merged into it
         ((3, 0), None, None, None, None, None, "the executor is gone"),
     ]
-    assert merged(updates) == [
+    pending = PendingUpdates(lambda update: False)
+    pending.add(updates)
+    answered = []
+    while pending:
+        answered.append(pending.pop())
+    assert answered == [
         ((1, 0), 0, [5, 6, 8], [-0.5, -0.25, -0.125], None, "stop", None),
         ((2, 0), 0, [7], [-0.1], None, None, None),
         ((1, 0), 1, [9], [-1.0], None, "length", None),
@@ -42,3 +52,28 @@ def test_the_host_is_named_after_its_tritonserver_and_repository():
     one = host_address("/repo/a", 100)
     assert one.startswith("\0trtllm-truss-llmapi-100-")
     assert one != host_address("/repo/b", 100) and one != host_address("/repo/a", 101)
+
+
+def test_a_new_streams_first_token_is_answered_before_the_others_next_ones():
+    """Updates read while others wait: the sequences that have sent nothing yet go first, each sequence's tokens
+    stay in one update in order, the others keep their order, and an error is never taken for a first token."""
+    started = {(1, 0), (2, 0)}
+    pending = PendingUpdates(lambda update: update[0] not in started)
+    pending.add([((1, 0), 0, [5], None, None, None, None), ((2, 0), 0, [7], None, None, None, None)])
+    assert pending.pop() == ((1, 0), 0, [5], None, None, None, None)
+    pending.add([
+        ((1, 0), 0, [6], None, None, None, None),
+        ((3, 0), 0, [1], None, None, None, None),  # a new stream's first token
+        ((2, 0), 0, [8], None, None, "stop", None),
+        ((3, 0), 0, [2], None, None, None, None),
+        ((4, 0), None, None, None, None, None, "refused"),
+    ])
+    answered = []
+    while pending:
+        answered.append(pending.pop())
+    assert answered == [
+        ((3, 0), 0, [1, 2], None, None, None, None),
+        ((2, 0), 0, [7, 8], None, None, "stop", None),
+        ((1, 0), 0, [6], None, None, None, None),
+        ((4, 0), None, [], None, None, None, "refused"),
+    ]

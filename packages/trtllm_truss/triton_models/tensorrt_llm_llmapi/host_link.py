@@ -18,9 +18,12 @@ update with `error` ends the whole row (index None).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
 import socket
 import struct
+from collections import OrderedDict
+from collections.abc import Callable
 
 HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
@@ -68,23 +71,44 @@ class FrameReader:
         return len(self._buffer) >= HEADER.size + HEADER.unpack_from(self._buffer)[0]
 
 
-def merged(updates: list[tuple]) -> list[tuple]:
-    """Updates in order, each sequence's (key, index) consecutive token updates joined into its first: their
-    tokens, log probs and top tokens in order, the last one's end (an error update is kept as it is)."""
-    out: list[list] = []
-    open_at: dict[tuple, int] = {}
-    for key, index, tokens, log_probs, tops, finish, error in updates:
-        at = open_at.get((key, index)) if error is None else None
-        if at is None:
-            out.append([key, index, list(tokens or ()), log_probs, tops, finish, error])
-            if error is None and finish is None:
-                open_at[(key, index)] = len(out) - 1
-            continue
-        entry = out[at]
-        entry[2] += tokens or ()
-        entry[3] = None if log_probs is None else (entry[3] or []) + log_probs
-        entry[4] = None if tops is None else (entry[4] or []) + tops
-        if finish is not None:
+class PendingUpdates:
+    """The updates an instance has read from the host and not answered yet, in the order it answers them.
+
+    A sequence's updates join into one (its tokens, log probs and top tokens in order, the last one's end):
+    while the instance was sending, the LLM went on, and as the LLM API's own result carries every token made
+    since it was last read, one response carries them (one send, not several). Sequences that have sent
+    nothing yet (`unstarted`, asked when their first update arrives) are answered first: a new stream's first
+    token waits for one send, not behind every other stream's next response. An error update ends its row
+    and is kept as it is, in its place."""
+
+    def __init__(self, unstarted: Callable[[tuple], bool]) -> None:
+        self._unstarted = unstarted
+        self._first: OrderedDict[tuple, list] = OrderedDict()
+        self._rest: OrderedDict[tuple, list] = OrderedDict()
+        self._apart = itertools.count()  # entries never merged into: errors, updates after an end
+
+    def __bool__(self) -> bool:
+        return bool(self._first or self._rest)
+
+    def add(self, updates: list[tuple]) -> None:
+        for update in updates:
+            key, index, tokens, log_probs, tops, finish, error = update
+            if error is not None:
+                self._rest[(key, None, next(self._apart))] = [key, index, [], log_probs, tops, finish, error]
+                continue
+            slot = (key, index)
+            entry = self._first.get(slot) or self._rest.get(slot)
+            if entry is None or entry[5] is not None:  # new, or after its end (never merged into it)
+                queue = self._first if self._unstarted(update) else self._rest
+                queue[slot if entry is None else (key, index, next(self._apart))] = [
+                    key, index, list(tokens or ()), log_probs, tops, finish, None
+                ]
+                continue
+            entry[2] += tokens or ()
+            entry[3] = None if log_probs is None else (entry[3] or []) + log_probs
+            entry[4] = None if tops is None else (entry[4] or []) + tops
             entry[5] = finish
-            del open_at[(key, index)]
-    return [tuple(entry) for entry in out]
+
+    def pop(self) -> tuple:
+        """The next update to answer (there must be one)."""
+        return tuple((self._first or self._rest).popitem(last=False)[1])

@@ -56,7 +56,7 @@ from trtllm_truss.engine_standin.senders import accept_each, fail
 from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, RequestRejected
 from trtllm_truss.runtime.stub_watch import watch_parent
-from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, encode, host_address, merged
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import FrameReader, PendingUpdates, encode, host_address
 
 log = logging.getLogger("tensorrt_llm_llmapi")
 CANCEL_CHECK_PERIOD_S = 0.05
@@ -81,6 +81,7 @@ class Sequence:
     tops: list = field(default_factory=list)
     cum: float = 0.0
     finish: str | None = None
+    started: bool = False  # a response of it was sent (streaming)
 
 
 @dataclass
@@ -215,9 +216,14 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ the receive (and send) thread
     def _receive(self) -> None:
+        """Answer the host's updates, one Triton send each, first tokens first (`PendingUpdates`): the socket
+        is read again between sends, so a stream's first token waits for one send, not for every update read
+        before it."""
+        pending = PendingUpdates(self._unstarted)
         last_check = time.monotonic()
         while True:
-            if self._reader.has_frame() or select.select([self._socket], [], [], CANCEL_CHECK_PERIOD_S)[0]:
+            wait = 0 if pending else CANCEL_CHECK_PERIOD_S
+            if self._reader.has_frame() or select.select([self._socket], [], [], wait)[0]:
                 try:
                     updates = self._read_ready()
                 except OSError:
@@ -225,20 +231,27 @@ class TritonPythonModel:
                 if updates is None:
                     self._host_gone()
                     return
-                for update in updates:
-                    try:
-                        self._on_update(update)
-                    except Exception:
-                        log.exception("%s: answering an update failed", self.name)
+                pending.add(updates)
+            if pending:
+                update = pending.pop()
+                try:
+                    self._on_update(update)
+                except Exception:
+                    log.exception("%s: answering an update failed", self.name)
             now = time.monotonic()
             if now - last_check >= max(CANCEL_CHECK_PERIOD_S, len(self._flights) / CANCEL_CHECKS_PER_S):
                 last_check = now
                 self._check_cancellations()
 
+    def _unstarted(self, update: tuple) -> bool:
+        """A streamed sequence that has sent no response yet."""
+        entry = self._rows.get(update[0])
+        if entry is None or update[1] is None or not entry[0].streaming:
+            return False
+        return not entry[0].sequences[entry[1]][update[1]].started
+
     def _read_ready(self) -> list | None:
-        """Every update the host has sent so far (None once it is gone), a sequence's consecutive updates
-        merged into one: while this thread was sending, the LLM went on, and as the LLM API's own result
-        carries every token made since it was last read, one response carries them (one send, not several)."""
+        """Every update the host has sent so far (None once it is gone)."""
         updates = self._reader.read()
         if updates is None:
             return None
@@ -247,7 +260,7 @@ class TritonPythonModel:
             if more is None:
                 break  # seen by the next read
             updates += more
-        return merged(updates) if len(updates) > 1 else updates
+        return updates
 
     def _on_update(self, update: tuple) -> None:
         key, index, tokens, log_probs, tops, finish, error = update
@@ -276,6 +289,7 @@ class TritonPythonModel:
                 prefix = list(sequence.history)
                 sequence.history.extend(tokens)
                 response = self._response(flight, row, index, count, tokens, log_probs, sequence.cum, prefix, len(tokens), tops)
+                sequence.started = True
                 flight.sender.send(response, flags=final)
             elif final:
                 flight.sender.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), flags=final)
