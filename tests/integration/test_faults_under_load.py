@@ -234,9 +234,11 @@ async def _watch(url: str, run: FaultRun, done: asyncio.Event) -> None:
     await asyncio.gather(readiness(), requests())
 
 
-async def _under_load(server: TrussServer, kill) -> FaultRun:
+async def _under_load(server: TrussServer, kill, *, restarts: bool = False) -> FaultRun:
     """Open `STREAMS` streams, `kill()` once each has sent text, and follow everything until every stream
-    ended and the stack serves again (readiness 200 after the kill, and a request served)."""
+    ended and the stack serves again (readiness 200 after the kill, and a request served). `restarts`: the
+    kill takes the whole engine down, so serving again counts only once readiness has read the fault (until
+    the supervisor sees it, readiness still reads 200 and a new request gets the engine's 503)."""
     await _serving(server.url)
     await _warm(server.url)
     limits = httpx.Limits(max_connections=STREAMS + 8, max_keepalive_connections=0)
@@ -256,6 +258,8 @@ async def _under_load(server: TrussServer, kill) -> FaultRun:
             try:
                 _, pending = await asyncio.wait(tasks, timeout=ENDED_WITHIN_S)
                 assert not pending, f"{len(pending)} streams still open {ENDED_WITHIN_S:g} s after the kill\n{run.report()}"
+                if restarts:
+                    await _fault_seen(run)
                 await _serving(server.url)
             finally:
                 done.set()
@@ -267,6 +271,14 @@ async def _under_load(server: TrussServer, kill) -> FaultRun:
     print(run.report())
     assert run.open_at_kill >= STREAMS * 3 // 4, run.report()  # the kill met the load it is about
     return run
+
+
+async def _fault_seen(run: FaultRun) -> None:
+    """Until the readiness watch has read something other than 200 since the kill (within `RECOVERY_S`)."""
+    deadline = time.monotonic() + RECOVERY_S
+    while not any(status != 200 for _, status in run.readiness):
+        assert time.monotonic() < deadline, f"readiness never read the fault\n{run.report()}"
+        await asyncio.sleep(0.1)  # the watch's polling period
 
 
 async def _serving(url: str) -> None:
@@ -393,7 +405,7 @@ async def test_a_killed_engine_stub_fails_every_stream_and_the_stack_restarts(st
     engine_stubs = [p for p in _children(stack, "triton_python_backend_stub") if "/tensorrt_llm/1/model.py" in " ".join(p.cmdline())]
     assert engine_stubs, "no stub of the engine model"
     stub = engine_stubs[0]  # one of its instances (one per 2 cores for the synthetic engine): any restarts all
-    run = await _under_load(stack, lambda: stub.send_signal(signal.SIGKILL))
+    run = await _under_load(stack, lambda: stub.send_signal(signal.SIGKILL), restarts=True)
     _assert_every_open_stream_failed(run)
     _assert_outage_seen_and_over(run, within_s=2.0)
     log = stack.log_path.read_text(errors="replace")
@@ -407,7 +419,7 @@ async def test_a_killed_tritonserver_fails_every_stream_and_the_stack_restarts(s
     """(a) tritonserver dies: every open stream ends with the dialect's error, readiness is 503 until the
     restarted server serves, then 200."""
     (triton,) = _children(stack, "bin/tritonserver")
-    run = await _under_load(stack, lambda: triton.send_signal(signal.SIGKILL))
+    run = await _under_load(stack, lambda: triton.send_signal(signal.SIGKILL), restarts=True)
     _assert_every_open_stream_failed(run)
     _assert_outage_seen_and_over(run, within_s=2.0)
     log = stack.log_path.read_text(errors="replace")  # every fault so far: each aborted native stream one line
