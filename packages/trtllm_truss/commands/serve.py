@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     stop_requested = threading.Event()
     # SIGTERM (docker stop, systemd) stops as cleanly as Ctrl-C.
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
+    # A shell starts background jobs with SIGINT ignored, and Python then raises no KeyboardInterrupt:
+    # `kill -INT` must stop serve wherever it was started.
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     stack = None
     try:
         try:
@@ -156,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             console.print("stopping tritonserver")
             stack.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
+        signal.signal(signal.SIGINT, previous_sigint)
 
 
 def _run_direct(args: argparse.Namespace, console) -> int:
