@@ -4,7 +4,9 @@
 # executor), then `trtllm-truss bench` per step, results tarred into $OUT after each step.
 # The engine: the synthetic stand-in behind the LLM-API double (backend llmapi: our llmapi model, its LLM host,
 # the double's executor in its worker process), max_batch_size 512; instance counts at their defaults (one per
-# 2 cores, 16 on 32 cores: the llmapi model's and the tensor stand-in's alike); 8 direct-front processes.
+# 2 cores, 16 on 32 cores: the llmapi model's and the tensor stand-in's alike); direct-front processes at their
+# default (one per 4 cores: 8 on 32 cores, 4 on 16) unless a step names them. Each step samples every process's
+# CPU once a second (scripts/process_cpu_sampler.py: <step>-cpu.jsonl) and prints its summary.
 # Usage: bash .carry/host.sh STEP... ; BUDGET_S: stop starting steps past this. LOCAL=1: small loads, for a
 # dry run on the development machine.
 set -u
@@ -17,6 +19,7 @@ pack() { tar -czf $OUT/results.tgz -C $RES . 2>/dev/null; }
 
 if [ -z "${LOCAL:-}" ]; then
   log "host: $(nproc) cores, $(python3 -V 2>&1) at $(command -v python3); $(nvidia-smi -L 2>/dev/null | head -2 | tr '\n' ' ')"
+  log "cpu: $(lscpu 2>/dev/null | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\))' | tr -s ' ' | tr '\n' ';')"
   PY=$(command -v python3)
   $PY -m venv --without-pip /tmp/v || { log "venv failed"; exit 1; }
   SP=$(/tmp/v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -58,9 +61,12 @@ step() {
   if [ $left -lt $est ]; then log "SKIP $name (needs ~${est}s, ${left}s left)"; echo "$name skipped" >> $RES/steps.txt; return; fi
   local s=$(date +%s)
   log "START $name: ${envs[*]} bench $*"
+  $PYRUN scripts/process_cpu_sampler.py $RES/$name-cpu.jsonl & local sampler=$!   # per-process CPU, each second
   env "${envs[@]}" timeout $(( left - 5 )) $PYRUN -m trtllm_truss.cli bench . --no-progress --rounds 3 \
     --json $RES/${C}core-llmapi-$name.json "$@" > $RES/$name.log 2>&1
   local rc=$?
+  kill $sampler; wait $sampler 2>/dev/null
+  $PYRUN scripts/process_cpu_sampler.py summarize $RES/$name-cpu.jsonl | cut -c1-600
   log "END $name rc=$rc in $(( $(date +%s) - s ))s"
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >> $RES/steps.txt
   grep -E "^(ratio|engine|http|llm|pytorch)|x[0-9]|Error|error" $RES/$name.log | grep -v "^  I1[0-9]" | tail -${TAILN:-12}
@@ -77,6 +83,8 @@ for s in "$@"; do case $s in
   2ms-i4)     step 2ms-interval4 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH2 ;;
   2ms-i1-long) step 2ms-interval1-long 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $LONG2 ;;
   2ms-i4-long) step 2ms-interval4-long 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $LONG2 ;;
+  2ms-i1-long-f8) step 2ms-interval1-long-8frontends 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- $WITH $LONG2 ;;
+  2ms-i4-long-f8) step 2ms-interval4-long-8frontends 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- $WITH $LONG2 ;;
   2ms-i1-c1)  step 2ms-interval1-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE2 ;;
   2ms-i4-c1)  step 2ms-interval4-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE2 ;;
   10ms-i1)    step 10ms-interval1 110 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH10 ;;

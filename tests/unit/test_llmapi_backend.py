@@ -6,6 +6,7 @@ refused where they would do nothing."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,35 @@ def test_the_doubles_adapters_are_named_by_their_lora_id_so_any_folder_works(tmp
         assert len(base) == len(pirate) == 8 and base != pirate  # the adapter ran
     finally:
         llm.shutdown()
+
+
+@pytest.mark.torch  # the double's executor worker builds the stand-in's engine
+@pytest.mark.parametrize("setting, waiting", [(None, 20000), (5000, 5000), (0, None)])
+def test_the_doubles_dispatch_thread_waits_under_the_gen0_gc_threshold_as_tensorrt_llms_proxy(setting, waiting):
+    """TensorRT-LLM's proxy waits for each worker message under `customized_gc_thresholds(
+    garbage_collection_gen0_threshold)` (an LLM() argument, 20,000 by default; 0 leaves Python's), so the
+    LLM's process runs with that gen-0 threshold while its dispatch thread waits: most of the time. The double
+    keeps it, or the LLM process it measures collects young objects ~30 times as often as TensorRT-LLM's."""
+    import gc
+
+    from trtllm_truss.engine_standin.llmapi_double import LLM
+
+    repo = Path(__file__).resolve().parents[2]
+    default = gc.get_threshold()
+    args = {} if setting is None else {"garbage_collection_gen0_threshold": setting}
+    llm = LLM(model=str(repo / "data" / "embedded-llama"), max_batch_size=2, max_seq_len=64,
+              double_synthetic_step_time_ms=2.0, **args)
+    try:
+        assert "garbage_collection_gen0_threshold" not in llm.not_applied
+        deadline = time.monotonic() + (10 if waiting else 1)  # 0: a second of waits sets nothing
+        seen = set()
+        while time.monotonic() < deadline and (waiting is None or waiting not in seen):
+            seen.add(gc.get_threshold()[0])
+            time.sleep(0.005)  # sampling what the dispatch thread set, not a synchronisation
+        if waiting is None:
+            assert seen == {default[0]}
+        else:
+            assert waiting in seen
+    finally:
+        llm.shutdown()
+    gc.set_threshold(*default)

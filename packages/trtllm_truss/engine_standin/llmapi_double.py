@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trtllm_truss.engine_standin.llmapi_executor import ExecutorProxy, Response
+from trtllm_truss.engine_standin.llmapi_executor import DEFAULT_GC_GEN0_THRESHOLD, ExecutorProxy, Response
 from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import (
     FinishReason,
@@ -55,7 +55,7 @@ log = logging.getLogger("tensorrt_llm_llmapi")
 _APPLIED_LLM_ARGS = frozenset(
     {
         "model", "tokenizer", "max_batch_size", "max_input_len", "max_seq_len", "stream_interval", "lora_config",
-        "guided_decoding_backend",
+        "guided_decoding_backend", "garbage_collection_gen0_threshold",
     }
 )
 _ACCEPTED_LLM_ARGS = _APPLIED_LLM_ARGS | frozenset(
@@ -269,7 +269,11 @@ class LLM:
         # engine request id -> (its result, sequence index); touched by the caller's loop and the dispatch thread.
         self._pending: dict[str, tuple[GenerationResult, int]] = {}
         self._pending_lock = threading.Lock()
-        self.executor = ExecutorProxy(parameters, self.stream_interval, self._dispatch)
+        gen0 = kwargs.get("garbage_collection_gen0_threshold")
+        self.executor = ExecutorProxy(
+            parameters, self.stream_interval, self._dispatch,
+            gc_gen0_threshold=DEFAULT_GC_GEN0_THRESHOLD if gen0 is None else int(gen0),
+        )
 
     @property
     def tokenizer(self):

@@ -13,6 +13,7 @@ once per message. This module is that shape for the double (docs/design.md, "The
 | `request_queue` (IpcQueue, proxy -> worker) | a ZMQ PUSH -> PULL pair over `ipc://`, pickled messages |
 | `result_queue` (IpcQueue, worker -> proxy), one message per iteration's responses | the same, the other way |
 | `dispatch_result_thread` -> `GenerationResult.queue` (`_AsyncQueue.notify_many`: one wake-up per batch) | `ExecutorProxy._dispatch`, calling `on_batch` once per message |
+| `dispatch_result_task` waits under `customized_gc_thresholds(garbage_collection_gen0_threshold)` (an LLM() argument, 20,000 by default): the process's gen-0 GC threshold is that while the thread waits, most of the time | the same, `gc_gen0_threshold` |
 | the MPI worker (`worker.py` `worker_main`), PyExecutor loop thread | `python -m trtllm_truss.engine_standin.llmapi_executor`: the stand-in engine's thread |
 | `PyExecutor._handle_responses` (stream_interval) + `await_response_thread` (batches an iteration's responses) | the worker's response thread, with `stream_interval.IntervalBuffer` per streamed request |
 | a worker that dies: the proxy fails every pending result and the LLM refuses new requests | the same (`ExecutorDied`) |
@@ -23,6 +24,7 @@ stand-in runs), so the module imports on every Python.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -46,6 +48,8 @@ log = logging.getLogger("tensorrt_llm_llmapi.executor")
 # How long the proxy waits for the worker's engine (a model load) before giving up.
 START_TIMEOUT_S = float(os.environ.get("TRTLLM_TRUSS_DOUBLE_START_TIMEOUT_S", "600"))
 POLL_MS = 100  # the dispatch thread notices a dead worker within this
+DEFAULT_GC_GEN0_THRESHOLD = 20000  # TorchLlmArgs.garbage_collection_gen0_threshold's default (1.0.0-1.2.1)
+_PYTHON_GC_THRESHOLDS = gc.get_threshold()
 # One response on the result queue: (engine request id, new token ids, their log probs or None, their k most
 # likely tokens or None, the FinishReason value once finished else None, the error or None). Plain tuples:
 # unpickling a dataclass per response cost the proxy's dispatch thread a fifth of its process at 100k/s.
@@ -65,10 +69,13 @@ class ExecutorProxy:
     """The caller's side: submit and cancel go out as messages; each message of responses from the worker
     is handed to `on_batch(list[Response])` on the dispatch thread."""
 
-    def __init__(self, parameters: Mapping[str, str], stream_interval: int, on_batch: Callable[[list], None]) -> None:
+    def __init__(
+        self, parameters: Mapping[str, str], stream_interval: int, on_batch: Callable[[list], None], gc_gen0_threshold: int
+    ) -> None:
         import zmq
 
         self._on_batch = on_batch
+        self._gc_gen0_threshold = gc_gen0_threshold
         self._dir = tempfile.mkdtemp(prefix="trtllm-llmapi-double-")
         self._context = zmq.Context()
         self._requests = self._context.socket(zmq.PUSH)
@@ -138,7 +145,14 @@ class ExecutorProxy:
 
         while not self._stopping:
             try:
-                if not self._results.poll(POLL_MS, zmq.POLLIN):
+                if self._gc_gen0_threshold:  # as TensorRT-LLM's dispatch_result_task, while it waits
+                    gc.set_threshold(self._gc_gen0_threshold)
+                try:
+                    ready = self._results.poll(POLL_MS, zmq.POLLIN)
+                finally:
+                    if self._gc_gen0_threshold:
+                        gc.set_threshold(*_PYTHON_GC_THRESHOLDS)
+                if not ready:
                     if self._process.poll() is not None and not self._stopping:
                         self._died(f"the executor worker process (pid {self._process.pid}) exited with {self._process.returncode}")
                         return

@@ -151,7 +151,7 @@ class LlmHost:
         def report(completion: Any, finish: str | None) -> None:
             index = completion.index
             start = sent[index]
-            tokens = list(completion.token_ids[start:])
+            tokens = completion.token_ids[start:]  # a new list: the LLM API's own grows on
             if not tokens and finish is None:
                 return
             entries = completion.logprobs[start : start + len(tokens)] if want else None
