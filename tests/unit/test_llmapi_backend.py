@@ -293,7 +293,7 @@ def test_the_doubles_dispatch_thread_waits_under_the_gen0_gc_threshold_as_tensor
     """TensorRT-LLM's proxy waits for each worker message under `customized_gc_thresholds(
     garbage_collection_gen0_threshold)` (an LLM() argument, 20,000 by default; 0 leaves Python's), so the
     LLM's process runs with that gen-0 threshold while its dispatch thread waits: most of the time. The double
-    keeps it, or the LLM process it measures collects young objects ~30 times as often as TensorRT-LLM's."""
+    keeps that setting of TensorRT-LLM's process, and its LLM() argument is applied, not ignored."""
     import gc
 
     from trtllm_truss.engine_standin.llmapi_double import LLM
