@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 from trtllm_truss.config import load_config
 from trtllm_truss.engine_standin.types import GenerationRequest, SamplingParams
 from trtllm_truss.planning.plan import make_plan
@@ -40,8 +41,8 @@ PROMPT = list(range(100, 164))
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def measure_direct(model_yaml: Path, parameters: dict, env: dict, args: argparse.Namespace) -> None:

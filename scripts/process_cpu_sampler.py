@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 ROLES = (  # (role, a word of its command line), the first match wins
     ("llm_host", "tensorrt_llm_llmapi.llm_host"),
@@ -28,7 +29,6 @@ ROLES = (  # (role, a word of its command line), the first match wins
     ("bench_client", "multiprocessing.spawn"),  # bench's client processes (spawned)
     ("bench", "trtllm_truss.cli"),  # bench itself, and the launcher it starts (`serve`)
 )
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def role_of(cmdline: str) -> str | None:
@@ -37,26 +37,18 @@ def role_of(cmdline: str) -> str | None:
 
 def sample() -> dict[str, list]:
     procs = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            role = role_of(cmdline)
-            if role is None:
-                continue
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            procs[entry.name] = [role, (int(fields[11]) + int(fields[12])) / TICK]
-        except OSError:
-            continue
+    for process in psutil.process_iter(["cmdline", "cpu_times"]):
+        role = role_of(" ".join(process.info["cmdline"] or ()))
+        times = process.info["cpu_times"]
+        if role is not None and times is not None:  # None: gone or not readable while iterated
+            procs[str(process.pid)] = [role, times.user + times.system]
     return procs
 
 
 def machine_cpu_seconds() -> float:
-    """Every core's busy time (user, nice, system, irq, softirq, steal), from /proc/stat."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / TICK
+    """Every core's busy time (user, nice, system, irq, softirq, steal)."""
+    times = psutil.cpu_times()
+    return times.user + times.nice + times.system + times.irq + times.softirq + times.steal
 
 
 def record(path: str, period_s: float) -> None:
@@ -79,10 +71,12 @@ def summarize(path: str) -> dict:
     machine = 0.0
     for before, after in zip(lines, lines[1:]):
         period = after["t"] - before["t"]
-        if period > 0 and "machine" in after:  # (the first version sampled processes only)
+        if period <= 0:
+            continue
+        if "machine" in after:  # (the first version sampled processes only)
             machine = max(machine, round((after["machine"] - before["machine"]) / period, 1))
         for pid, (role, cpu) in after["procs"].items():
-            if pid in before["procs"] and period > 0:
+            if pid in before["procs"]:
                 cores = (cpu - before["procs"][pid][1]) / period
                 busiest[role] = max(busiest.get(role, 0.0), round(cores, 2))
                 if role == "llm_host" and cores > 0.2:

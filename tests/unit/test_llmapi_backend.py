@@ -316,4 +316,4 @@ def test_the_doubles_dispatch_thread_waits_under_the_gen0_gc_threshold_as_tensor
             assert waiting in seen
     finally:
         llm.shutdown()
-    gc.set_threshold(*default)
+        gc.set_threshold(*default)
