@@ -141,35 +141,39 @@ class LlmHost:
         self.loop.create_task(self._follow(instance, key, result, generation, n, triton_id))
 
     async def _follow(self, instance: _Instance, key: Any, result: Any, generation: Any, n: int, triton_id: str) -> None:
-        """Every new token of the row's sequences to its instance, each sequence's end with its last tokens."""
-        sent = [0] * n
-        done = [False] * n
+        """Every new token of the row's sequences to its instance, each sequence's end with its last tokens.
+        Inline, with no call per update but `push`: this loop runs once per token of every stream, in the
+        process the LLM API itself keeps busy (docs/performance.md, "The LLM host's own work per token")."""
+        push = instance.push
         want = generation.return_log_probs
         k = generation.top_log_probs if want else 0
-        push = instance.push
+        sent = [0] * n  # tokens sent of each sequence; -1 once its end was sent
 
-        def report(completion: Any, finish: str | None) -> None:
-            index = completion.index
-            start = sent[index]
+        def message(completion: Any, start: int, finish: str | None) -> tuple:
             tokens = completion.token_ids[start:]  # a new list: the LLM API's own grows on
-            if not tokens and finish is None:
-                return
             entries = completion.logprobs[start : start + len(tokens)] if want else None
             log_probs = token_log_probs(entries, tokens) if want else None
-            tops = token_top_log_probs(entries, k) if k else None
-            sent[index] += len(tokens)
-            if finish is not None:
-                done[index] = True
-            push((key, index, tokens, log_probs, tops, finish, None))
+            return (key, completion.index, tokens, log_probs, token_top_log_probs(entries, k) if k else None, finish, None)
 
         try:
             async for update in result:
                 for completion in update.outputs:
-                    if not done[completion.index]:
-                        report(completion, completion.finish_reason)
-            for completion in result.outputs:
-                if not done[completion.index]:
-                    report(completion, completion.finish_reason or "stop")
+                    index = completion.index
+                    start = sent[index]
+                    if start < 0:
+                        continue
+                    finish = completion.finish_reason
+                    end = len(completion.token_ids)
+                    if end == start and finish is None:
+                        continue
+                    if want:
+                        push(message(completion, start, finish))
+                    else:  # the common case, without a call
+                        push((key, index, completion.token_ids[start:], None, None, finish, None))
+                    sent[index] = -1 if finish is not None else end
+            for completion in result.outputs:  # a sequence the LLM API ended without a finish reason
+                if sent[completion.index] >= 0:
+                    push(message(completion, sent[completion.index], completion.finish_reason or "stop"))
         except Exception as exc:  # RequestError: the executor failed the request
             push((key, None, None, None, None, None, str(exc) or type(exc).__name__))
         finally:
