@@ -142,8 +142,9 @@ class LlmHost:
 
     async def _follow(self, instance: _Instance, key: Any, result: Any, generation: Any, n: int, triton_id: str) -> None:
         """Every new token of the row's sequences to its instance, each sequence's end with its last tokens.
-        Inline, with no call per update but `push`: this loop runs once per token of every stream, in the
-        process the LLM API itself keeps busy (docs/performance.md, "The LLM host's own work per token")."""
+        Without log probs an update is built inline, with no call but `push`: this loop runs once per token of
+        every stream, in the process the LLM API itself keeps busy (docs/performance.md, "The LLM host's own
+        work per token")."""
         push = instance.push
         want = generation.return_log_probs
         k = generation.top_log_probs if want else 0
