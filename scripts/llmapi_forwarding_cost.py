@@ -7,7 +7,7 @@ top of what `trtllm-serve` does (iterate each result) decides how far the Triton
 alone. This measures that part alone, deterministically: no executor, no sockets, no other process. One
 event loop per run, `--streams` results of the LLM-API double (`GenerationResult`), fed as its dispatch thread
 feeds them (one `_deliver` per engine iteration, one token per stream), followed either by the LLM host
-(`LlmHost._submit`/`_follow`, its frames pickled into writers that count bytes) or by the `llm` target's
+(`LlmHost._submit`/`_follow`, its frames pickled and handed to writers that drop them) or by the `llm` target's
 consumer (`llm_direct._one`), both through a stand-in LLM whose `generate_async` hands out those results. It
 prints the CPU time per token of each (and of the feeding alone) over `--repeats` alternating runs, and
 host / direct of the fastest runs. (scripts/llmapi_host_cost.py measures the whole processes instead, with
@@ -32,14 +32,13 @@ INSTANCES = 8
 
 
 class _Writer:
-    def __init__(self) -> None:
-        self.bytes = 0
+    """An instance's connection that drops each frame: the socket's cost is scripts/llmapi_host_cost.py's."""
 
     def is_closing(self) -> bool:
         return False
 
     def write(self, data: bytes) -> None:
-        self.bytes += len(data)
+        pass
 
 
 class _LLM:
