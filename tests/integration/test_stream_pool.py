@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,28 @@ def test_requests_beyond_max_in_flight_are_refused_and_a_bad_prompt_is_the_clien
     ends, in_flight = asyncio.run(run())
     assert all(end.status == 400 and "prompt:" in end.error for end in ends), ends
     assert in_flight == 0 and pool.open_streams == 0
+
+
+def test_a_request_its_worker_never_answered_moves_to_the_other_worker_when_that_one_dies(pool: StreamPool):
+    """The race a killed worker leaves: a request reaches it after the kill, before its socket closes. Here
+    the worker is stopped (SIGSTOP) so it never reads the request, then killed: the request is answered by
+    the other worker (the engine's 503, this pool has no engine), not failed with the dead worker."""
+    first, second = pool.pids
+
+    async def run():
+        os.kill(first, signal.SIGSTOP)
+        try:
+            stream = await pool.submit(_spec("hello"))  # both idle: the first worker takes it
+            assert stream._worker.process.pid == first
+        finally:
+            os.kill(first, signal.SIGKILL)
+        text, end = await asyncio.wait_for(_drain(stream), timeout=30)
+        return stream._worker.process.pid, text, end
+
+    pid, text, end = asyncio.run(run())
+    assert pid == second and text == "", pid
+    assert end.status == 503 and "unavailable" in end.error and "stopped" not in end.error, end
+    assert pool.in_flight == 0 and pool.open_streams == 0
 
 
 def test_stop_ends_every_worker_process():

@@ -5,9 +5,10 @@ Here, per worker wake-up, one socket read delivers many requests' updates: each 
 `ResponseStream` and its reader woken once, so a stream whose HTTP writer fell behind gets all the
 text that has arrived as one chunk (and at low load every token as its own chunk).
 
-A worker that dies fails its requests at once (an error before any text is a 503, after it the
-stream ends with an error) and is started again; requests beyond `max_in_flight` are refused with
-429 rather than queued without bound.
+A worker that dies hands the requests it never answered to another worker (the client saw nothing
+of them), fails the rest at once (the stream ends with an error; a 503 where no other worker runs)
+and is started again; requests beyond `max_in_flight` are refused with 429 rather than queued
+without bound.
 """
 
 from __future__ import annotations
@@ -73,12 +74,15 @@ class ResponseStream:
 
     __slots__ = (
         "rid", "_worker", "_parts", "_log_probs", "_read_log_probs", "end", "_waiter", "_closed", "_last_text_at",
-        "opened_at", "first_text_at", "listener",
+        "opened_at", "first_text_at", "listener", "spec",
     )
 
-    def __init__(self, rid: int, worker: _Worker) -> None:
+    def __init__(self, rid: int, worker: _Worker, spec: GenerationSpec | None = None) -> None:
         self.rid = rid
         self._worker = worker
+        # The request, until its worker's first update: a worker that dies before it sends one hands the
+        # request to another (`StreamPool.move`).
+        self.spec = spec
         self._parts: list[str] = []
         self._log_probs: list[LogProbEntry] = []  # of the text not read yet
         self._read_log_probs: list[LogProbEntry] = []  # of the text next_parts() returned
@@ -91,6 +95,7 @@ class ResponseStream:
         self.listener: StreamListener | None = None
 
     def _deliver(self, text: str | list, log_probs: list | None, end: StreamEnd | None) -> None:
+        self.spec = None
         if text:
             if text.__class__ is str:
                 self._parts.append(text)
@@ -281,15 +286,24 @@ class _Worker:
             self._sock.close()
             self._sock = None
 
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
     def lost(self) -> None:
-        """The socket closed: the process died (or was stopped). Fail its requests, start another."""
+        """The socket closed: the process died (or was stopped). Move the requests it never answered to
+        another worker, fail the rest, start another process."""
         self._transport = None
         streams, self.streams = self.streams, {}
-        for stream in streams.values():
+        self.pool._restart_later(self)  # first: this worker is no longer a place to move requests to
+        failed = [stream for stream in streams.values() if not self.pool.move(stream)]
+        for stream in failed:
             stream._deliver("", None, StreamEnd(error="the stream worker serving this request stopped", status=503))
         if streams:
-            logger.warning("stream worker %d stopped; %d request(s) failed", self.index, len(streams))
-        self.pool._restart_later(self)
+            logger.warning(
+                "stream worker %d stopped; %d request(s) failed, %d moved to another worker",
+                self.index, len(failed), len(streams) - len(failed),
+            )
 
 
 def _await_ready(sock: socket.socket, process: subprocess.Popen, timeout_s: float) -> WorkerInfo:
@@ -435,15 +449,34 @@ class StreamPool(BoundedPool):
             raise PoolUnavailable("no stream worker is running")
         worker = min(candidates, key=lambda w: len(w.streams))
         try:
-            await worker.attach()
+            for candidate in candidates:  # every one: a worker that dies moves its requests to a connected one
+                await candidate.attach()
             rid = next(self._rids)
-            stream = ResponseStream(rid, worker)
+            stream = ResponseStream(rid, worker, spec)
             worker.send(("start", rid, spec))
         except BaseException:
             self.release()
             raise
         worker.streams[rid] = stream
         return stream
+
+    def move(self, stream: ResponseStream) -> bool:
+        """Start a request whose worker died before answering it on another running worker (under a new
+        id), if there is one: a request that arrived as a worker was killed is served, not refused."""
+        if stream.spec is None or self._stopping:
+            return False
+        candidates = [w for w in self._workers if w.running and w.connected]
+        if not candidates:
+            return False
+        worker = min(candidates, key=lambda w: len(w.streams))
+        rid = next(self._rids)
+        try:
+            worker.send(("start", rid, stream.spec))
+        except PoolUnavailable:
+            return False
+        stream.rid, stream._worker = rid, worker
+        worker.streams[rid] = stream
+        return True
 
     def _restart_later(self, worker: _Worker) -> None:
         if self._stopping or worker.restarting:
