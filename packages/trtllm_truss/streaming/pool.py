@@ -438,42 +438,36 @@ class StreamPool(BoundedPool):
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
         # Claimed before the first await: requests arriving meanwhile see the slot taken.
         self.claim()
-        candidates = []
-        for worker in self._workers:
-            if worker.running:
-                candidates.append(worker)
-            else:  # died before its socket was watched (between load() and the first request)
-                self._restart_later(worker)
-        if not candidates:
-            self.release()
-            raise PoolUnavailable("no stream worker is running")
-        worker = min(candidates, key=lambda w: len(w.streams))
         try:
-            for candidate in candidates:  # every one: a worker that dies moves its requests to a connected one
-                await candidate.attach()
-            rid = next(self._rids)
-            stream = ResponseStream(rid, worker, spec)
-            worker.send(("start", rid, spec))
+            running = []
+            for worker in self._workers:
+                if worker.running:
+                    running.append(worker)
+                else:  # died before its socket was watched (between load() and the first request)
+                    self._restart_later(worker)
+            for worker in running:  # every one: a worker that dies moves its requests to a connected one
+                await worker.attach()
+            stream = ResponseStream(0, None, spec)  # type: ignore[arg-type]  # `_start` gives it its worker
+            if not self._start(stream):
+                raise PoolUnavailable("no stream worker is running")
         except BaseException:
             self.release()
             raise
-        worker.streams[rid] = stream
         return stream
 
     def move(self, stream: ResponseStream) -> bool:
-        """Start a request whose worker died before answering it on another running worker (under a new
-        id), if there is one: a request that arrived as a worker was killed is served, not refused."""
-        if stream.spec is None or self._stopping:
+        """Start a request whose worker died before answering it on another worker, if one runs: a request
+        that reached a worker as it was killed is served, not refused."""
+        return stream.spec is not None and not self._stopping and self._start(stream)
+
+    def _start(self, stream: ResponseStream) -> bool:
+        """Send the stream's request, under a new id, to the least busy running, connected worker."""
+        workers = [w for w in self._workers if w.running and w.connected]
+        if not workers:
             return False
-        candidates = [w for w in self._workers if w.running and w.connected]
-        if not candidates:
-            return False
-        worker = min(candidates, key=lambda w: len(w.streams))
+        worker = min(workers, key=lambda w: len(w.streams))
         rid = next(self._rids)
-        try:
-            worker.send(("start", rid, stream.spec))
-        except PoolUnavailable:
-            return False
+        worker.send(("start", rid, stream.spec))
         stream.rid, stream._worker = rid, worker
         worker.streams[rid] = stream
         return True
