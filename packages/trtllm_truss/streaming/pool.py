@@ -446,7 +446,8 @@ class StreamPool(BoundedPool):
                 else:  # died before its socket was watched (between load() and the first request)
                     self._restart_later(worker)
             for worker in running:  # every one: a worker that dies moves its requests to a connected one
-                await worker.attach()
+                if not worker.connected:  # no coroutine per worker per request once all are attached
+                    await worker.attach()
             stream = ResponseStream(0, None, spec)  # type: ignore[arg-type]  # `_start` gives it its worker
             if not self._start(stream):
                 raise PoolUnavailable("no stream worker is running")
