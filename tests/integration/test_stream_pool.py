@@ -90,6 +90,35 @@ def test_a_request_its_worker_never_answered_moves_to_the_other_worker_when_that
     assert pool.in_flight == 0 and pool.open_streams == 0
 
 
+def test_a_request_moves_once_only():
+    """A request that itself killed its worker must not go on to kill every worker: its second worker's
+    death fails it (`stopped`), though a third worker runs. Workers 1 and 2 are stopped so neither answers."""
+    settings = WorkerSettings(grpc_url=UNREACHABLE, tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=16)
+    pool = StreamPool(settings, workers=3, max_in_flight=4, environment=worker_environment(os.environ))
+    pool.start()
+    first, second, _ = pool.pids
+
+    async def run():
+        for pid in (first, second):
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            stream = await pool.submit(_spec("hello"))  # all idle: the first worker takes it
+            os.kill(first, signal.SIGKILL)
+            deadline = asyncio.get_running_loop().time() + 30
+            while stream._worker.process.pid != second:  # moved to the least busy of the other two
+                assert asyncio.get_running_loop().time() < deadline, "never moved"
+                await asyncio.sleep(0.05)  # polling period
+        finally:
+            os.kill(second, signal.SIGKILL)
+        return await asyncio.wait_for(_drain(stream), timeout=30)
+
+    try:
+        text, end = asyncio.run(run())
+    finally:
+        pool.stop()
+    assert text == "" and end.status == 503 and "stopped" in end.error, end
+
+
 def test_stop_ends_every_worker_process():
     settings = WorkerSettings(grpc_url=UNREACHABLE, tokenizer_dir=str(EMBEDDED), max_input_len=64, max_output_len=16)
     pool = StreamPool(settings, workers=2, max_in_flight=4, environment=worker_environment(os.environ))

@@ -5,8 +5,8 @@ Here, per worker wake-up, one socket read delivers many requests' updates: each 
 `ResponseStream` and its reader woken once, so a stream whose HTTP writer fell behind gets all the
 text that has arrived as one chunk (and at low load every token as its own chunk).
 
-A worker that dies hands the requests it never answered to another worker (the client saw nothing
-of them), fails the rest at once (the stream ends with an error; a 503 where no other worker runs)
+A worker that dies hands the requests it never answered to another worker, once (the client saw
+nothing of them), fails the rest at once (the stream ends with an error; a 503 where no other worker runs)
 and is started again; requests beyond `max_in_flight` are refused with 429 rather than queued
 without bound.
 """
@@ -458,8 +458,12 @@ class StreamPool(BoundedPool):
 
     def move(self, stream: ResponseStream) -> bool:
         """Start a request whose worker died before answering it on another worker, if one runs: a request
-        that reached a worker as it was killed is served, not refused."""
-        return stream.spec is not None and not self._stopping and self._start(stream)
+        that reached a worker as it was killed is served, not refused. Once only: a request that itself
+        brought its worker down takes at most one more with it."""
+        if stream.spec is None or self._stopping or not self._start(stream):
+            return False
+        stream.spec = None
+        return True
 
     def _start(self, stream: ResponseStream) -> bool:
         """Send the stream's request, under a new id, to the least busy running, connected worker."""
