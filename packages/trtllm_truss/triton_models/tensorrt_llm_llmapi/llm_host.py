@@ -59,17 +59,17 @@ class _Instance:
         self.host = host
         self.writer = writer
         self.results: dict[Any, Any] = {}  # key -> GenerationResult
-        self._outbox: list[tuple] = []
+        self.outbox: list[tuple] = []  # this turn's updates; one list for the connection's life (`_follow` holds it)
 
     def push(self, update: tuple) -> None:
-        if not self._outbox:
-            self.host.loop.call_soon(self._flush)  # after every result woken in this turn
-        self._outbox.append(update)
+        if not self.outbox:
+            self.host.loop.call_soon(self.flush)  # after every result woken in this turn
+        self.outbox.append(update)
 
-    def _flush(self) -> None:
-        updates, self._outbox = self._outbox, []
+    def flush(self) -> None:
         if not self.writer.is_closing():
-            self.writer.write(encode(updates))
+            self.writer.write(encode(self.outbox))
+        self.outbox.clear()
 
 
 class LlmHost:
@@ -142,10 +142,11 @@ class LlmHost:
 
     async def _follow(self, instance: _Instance, key: Any, result: Any, generation: Any, n: int, triton_id: str) -> None:
         """Every new token of the row's sequences to its instance, each sequence's end with its last tokens.
-        Without log probs an update is built inline, with no call but `push`: this loop runs once per token of
-        every stream, in the process the LLM API itself keeps busy (docs/performance.md, "The LLM host's own
-        work per token")."""
+        Without log probs an update is built and appended to the instance's outbox inline, with no call: this
+        loop runs once per token of every stream, in the process the LLM API itself keeps busy
+        (docs/performance.md, "The LLM host's own work per token")."""
         push = instance.push
+        outbox, schedule, flush = instance.outbox, self.loop.call_soon, instance.flush
         want = generation.return_log_probs
         k = generation.top_log_probs if want else 0
         sent = [0] * n  # tokens sent of each sequence; -1 once its end was sent
@@ -169,8 +170,10 @@ class LlmHost:
                         continue
                     if want:
                         push(message(completion, start, finish))
-                    else:  # the common case, without a call
-                        push((key, index, completion.token_ids[start:], None, None, finish, None))
+                    else:  # the common case; the turn's first update schedules the flush
+                        if not outbox:
+                            schedule(flush)
+                        outbox.append((key, index, completion.token_ids[start:], None, None, finish, None))
                     sent[index] = -1 if finish is not None else end
             for completion in result.outputs:  # a sequence the LLM API ended without a finish reason
                 if sent[completion.index] >= 0:
