@@ -49,8 +49,9 @@ if [ -z "${LOCAL:-}" ]; then
   HIGH10="--concurrency 64,256 --num-requests 256 --output-stddev 32 --client-processes 8"
   ONE2="--concurrency 1 --num-requests 64 --output-mean 32 --output-stddev 0"
   ONE10="--concurrency 1 --num-requests 16 --output-mean 32 --output-stddev 0"
+  WIDE10="--concurrency 512 --num-requests 2048 --output-stddev 32 --client-processes 8"   # 4 waves
 else
-  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2; LONG2=$HIGH2
+  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2; LONG2=$HIGH2; WIDE10=$HIGH2
   ONE2="--concurrency 1 --num-requests 8 --output-mean 16"; ONE10=$ONE2
 fi
 
@@ -98,6 +99,8 @@ for s in "$@"; do case $s in
   2ms-i4-c1)  step 2ms-interval4-c1 70 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE2 ;;
   10ms-i1)    step 10ms-interval1 110 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH10 ;;
   10ms-i4)    step 10ms-interval4 110 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH10 ;;
+  10ms-i1-512) step 10ms-interval1-c512 90 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $WIDE10 ;;
+  10ms-i4-512) step 10ms-interval4-c512 90 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $WIDE10 ;;
   10ms-i1-c1) step 10ms-interval1-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $ONE10 ;;
   10ms-i4-c1) step 10ms-interval4-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE10 ;;
   tensor-2ms-i1) step tensor-vs-llmapi-2ms-interval1 150 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH2 ;;
