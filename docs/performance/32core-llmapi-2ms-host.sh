@@ -105,6 +105,9 @@ for s in "$@"; do case $s in
   10ms-i4-c1) step 10ms-interval4-c1 70 "$L" "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $ONE10 ;;
   tensor-2ms-i1) step tensor-vs-llmapi-2ms-interval1 150 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH2 ;;
   tensor-2ms-i4) step tensor-vs-llmapi-2ms-interval4 150 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $BACK $HIGH2 ;;
+  tensor-10ms-i1) step tensor-vs-llmapi-10ms-interval1 120 "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH10 ;;
+  tensor-10ms-i4) step tensor-vs-llmapi-10ms-interval4 120 "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $BACK $HIGH10 ;;
+  tensor-2ms-i1-c1) step tensor-vs-llmapi-2ms-interval1-c1 80 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $ONE2 ;;
   *) log "unknown step $s" ;;
 esac; done
 log "all done"
