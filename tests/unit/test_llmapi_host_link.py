@@ -39,10 +39,10 @@ def test_a_sequences_updates_are_merged_into_one_response_in_order():
     answered = []
     while pending:
         answered.append(pending.pop())
-    assert answered == [
+    assert answered == [  # the ended sequences first, in the order they ended
+        ((1, 0), 1, [9], [-1.0], None, "length", None),
         ((1, 0), 0, [5, 6, 8], [-0.5, -0.25, -0.125], None, "stop", None),
         ((2, 0), 0, [7], [-0.1], None, None, None),
-        ((1, 0), 1, [9], [-1.0], None, "length", None),
         ((1, 0), 0, [4], [-2.0], None, None, None),
         ((3, 0), None, [], None, None, None, "the executor is gone"),
     ]
@@ -76,4 +76,28 @@ def test_a_new_streams_first_token_is_answered_before_the_others_next_ones():
         ((2, 0), 0, [7, 8], None, None, "stop", None),
         ((1, 0), 0, [6], None, None, None, None),
         ((4, 0), None, [], None, None, None, "refused"),
+    ]
+
+
+def test_an_ended_streams_last_response_is_answered_before_the_others_next_ones():
+    """A started stream whose end arrives while others wait goes ahead of them with every token it had
+    waiting, so its caller sees the end after one send; an error is not moved: it stays behind the tokens
+    read before it, which its row would otherwise lose."""
+    pending = PendingUpdates(lambda update: False)  # every stream has started
+    pending.add([
+        ((1, 0), 0, [5], None, None, None, None),
+        ((2, 0), 0, [7], None, None, None, None),
+        ((3, 0), 0, [1], None, None, None, None),
+        ((3, 0), None, None, None, None, None, "the request failed"),
+        ((2, 0), 0, [8], None, None, "length", None),
+        ((1, 0), 0, [6], None, None, None, None),
+    ])
+    answered = []
+    while pending:
+        answered.append(pending.pop())
+    assert answered == [
+        ((2, 0), 0, [7, 8], None, None, "length", None),
+        ((1, 0), 0, [5, 6], None, None, None, None),
+        ((3, 0), 0, [1], None, None, None, None),
+        ((3, 0), None, [], None, None, None, "the request failed"),
     ]

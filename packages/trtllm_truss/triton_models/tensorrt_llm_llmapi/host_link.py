@@ -76,10 +76,12 @@ class PendingUpdates:
 
     A sequence's updates join into one (its tokens, log probs and top tokens in order, the last one's end):
     while the instance was sending, the LLM went on, and as the LLM API's own result carries every token made
-    since it was last read, one response carries them (one send, not several). Sequences that have sent
-    nothing yet (`unstarted`, asked when their first update arrives) are answered first: a new stream's first
-    token waits for one send, not behind every other stream's next response. An error update ends its row
-    and is kept as it is, in its place."""
+    since it was last read, one response carries them (one send, not several). Two kinds are answered before
+    the rest, in the order they became so: sequences that have sent nothing yet (`unstarted`, asked when
+    their first update arrives), and sequences that have ended. A new stream's first token, and an ended
+    stream's last response, wait for one send, not behind every other stream's next response: the caller
+    waits for both (a closed loop's or an agent's next request starts at the end). An error update ends its
+    row and is kept as it is, in its place, after the tokens read before it."""
 
     def __init__(self, unstarted: Callable[[tuple], bool]) -> None:
         self._unstarted = unstarted
@@ -99,7 +101,7 @@ class PendingUpdates:
             slot = (key, index)
             entry = self._first.get(slot) or self._rest.get(slot)
             if entry is None or entry[5] is not None:  # new, or after its end (never merged into it)
-                queue = self._first if self._unstarted(update) else self._rest
+                queue = self._first if finish is not None or self._unstarted(update) else self._rest
                 queue[slot if entry is None else (key, index, next(self._apart))] = [
                     key, index, list(tokens or ()), log_probs, tops, finish, None
                 ]
@@ -108,6 +110,8 @@ class PendingUpdates:
             entry[3] = None if log_probs is None else (entry[3] or []) + log_probs
             entry[4] = None if tops is None else (entry[4] or []) + tops
             entry[5] = finish
+            if finish is not None and slot in self._rest:  # ended: its last response goes first
+                self._first[slot] = self._rest.pop(slot)
 
     def pop(self) -> tuple:
         """The next update to answer (there must be one)."""
