@@ -67,9 +67,11 @@ class _Instance:
         self.outbox.append(update)
 
     def flush(self) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(encode(self.outbox))
-        self.outbox.clear()
+        try:
+            if not self.writer.is_closing():
+                self.writer.write(encode(self.outbox))
+        finally:  # emptied whatever happens: a list left full would never schedule its flush again
+            self.outbox.clear()
 
 
 class LlmHost:
