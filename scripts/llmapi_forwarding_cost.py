@@ -31,7 +31,7 @@ API = SimpleNamespace(SamplingParams=double.SamplingParams, GuidedDecodingParams
 INSTANCES = 8
 
 
-class _Writer:
+class _Transport:
     """An instance's connection that drops each frame: the socket's cost is scripts/llmapi_host_cost.py's."""
 
     def is_closing(self) -> bool:
@@ -71,7 +71,9 @@ async def _feed(llm: _LLM, streams: int, tokens: int) -> float:
 async def _host(streams: int, tokens: int) -> float:
     llm = _LLM()
     host = llm_host.LlmHost(llm, API, {})
-    instances = [llm_host._Instance(host, _Writer()) for _ in range(INSTANCES)]
+    instances = [host.connect() for _ in range(INSTANCES)]
+    for instance in instances:
+        instance.connection_made(_Transport())
     for i in range(streams):
         host._submit(instances[i % INSTANCES], i, GenerationRequest(str(i), [1, 2, 3], tokens), 1, True, str(i))
     return await _feed(llm, streams, tokens)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import struct
+
+import pytest
 
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import (
+    MAX_FRAME_BYTES,
     FrameReader,
     PendingUpdates,
     encode,
     host_address,
 )
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_host import _Instance
 
 
 def test_frames_cross_a_socket_whole_however_the_bytes_arrive():
@@ -22,6 +28,50 @@ def test_frames_cross_a_socket_whole_however_the_bytes_arrive():
     reader = FrameReader(right)
     assert reader.read() == first and reader.has_frame() and reader.read() == second
     assert reader.read() is None  # EOF
+
+
+def test_the_host_handles_each_frame_once_whole_however_the_bytes_arrive():
+    """The host's side of a connection (`llm_host._Instance`, read in the loop's I/O callback): frames split over
+    reads or joined in one are handled whole and in order; a length over the limit raises (the loop then closes
+    the connection); a lost connection aborts the rows it had in flight."""
+    class Host:
+        def __init__(self) -> None:
+            self.handled: list = []
+            self.instances: set = set()
+
+        def _handle(self, instance, message) -> None:
+            self.handled.append(message)
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+    class Result:
+        aborted = False
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    host, transport = Host(), Transport()
+    instance = _Instance(host)  # type: ignore[arg-type]
+    instance.connection_made(transport)
+    assert transport.written == [encode([("ready", {"pid": os.getpid()})])]
+    first, second = [("submit", (1, 0), {"x": 1}, 1, True, "id")], [("abort", (1, 0)), ("stop", "id")]
+    data = encode(first) + encode(second)
+    for i in range(0, len(data) - 5, 3):  # three bytes at a time, then the rest of the second frame at once
+        instance.data_received(data[i : i + 3])
+    assert host.handled == first
+    instance.data_received(data[len(data) - 5 - (len(data) - 5) % 3 :])
+    assert host.handled == first + second
+    with pytest.raises(ValueError, match="frame of"):
+        instance.data_received(struct.pack("<I", MAX_FRAME_BYTES + 1))
+    result = instance.results[(1, 0)] = Result()
+    host.instances.add(instance)
+    instance.connection_lost(None)
+    assert result.aborted and instance not in host.instances
 
 
 def test_a_sequences_updates_are_merged_into_one_response_in_order():

@@ -52,14 +52,46 @@ FAILED_LINGER_S = 30.0  # a host whose LLM could not be built answers `failed` t
 EXECUTOR_CHECK_S = 0.5
 
 
-class _Instance:
-    """One instance's connection: its rows in flight, and the updates of this loop turn."""
+class _Instance(asyncio.Protocol):
+    """One instance's connection: its rows in flight, and the updates of this loop turn. Its frames are read
+    and handled in the loop's I/O callback (`data_received`), with no task to wake: where the host is at a
+    full core a submit would otherwise wait one more loop turn (docs/performance.md, "Where a first token's
+    time goes")."""
 
-    def __init__(self, host: LlmHost, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, host: LlmHost) -> None:
         self.host = host
-        self.writer = writer
+        self.transport: Any = None
         self.results: dict[Any, Any] = {}  # key -> GenerationResult
         self.outbox: list[tuple] = []  # this turn's updates; one list for the connection's life (`_follow` holds it)
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(encode([("ready", {"pid": os.getpid()})]))
+
+    def data_received(self, data: bytes) -> None:
+        """Every whole frame read so far, its messages handled in order; a frame over the limit, or one that
+        does not unpickle, raises, and the loop closes the connection."""
+        buffer = self._buffer
+        buffer += data
+        while len(buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(buffer)
+            if length > MAX_FRAME_BYTES:
+                raise ValueError(f"frame of {length} bytes")
+            end = HEADER.size + length
+            if len(buffer) < end:
+                return
+            messages = pickle.loads(buffer[HEADER.size : end])
+            del buffer[:end]
+            for message in messages:
+                self.host._handle(self, message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The instance is gone (finalized, or its stub died), or this host is stopping: nobody reads these
+        results any more, so their slots are freed."""
+        self.host.instances.discard(self)
+        for result in list(self.results.values()):
+            result.abort()
 
     def push(self, update: tuple) -> None:
         if not self.outbox:
@@ -68,8 +100,8 @@ class _Instance:
 
     def flush(self) -> None:
         try:
-            if not self.writer.is_closing():
-                self.writer.write(encode(self.outbox))
+            if not self.transport.is_closing():
+                self.transport.write(encode(self.outbox))
         finally:  # emptied whatever happens: a list left full would never schedule its flush again
             self.outbox.clear()
 
@@ -85,6 +117,7 @@ class LlmHost:
         ).lora_adapters
         self._tokenizer = None
         self._by_triton_id: dict[str, set[tuple[_Instance, Any]]] = {}
+        self.instances: set[_Instance] = set()
         self.stopped = asyncio.Event()
 
     def _decode(self, ids: list[int]) -> str:
@@ -94,25 +127,11 @@ class LlmHost:
             self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
         return self._tokenizer.decode(ids)
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        instance = _Instance(self, writer)
-        writer.write(encode([("ready", {"pid": os.getpid()})]))
-        try:
-            while True:
-                header = await reader.readexactly(HEADER.size)
-                (length,) = HEADER.unpack(header)
-                if length > MAX_FRAME_BYTES:
-                    raise ValueError(f"frame of {length} bytes")
-                for message in pickle.loads(await reader.readexactly(length)):
-                    self._handle(instance, message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the instance is gone (finalized, or its stub died)
-        except asyncio.CancelledError:
-            pass  # this host is stopping
-        finally:
-            for result in instance.results.values():  # nobody reads these any more: free their slots
-                result.abort()
-            writer.close()
+    def connect(self) -> _Instance:
+        """A new instance's connection (the protocol factory of the host's listening socket)."""
+        instance = _Instance(self)
+        self.instances.add(instance)
+        return instance
 
     def _handle(self, instance: _Instance, message: tuple) -> None:
         kind = message[0]
@@ -235,13 +254,16 @@ async def _run(listener: socket.socket, model_yaml: Path, parameters: dict[str, 
         server.close()
         return 1
     host = LlmHost(llm, api, parameters)
-    server = await asyncio.start_unix_server(host.serve, sock=listener)
+    server = await asyncio.get_running_loop().create_unix_server(host.connect, sock=listener)
     asyncio.get_running_loop().create_task(host.watch_executor())
     log.info("LLM host ready (pid %d): model.yaml %s", os.getpid(), model_yaml)
     await host.stopped.wait()
     server.close()
+    for instance in list(host.instances):  # each frees its rows' slots (connection_lost)
+        if instance.transport is not None:
+            instance.transport.close()
     current = asyncio.current_task()
-    for task in asyncio.all_tasks():  # the instances' connections, the watch, rows still followed
+    for task in asyncio.all_tasks():  # the watch, rows still followed
         if task is not current:
             task.cancel()
     broken = getattr(getattr(llm, "executor", None), "error", None) is not None
