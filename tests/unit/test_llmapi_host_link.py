@@ -61,10 +61,11 @@ def test_the_host_handles_each_frame_once_whole_however_the_bytes_arrive():
     assert transport.written == [encode([("ready", {"pid": os.getpid()})])]
     first, second = [("submit", (1, 0), {"x": 1}, 1, True, "id")], [("abort", (1, 0)), ("stop", "id")]
     data = encode(first) + encode(second)
-    for i in range(0, len(data) - 5, 3):  # three bytes at a time, then the rest of the second frame at once
-        instance.data_received(data[i : i + 3])
+    cut = len(data) - 5  # within the second frame
+    for i in range(0, cut, 3):  # three bytes at a time, then the rest of the second frame at once
+        instance.data_received(data[i : min(i + 3, cut)])
     assert host.handled == first
-    instance.data_received(data[len(data) - 5 - (len(data) - 5) % 3 :])
+    instance.data_received(data[cut:])
     assert host.handled == first + second
     with pytest.raises(ValueError, match="frame of"):
         instance.data_received(struct.pack("<I", MAX_FRAME_BYTES + 1))

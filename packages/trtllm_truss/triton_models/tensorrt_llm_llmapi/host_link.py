@@ -41,6 +41,23 @@ def encode(messages: list) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+def take_frame(buffer: bytearray) -> list | None:
+    """The first whole frame's messages, cut from the front of `buffer`; None until it is all there. A length
+    over MAX_FRAME_BYTES raises as soon as its header is in. (The instances' blocking reads and the host's
+    event-loop reads both go through here.)"""
+    if len(buffer) < HEADER.size:
+        return None
+    (length,) = HEADER.unpack_from(buffer)
+    if length > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {length} bytes")
+    end = HEADER.size + length
+    if len(buffer) < end:
+        return None
+    messages = pickle.loads(buffer[HEADER.size : end])
+    del buffer[:end]
+    return messages
+
+
 class FrameReader:
     """Blocking reads of whole frames from a socket (one thread)."""
 
@@ -50,20 +67,12 @@ class FrameReader:
 
     def read(self) -> list | None:
         """The next frame's messages; None at EOF."""
-        while True:
-            if len(self._buffer) >= HEADER.size:
-                (length,) = HEADER.unpack_from(self._buffer)
-                if length > MAX_FRAME_BYTES:
-                    raise ValueError(f"frame of {length} bytes")
-                end = HEADER.size + length
-                if len(self._buffer) >= end:
-                    data = bytes(self._buffer[HEADER.size : end])
-                    del self._buffer[:end]
-                    return pickle.loads(data)
+        while (messages := take_frame(self._buffer)) is None:
             chunk = self._sock.recv(1 << 20)
             if not chunk:
                 return None
             self._buffer += chunk
+        return messages
 
     def has_frame(self) -> bool:
         if len(self._buffer) < HEADER.size:

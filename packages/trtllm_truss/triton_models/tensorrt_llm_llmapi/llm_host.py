@@ -27,7 +27,6 @@ import asyncio
 import json
 import logging
 import os
-import pickle
 import socket
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ import yaml
 
 from trtllm_truss.engine_standin.settings import StandinSettings
 from trtllm_truss.runtime.stub_watch import exit_with_parent
-from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import HEADER, MAX_FRAME_BYTES, encode
+from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import encode, take_frame
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
     LLM_API_DOUBLE,
     double_settings,
@@ -74,15 +73,7 @@ class _Instance(asyncio.Protocol):
         does not unpickle, raises, and the loop closes the connection."""
         buffer = self._buffer
         buffer += data
-        while len(buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(buffer)
-            if length > MAX_FRAME_BYTES:
-                raise ValueError(f"frame of {length} bytes")
-            end = HEADER.size + length
-            if len(buffer) < end:
-                return
-            messages = pickle.loads(buffer[HEADER.size : end])
-            del buffer[:end]
+        while (messages := take_frame(buffer)) is not None:
             for message in messages:
                 self.host._handle(self, message)
 
