@@ -9,7 +9,10 @@
 # CPU once a second (scripts/process_cpu_sampler.py: <step>-cpu.jsonl) and prints its summary.
 # Usage: bash .carry/host.sh STEP... ; BUDGET_S: stop starting steps past this. LOCAL=1: small loads, for a
 # dry run on the development machine. The *-nice steps renice bench's client processes to 10 while they run
-# (tried in docs/performance.md, "Steady state again"; no gain).
+# (tried in docs/performance.md, "Steady state again"; no gain). STEP+NAME: the step with the files under
+# .carry/variants/NAME/ (repository paths) in place of the working tree's while it runs, its results named
+# with -NAME: a change and main side by side on one host. trace-i1 also joins the first-token trace's events
+# (scripts/first_token_trace.py) when its variant holds docs/performance/first-token-trace.patch's files.
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
@@ -50,18 +53,21 @@ if [ -z "${LOCAL:-}" ]; then
   ONE2="--concurrency 1 --num-requests 64 --output-mean 32 --output-stddev 0"
   ONE10="--concurrency 1 --num-requests 16 --output-mean 32 --output-stddev 0"
   WIDE10="--concurrency 512 --num-requests 2048 --output-stddev 32 --client-processes 8"   # 4 waves
+  TRACE2="--concurrency 256 --num-requests 2048 --output-stddev 32 --client-processes 8"
 else
-  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2; LONG2=$HIGH2; WIDE10=$HIGH2
+  HIGH2="--concurrency 16 --num-requests 64 --output-mean 32"; HIGH10=$HIGH2; LONG2=$HIGH2; WIDE10=$HIGH2; TRACE2=$HIGH2
   ONE2="--concurrency 1 --num-requests 8 --output-mean 16"; ONE10=$ONE2
 fi
 
 # step NAME ESTIMATE_S ENV... -- BENCH_ARGS...
 step() {
-  local name=$1 est=$2; shift 2
+  local name=$1 est=$2; shift 2; LAST=$name
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   local left=$(( BUDGET_S - ($(date +%s) - T0) ))
   if [ $left -lt $est ]; then log "SKIP $name (needs ~${est}s, ${left}s left)"; echo "$name skipped" >> $RES/steps.txt; return; fi
   local s=$(date +%s)
+  name=$name${VARIANT:+-$VARIANT}
+  local n=$name k=2; while [ -e $RES/$n.log ]; do n=$name-run$k; k=$((k + 1)); done; name=$n; LAST=$n   # a step run again
   log "START $name: ${envs[*]} bench $*"
   $PYRUN scripts/process_cpu_sampler.py $RES/$name-cpu.jsonl & local sampler=$!   # per-process CPU, each second
   local renicer=
@@ -86,11 +92,25 @@ S2='TRTLLM_RUNTIME__PYTORCH__SYNTHETIC={"step_time_ms": 2}'
 S10='TRTLLM_RUNTIME__PYTORCH__SYNTHETIC={"step_time_ms": 10}'
 WITH="--compare --with-llm --front direct"
 BACK="--compare-backends pytorch,llmapi --target http --front direct"
-for s in "$@"; do case $s in
+# variant NAME: its files over the working tree's, the originals kept; unvariant: put them back
+# (a file the tree lacks is removed again)
+variant() {
+  local d=.carry/variants/$1 f; [ -d "$d" ] || return 1
+  rm -rf /tmp/orig && mkdir -p /tmp/orig && (cd "$d" && find . -type f) > /tmp/orig.list
+  while read -r f; do
+    if [ -e "$f" ]; then mkdir -p "/tmp/orig/$(dirname "$f")" && cp -p "$f" "/tmp/orig/$f" || return 1; fi
+    cp "$d/$f" "$f" || return 1
+  done < /tmp/orig.list
+}
+unvariant() { local f; while read -r f; do if [ -e "/tmp/orig/$f" ]; then cp -p "/tmp/orig/$f" "$f"; else rm -f "$f"; fi; done < /tmp/orig.list; }
+for s in "$@"; do
+VARIANT=; case $s in *+*) VARIANT=${s#*+}; s=${s%%+*}
+  variant "$VARIANT" || { log "SKIP $s+$VARIANT: .carry/variants/$VARIANT is missing or does not fit"; unvariant; continue; } ;; esac
+case $s in
   2ms-i1)     step 2ms-interval1 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $HIGH2 ;;
   2ms-i4)     step 2ms-interval4 200 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $HIGH2 ;;
-  2ms-i1-long) step 2ms-interval1-long 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $LONG2 ;;
-  2ms-i4-long) step 2ms-interval4-long 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $LONG2 ;;
+  2ms-i1-long) step 2ms-interval1-long 150 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $LONG2 ;;
+  2ms-i4-long) step 2ms-interval4-long 150 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $LONG2 ;;
   2ms-i1-long-nice) NICE_CLIENTS=10 step 2ms-interval1-long-nice-clients 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $LONG2 ;;
   2ms-i4-long-nice) NICE_CLIENTS=10 step 2ms-interval4-long-nice-clients 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $WITH $LONG2 ;;
   2ms-i1-long-f8) step 2ms-interval1-long-8frontends 260 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES=8 -- $WITH $LONG2 ;;
@@ -108,6 +128,13 @@ for s in "$@"; do case $s in
   tensor-10ms-i1) step tensor-vs-llmapi-10ms-interval1 120 "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH10 ;;
   tensor-10ms-i4) step tensor-vs-llmapi-10ms-interval4 120 "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $BACK $HIGH10 ;;
   tensor-2ms-i1-c1) step tensor-vs-llmapi-2ms-interval1-c1 80 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $ONE2 ;;
+  trace-i1)   # with a variant holding docs/performance/first-token-trace.patch's files: each leg of a first token
+    rm -rf /tmp/trtllm-trace && mkdir /tmp/trtllm-trace
+    step 2ms-interval1-first-token-trace 90 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $TRACE2
+    $PYRUN scripts/first_token_trace.py /tmp/trtllm-trace --json $RES/${C}core-llmapi-$LAST-legs.json | tail -25
+    rm -rf /tmp/trtllm-trace; pack ;;
   *) log "unknown step $s" ;;
-esac; done
+esac
+[ -n "$VARIANT" ] && unvariant
+done
 log "all done"
