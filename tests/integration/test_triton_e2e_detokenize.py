@@ -54,7 +54,8 @@ RELAY_PROBE_S = 20.0  # one short stream; a healthy relay answers it in well und
 
 def _stack(layout: str, request: pytest.FixtureRequest) -> object:
     """The layout's session stack. The relay's is probed first: once its stub has deadlocked (in an earlier test),
-    every later request hangs, and each test would wait out its own timeout (2-5 minutes) to xfail."""
+    later requests fail ("not healthy") or hang, and a hung one would make each test wait out its own timeout
+    (2-5 minutes) to xfail."""
     server = request.getfixturevalue(layout)
     if layout == "echo_relay_triton":
         try:
