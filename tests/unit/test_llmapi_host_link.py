@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -152,3 +153,58 @@ def test_an_ended_streams_last_response_is_answered_before_the_others_next_ones(
         ((3, 0), 0, [1], None, None, None, None),
         ((3, 0), None, [], None, None, None, "the request failed"),
     ]
+
+
+async def test_a_dead_executors_failures_reach_the_instances_before_the_host_stops():
+    """The LLM-API double's dispatch thread sets the executor's error, then fails every open request: the host's
+    watch stops it only once those failures are written, so each stream ends with the executor's reason rather
+    than the bare "host gone" of a closed connection (a stop in between left them to that)."""
+    from types import SimpleNamespace
+
+    from trtllm_truss.engine_standin import llmapi_double as double
+    from trtllm_truss.engine_standin.types import FinishReason, GenerationRequest
+    from trtllm_truss.triton_models.tensorrt_llm_llmapi import llm_host
+    from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import take_frame
+
+    loop = asyncio.get_running_loop()
+    executor = SimpleNamespace(error=None, cancel=lambda engine_id: None)
+    results: list = []
+
+    class LLM:
+        def __init__(self) -> None:
+            self.executor = executor
+
+        def generate_async(self, **_: object) -> double.GenerationResult:
+            results.append(double.GenerationResult(loop, 1, True, executor))
+            return results[-1]
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written = bytearray()
+
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            self.written += data
+
+    api = SimpleNamespace(SamplingParams=double.SamplingParams, GuidedDecodingParams=double.GuidedDecodingParams,
+                          LoRARequest=double.LoRARequest)
+    host = llm_host.LlmHost(LLM(), api, {})
+    instance, transport = host.connect(), Transport()
+    instance.connection_made(transport)
+    for key in range(3):
+        host._submit(instance, key, GenerationRequest(str(key), [1, 2, 3], 8), 1, True, str(key))
+    executor.error = "the executor worker process (pid 1) exited with -9"
+    watch = loop.create_task(host.watch_executor())
+    await asyncio.sleep(0)  # the watch has seen the error; the requests' failures come after it, as the thread sends them
+    assert not host.stopped.is_set()
+    reason = f"the executor is gone: {executor.error}"
+    double._deliver([((result, 0), (str(i), [], None, None, FinishReason.ERROR.value, reason)) for i, result in enumerate(results)])
+    await asyncio.wait_for(watch, 10)
+    assert host.stopped.is_set()
+    updates = []
+    while (frame := take_frame(transport.written)) is not None:
+        updates += frame
+    errors = {update[0]: update[6] for update in updates[1:] if update[6] is not None}  # after `ready`
+    assert errors == {key: reason for key in range(3)}, updates

@@ -49,6 +49,7 @@ from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
 log = logging.getLogger("tensorrt_llm_llmapi.host")
 FAILED_LINGER_S = 30.0  # a host whose LLM could not be built answers `failed` this long, then exits
 EXECUTOR_CHECK_S = 0.5
+FAILURES_DRAIN_S = 5.0  # a dead executor's failures of the open requests reach their instances within this
 
 
 class _Instance(asyncio.Protocol):
@@ -109,6 +110,7 @@ class LlmHost:
         self._tokenizer = None
         self._by_triton_id: dict[str, set[tuple[_Instance, Any]]] = {}
         self.instances: set[_Instance] = set()
+        self.follows: set[asyncio.Task] = set()  # every row's `_follow`, until it has pushed its end
         self.stopped = asyncio.Event()
 
     def _decode(self, ids: list[int]) -> str:
@@ -150,7 +152,9 @@ class LlmHost:
         instance.results[key] = result
         if triton_id:
             self._by_triton_id.setdefault(triton_id, set()).add((instance, key))
-        self.loop.create_task(self._follow(instance, key, result, generation, n, triton_id))
+        follow = self.loop.create_task(self._follow(instance, key, result, generation, n, triton_id))
+        self.follows.add(follow)
+        follow.add_done_callback(self.follows.discard)
 
     async def _follow(self, instance: _Instance, key: Any, result: Any, generation: Any, n: int, triton_id: str) -> None:
         """Every new token of the row's sequences to its instance, each sequence's end with its last tokens.
@@ -207,6 +211,12 @@ class LlmHost:
         while executor is not None and not self.stopped.is_set():
             if getattr(executor, "error", None) is not None:
                 log.error("LLM host: the executor is gone (%s); exiting", executor.error)
+                # The double's dispatch thread fails every open request just after it sets the error: those
+                # failures reach their instances first, so each stream ends with the executor's reason, not the
+                # bare "host gone" of a closed connection; their frames are flushed (call_soon) before the stop.
+                if self.follows:
+                    await asyncio.wait(set(self.follows), timeout=FAILURES_DRAIN_S)
+                await asyncio.sleep(0)
                 self.stopped.set()
                 return
             await asyncio.sleep(EXECUTOR_CHECK_S)
