@@ -15,17 +15,20 @@ STARTUP_TIMEOUT_S = 240
 FRONTS = ("truss", "direct")
 # The direct front's processes in the tests: two, so every guarantee is seen across processes.
 DIRECT_FRONTENDS = "2"
+RUNNING: dict[int, TrussServer] = {}  # id -> started here, not stopped yet (conftest stops a module's at once)
 
 
 def serve_truss(work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
     """This repository's truss under truss's real server (one thread per numeric library)."""
     fs_root = build_server_root(REPO_ROOT, work)
     proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env})
+    RUNNING[id(proc)] = proc
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
         yield proc
     finally:
         proc.stop()
+        RUNNING.pop(id(proc), None)
 
 
 def serve_front(front: str, work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
@@ -39,11 +42,13 @@ def serve_front(front: str, work: Path, env: dict[str, str]) -> Iterator[TrussSe
            **env}
     proc = start_direct_server(REPO_ROOT, work / "direct.log", env=env)
     proc.front = front
+    RUNNING[id(proc)] = proc
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
         yield proc
     finally:
         proc.stop()
+        RUNNING.pop(id(proc), None)
 
 
 def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
