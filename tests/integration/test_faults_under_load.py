@@ -11,7 +11,8 @@ The 64 streams are spread over the five routes (chat, completions and responses 
 messages and the native route through httpx). The engine is the synthetic stand-in at 40 ms a step:
 `MAX_TOKENS` keep every stream open for about 10 s, so that on a busy 2-core machine, where opening the 64
 takes seconds, three in four are still open at the kill (at 20 ms a step, 25 of 64 were once, on this machine
-beside a CI run). One stack per (front, backend) serves its three faults in the order frontend, stub, tritonserver (each leaves the stack serving for the next, which checks it first).
+beside a CI run). One stack per (front, backend) serves its three faults in the order frontend, stub,
+tritonserver (each leaves the stack serving for the next, which checks it first).
 The backend is a parameter; only the tensor stand-in (`pytorch`) runs here for now.
 """
 
