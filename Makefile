@@ -6,15 +6,14 @@ bootstrap:
 predict:  # needs only .venv: the extra Pythons' venvs are the tests'
 	@SKIP_EXTRA_PYTHONS=1 scripts/bootstrap.sh
 	@.venv/bin/trtllm-truss predict . --prompt "$(PROMPT)"
-# The import contracts (the layers), then the whole suite on Python 3.11 (.venv, with CPU torch), then, side by side
-# (scripts/side_suites.sh), everything that needs no torch on each extra Python (.venv-py3.X; torch-marked tests skip
-# there) and the NVIDIA image environments once.
+# The import contracts (the layers), then every suite (scripts/test_suites.sh, which says in what order, side by
+# side): the whole suite on Python 3.11 (.venv, with CPU torch), everything that needs no torch on each extra Python
+# (.venv-py3.X; torch-marked tests skip there), and the NVIDIA image environments once.
 EXTRA_PYTHONS ?= 3.10 3.12 3.13
 test: bootstrap
 	@echo "== Import contracts (pyproject.toml [tool.importlinter], docs/design.md)"
 	@PYTHONPATH=packages .venv-lint/bin/lint-imports --no-cache
-	@.venv/bin/python -m pytest -m "not image_env" $(PYTEST_ARGS)
-	@scripts/side_suites.sh "$(PYTEST_ARGS)" $(EXTRA_PYTHONS)
+	@scripts/test_suites.sh "$(PYTEST_ARGS)" $(EXTRA_PYTHONS)
 serve: bootstrap
 	@.venv/bin/trtllm-truss serve .
 validate: bootstrap

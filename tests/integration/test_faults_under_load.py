@@ -33,7 +33,8 @@ import pytest
 from trtllm_truss.fronts.truss_server import READY_PATH, TrussServer
 from truss_serving import FRONTS, serve_front
 
-pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.slow, pytest.mark.truss_server, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.slow, pytest.mark.truss_server, pytest.mark.timeout(300),
+              pytest.mark.alone]
 
 BACKENDS = ("pytorch", "llmapi")  # llmapi: our llmapi model on the LLM-API double (its host and executor in their own processes)
 STREAMS = 64

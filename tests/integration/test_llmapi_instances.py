@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from engine_wire import Stream, engine_inputs
 from truss_serving import poll
 
-pytestmark = [pytest.mark.triton, pytest.mark.torch]
+pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.alone]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEP_MS = 20
