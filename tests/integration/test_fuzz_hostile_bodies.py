@@ -25,7 +25,7 @@ import pytest
 
 from trtllm_truss.fronts.truss_server import TrussServer, build_server_root, start_truss_server
 
-pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.alone]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICT = "/v1/models/model:predict"

@@ -14,7 +14,7 @@ from engine_wire import Stream, engine_inputs, request_error
 from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.repository import render_repository
 
-pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.triton, pytest.mark.torch, pytest.mark.timeout(300), pytest.mark.alone]
 
 STEP_MS = 20.0
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import serve_front
 
-pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch]
+pytestmark = [pytest.mark.truss_server, pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.alone]
 
 ASK = [{"role": "user", "content": "Name a city by the sea, as JSON."}]
 GREEDY = {"model": "embedded", "temperature": 0}
