@@ -16,17 +16,17 @@ args=$1; shift
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-lane1=("3.11 integration")
-lane2=("3.11 unit")
+# Every suite in the order its log is printed; lane 1 is the first, lane 2 all but the first and the last.
+order=("3.11 integration" "3.11 unit")
 for minor in "$@"; do
   if [ -x ".venv-py$minor/bin/python" ]; then
-    lane2+=("$minor")
+    order+=("$minor")
   else
     echo "== Python $minor: no .venv-py$minor (bootstrap found no interpreter): skipped"
   fi
 done
-lane2+=(images)
-order=("${lane1[@]}" "${lane2[@]}" alone)
+order+=(images alone)
+last=$((${#order[@]} - 1))
 
 run_suite() {
   case $1 in
@@ -48,21 +48,20 @@ run_suite() {
   esac
 }
 
-# Runs the suites named, one after another, each into its log (named by its place in `order`).
+# Runs the suites of `order` from index $1 to index $2, one after another, each into its log.
 lane() {
-  local suite i status=0
-  for suite in "$@"; do
-    for i in "${!order[@]}"; do [ "${order[$i]}" = "$suite" ] && break; done
-    local started=$SECONDS
-    run_suite "$suite" > "$logs/$i.log" 2>&1 || { status=1; echo "$suite" >> "$logs/failed"; }
-    echo "== ($suite: $((SECONDS - started)) s)" >> "$logs/$i.log"
+  local i started status=0
+  for ((i = $1; i <= $2; i++)); do
+    started=$SECONDS
+    run_suite "${order[$i]}" > "$logs/$i.log" 2>&1 || { status=1; echo "${order[$i]}" >> "$logs/failed"; }
+    echo "== (${order[$i]}: $((SECONDS - started)) s)" >> "$logs/$i.log"
   done
   return $status
 }
 
-lane "${lane1[@]}" & first=$!
-lane "${lane2[@]}" & second=$!
+lane 0 0 & first=$!
+lane 1 $((last - 1)) & second=$!
 wait "$first"; wait "$second"
-lane alone
+lane "$last" "$last"
 for i in "${!order[@]}"; do cat "$logs/$i.log"; done
 if [ -s "$logs/failed" ]; then echo "== failed: $(tr '\n' ' ' < "$logs/failed")"; exit 1; fi
