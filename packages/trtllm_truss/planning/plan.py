@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.guides.tool_syntax import forced_syntax_off
 from trtllm_truss.planning import lora
+from trtllm_truss.planning.architectures import CheckpointArchitecture, architecture_problems
 from trtllm_truss.planning.backend_settings import backend_setting_problems
 from trtllm_truss.planning.probe import RuntimeFacts, version_tuple
 from trtllm_truss.planning.speculation import engine_build, speculation_problems
@@ -308,8 +309,11 @@ def make_plan(
     *,
     artifacts_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    checkpoint_architecture: CheckpointArchitecture | None = None,
 ) -> ServingPlan:
-    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds)."""
+    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds).
+    `checkpoint_architecture`: the checkpoint's config.json, read beforehand where it is wanted (validate, init:
+    `trtllm_truss.artifacts.checkpoint_config`); checked against the deployment's TensorRT-LLM."""
     trt = resolved.trt_llm
     runtime = trt.runtime
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
@@ -323,6 +327,7 @@ def make_plan(
         runtime.guided_decoding_backend, backend, version_tuple(facts.trtllm_version), facts.trtllm_version
     )
     problems += lora.backend_problems(trt.build, runtime, backend, facts.trtllm_version)
+    problems += architecture_problems(trt.build, backend, facts.trtllm_version, checkpoint_architecture, trt.speculative)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
