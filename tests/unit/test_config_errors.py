@@ -54,12 +54,6 @@ CASES = [
         "allowed values: llama, mistral",
     ),
     Case(
-        "architecture-missing",
-        {"trt_llm": {"build": {"huggingface_ckpt_repository": "a/b"}}},
-        f"{S}.build.base_model_architecture",
-        "required",
-    ),
-    Case(
         "checkpoint-missing",
         {"trt_llm": {"build": {"base_model_architecture": "llama"}}},
         f"{S}.build.huggingface_ckpt_repository",
@@ -354,13 +348,6 @@ CASES = [
         f"{S}.build.max_input_len",
         "unset OPTION_MAX_INPUT_LEN",
         env={"OPTION_MAX_INPUT_LEN": "1024"},
-    ),
-    Case(
-        "djl-only-no-architecture",
-        {},
-        f"{S}.build.base_model_architecture",
-        "required",
-        env={"HF_MODEL_ID": "meta-llama/Meta-Llama-3-8B"},
     ),
     Case(
         "djl-tp-max-exceeds-pp",

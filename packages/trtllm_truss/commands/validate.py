@@ -84,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
-    """Plan for the deployment's machine (no download, no build): refusals -> exit 1, else print the plan."""
+    return check_plan(resolved, args.trtllm_version, out, err)
+
+
+def check_plan(resolved, trtllm_version: str | None, out, err) -> int:
+    """Plan for the deployment's machine (no download, no build): refusals -> exit 1, else print the plan.
+    `init` runs it on the truss it writes, so it writes only what validate accepts."""
     from trtllm_truss.artifacts.build_recipes import BuildPlanError
     from trtllm_truss.commands.build import describe_target_plan, plan_for_target
     from trtllm_truss.config.errors import redact
@@ -96,7 +101,7 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
 
     checkpoint = checkpoint_architecture(resolved)
     try:
-        target = plan_for_target(resolved, probe_facts(), args.trtllm_version, checkpoint=checkpoint)
+        target = plan_for_target(resolved, probe_facts(), trtllm_version, checkpoint=checkpoint)
         lines = describe_target_plan(target, resolved)
     except PlanError as exc:
         err.print(f"plan: {len(exc.problems)} problem(s)", markup=False)
