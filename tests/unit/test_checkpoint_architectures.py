@@ -196,3 +196,43 @@ def test_init_refuses_a_checkpoint_the_release_does_not_serve_and_writes_nothing
     err = capsys.readouterr().err
     assert "was not written" in err and "Gemma2ForCausalLM is not served by TensorRT-LLM 1.2.1" in err
     assert not truss_dir.exists()
+
+
+def test_init_with_another_checkpoint_lets_its_config_json_name_the_architecture(tmp_path: Path, capsys):
+    """The default example names llama for its own checkpoint; a Qwen3-MoE checkpoint must not inherit it."""
+    checkpoint = tmp_path / "qwen3-moe"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
+    truss_dir = tmp_path / "t"
+    assert main(["init", str(truss_dir), "--checkpoint-repository", str(checkpoint), "--accelerator", "H100"]) == 0
+    written = yaml.safe_load((truss_dir / "config.yaml").read_text())["model_metadata"]["trt_llm"]["build"]
+    assert "base_model_architecture" not in written
+    capsys.readouterr()
+    assert main(["validate", str(truss_dir)]) == 0
+    assert "# architecture: Qwen3MoeForCausalLM" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("example", sorted(p.parent.name for p in (ROOT / "examples").glob("*/config.yaml")))
+def test_every_example_still_validates(example: str, capsys):
+    assert main(["validate", str(ROOT / "examples" / example)]) == 0, capsys.readouterr().err
+
+
+def test_the_table_in_configuration_md_is_the_registry() -> None:
+    """docs/configuration.md "The checkpoint's architecture": each row lists a release's names (or the previous
+    row's plus the new ones)."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text.split("### The checkpoint's architecture", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| 1.")]
+    registry = architectures.registry()
+    previous: set[str] = set()
+    seen = []
+    for row in rows:
+        releases, names = (cell.strip() for cell in row.strip("|").split("|"))
+        versions = [part.split(" ")[0] for part in releases.split(", ")]
+        listed = {n.strip() for n in names.split("'s, and ", 1)[-1].split(",")}
+        expected = (previous | listed) if "'s, and " in names else listed
+        for version in versions:
+            assert set(registry[version]) == expected, version
+            seen.append(version)
+        previous = expected
+    assert sorted(seen) == sorted(registry)

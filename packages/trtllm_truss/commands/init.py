@@ -107,8 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--checkpoint-repository", help="build from this Hugging Face checkpoint repository")
     source.add_argument("--engine-repository", help="serve this prebuilt engine repository (no build)")
     parser.add_argument("--tokenizer-repository", help="tokenizer of a prebuilt engine (default: kept from the example)")
-    parser.add_argument("--architecture", help="build.base_model_architecture (llama, mistral, mixtral, qwen, ...)")
-    parser.add_argument("--quantization", help="build.quantization_type (no_quant, fp8, weights_int8, ...)")
+    parser.add_argument("--architecture", help="build.base_model_architecture (llama, mistral, mixtral, qwen, ...): needed"
+                        " by an engine build; optional on the LLM-API path, which reads the checkpoint's config.json")
+    parser.add_argument("--quantization", help="build.quantization_type (no_quant, fp8, weights_int8, ...): a calibration"
+                        " recipe needs an engine-build example (--from legacy-...); the LLM API takes fp8_kv")
     parser.add_argument("--accelerator", help="resources.accelerator, e.g. H100, H100:2, A100:4")
     parser.add_argument("--name", help="model_name (default: the folder's name)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty folder")
@@ -137,22 +139,30 @@ _LLMAPI_QUANTIZATIONS = ("no_quant", "fp8_kv")
 ENGINE_BUILD_EXAMPLE = "legacy-llama3-8b-fp8-engine-h100"
 
 
-def _llmapi_quantization_problem(config: dict[str, Any], example: str, quantization: str) -> str | None:
-    """Why --quantization cannot hold on the backend this config runs (None: it can)."""
+def _llmapi_target(config: dict[str, Any]) -> tuple[str, str | None] | None:
+    """(runtime.backend, base_image's TensorRT-LLM) when this config runs on the LLM API; None when it does not."""
     from trtllm_truss.artifacts.target import IMAGE_TRTLLM_VERSIONS
     from trtllm_truss.planning.plan import llmapi_version_ok
 
+    section = config["model_metadata"]["trt_llm"]
+    backend = str((section.get("runtime") or {}).get("backend", "auto"))
+    version = IMAGE_TRTLLM_VERSIONS.get(str((config.get("base_image") or {}).get("image", "")))
+    if backend == "llmapi" or (backend == "auto" and llmapi_version_ok(version)):
+        return backend, version
+    return None
+
+
+def _llmapi_quantization_problem(config: dict[str, Any], example: str, quantization: str) -> str | None:
+    """Why --quantization cannot hold on the backend this config runs (None: it can)."""
     from trtllm_truss.config.enums import Quantization
 
     value = str(quantization).lower()
     if value in _LLMAPI_QUANTIZATIONS or value not in {q.value for q in Quantization}:
         return None  # an unknown name is the schema's to refuse, naming build.quantization_type
-    section = config["model_metadata"]["trt_llm"]
-    backend = str((section.get("runtime") or {}).get("backend", "auto"))
-    image = str((config.get("base_image") or {}).get("image", ""))
-    version = IMAGE_TRTLLM_VERSIONS.get(image)
-    if backend != "llmapi" and not (backend == "auto" and llmapi_version_ok(version)):
+    target = _llmapi_target(config)
+    if target is None:
         return None
+    backend, version = target
     return (
         f"--quantization {quantization}: example {example} serves the checkpoint with TensorRT-LLM"
         f" {version or '1.x'}'s LLM API (runtime.backend {backend}), which loads a checkpoint as it is and runs no"
@@ -184,6 +194,9 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     if build is not None:
         if args.checkpoint_repository:
             build["huggingface_ckpt_repository"] = args.checkpoint_repository
+            if not args.architecture and _llmapi_target(config) is not None:
+                # the example's family was its own checkpoint's; the LLM API reads the new one's config.json
+                build.pop("base_model_architecture", None)
         if args.architecture:
             build["base_model_architecture"] = args.architecture
         if args.quantization:
