@@ -83,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.dry_run:
             # A dry run plans for the deployment's machine (its image's TensorRT-LLM, its GPUs); see TargetPlan.
-            target = plan_for_target(resolved, facts, args.trtllm_version, examples_dir=args.examples_dir)
+            from trtllm_truss.artifacts.checkpoint_config import checkpoint_architecture
+
+            target = plan_for_target(
+                resolved, facts, args.trtllm_version, examples_dir=args.examples_dir,
+                checkpoint=checkpoint_architecture(resolved),
+            )
             return _print_target_plan(target, builder, resolved)
         plan = make_plan(resolved, facts)
         if plan.mode == "serve":
