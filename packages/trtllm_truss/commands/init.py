@@ -251,7 +251,10 @@ def _remove_written(truss_dir: Path, files: list[Path], existed: bool, was_empty
         shutil.rmtree(truss_dir, ignore_errors=True)
     elif was_empty:
         for child in truss_dir.iterdir():
-            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
     else:
         for name in files:
             (truss_dir / name).unlink(missing_ok=True)
