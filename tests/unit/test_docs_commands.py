@@ -165,3 +165,11 @@ def test_the_repository_truss_validates():
     """README's `validate .`: the embedded default, checked without a network."""
     result = _run(["validate", "."], REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", ["", "init", "validate", "build", "serve", "predict", "bench"])
+def test_help_of_every_command(tmp_path: Path, command: str):
+    """README's table of commands: each answers `--help` on a machine without a GPU or a network."""
+    result = _run([command, "--help"] if command else ["--help"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage: trtllm-truss" in result.stdout
