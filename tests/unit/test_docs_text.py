@@ -128,3 +128,17 @@ def test_readme_lists_the_examples_there_are():
     examples = {p.parent.name for p in (REPO / "examples").glob("*/config.yaml")}
     listed = set(re.findall(r"^- `([a-z0-9.-]+)`:", readme, re.M))
     assert listed == examples, f"README lists {sorted(listed - examples)} not in examples/; misses {sorted(examples - listed)}"
+
+
+def test_readme_quickstart_reaches_a_deployed_model_in_40_lines():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    code = [line for block in re.findall(r"^```[^\n]*\n(.*?)^```", quickstart, re.M | re.S) for line in block.splitlines()]
+    assert len(code) <= 40, f"the quickstart's commands and code are {len(code)} lines"
+    text = "\n".join(code)
+    for step in ("pip install truss==", "truss login", "hf_access_token", "trtllm-truss init", "trtllm-truss validate",
+                 "truss push", "api.baseten.co/environments/production/sync/v1", "OpenAI("):
+        assert step in text, f"the quickstart lacks {step!r}"
+    pinned = re.search(r"truss==([0-9.]+)", text)[1]
+    assert f'"truss=={pinned}"' in (REPO / "pyproject.toml").read_text(encoding="utf-8"), "the quickstart's truss is not the pinned one"
+    assert "make predict" in readme and "make test" in readme  # the two commands of a fresh machine (CI runs make test)
