@@ -199,3 +199,72 @@ def test_warmup_prompts_share_no_block_with_a_trace():
     trace_blocks = {b for p in _prompts() for b in token_blocks(p.request.input_ids, 16)}
     assert len(warm) == 3 and all(len(r.input_ids) == 16 for r in warm)
     assert not trace_blocks & {tuple(r.input_ids) for r in warm}
+
+
+EMBEDDED = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give --url"),
+    (["--url", "http://127.0.0.1:9", "--request-rate", "2"], "not --request-rate"),
+    (["--url", "http://127.0.0.1:9", "--concurrency", "1,2"], "one --concurrency"),
+])
+def test_bench_trace_options_exit_2_naming_the_option(argv, message, tmp_path, capsys):
+    from trtllm_truss.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1]}\n')
+    assert main(["bench", ".", "--trace", str(trace), *argv]) == 2
+    assert message in capsys.readouterr().err.replace("\n", "")
+
+
+def test_bench_trace_replays_through_the_cli_and_writes_the_report(tmp_path, capsys):
+    """The whole command against a stdlib HTTP server in a thread (the command runs its own event loop)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from trtllm_truss.cli import main
+
+    if not (EMBEDDED / "tokenizer.json").is_file():
+        pytest.skip("the embedded model is not generated in this checkout")
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self._send(b'{"data": [{"id": "m"}]}', "application/json")
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            cached = 16 if body["prompt"][:16] in [b["prompt"][:16] for b in seen[:-1]] else 0
+            usage = {"completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": cached}}
+            self._send(_sse({"choices": [{"text": "x"}]}) + _sse({"choices": [], "usage": usage}) + b"data: [DONE]\n\n",
+                       "text/event-stream")
+
+        def _send(self, payload: bytes, kind: str):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2 + i]}) + "\n"
+                             for i in range(3)))
+    out = tmp_path / "r.json"
+    try:
+        code = main(["bench", ".", "--trace", str(trace), "--url", f"http://127.0.0.1:{server.server_address[1]}",
+                     "--tokenizer", str(EMBEDDED), "--trace-block-tokens", "16", "--warmup", "1", "--json", str(out)])
+    finally:
+        server.shutdown()
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert len(seen) == 4 and len(seen[1]["prompt"]) == 32 and seen[1]["model"] == "m"  # 1 warm-up + 3
+    assert report["reuse"]["cached_tokens"] == 32 == report["reuse"]["bound"]["cached_tokens_of_succeeded"]
+    assert report["trace"]["synthesis"]["block_tokens"] == 16 and report["settings"]["pace"] == "timestamps"
+    assert "cached / bound: 1.000" in capsys.readouterr().out
