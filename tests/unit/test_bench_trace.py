@@ -112,3 +112,12 @@ def test_the_studys_trace_subset_reads_and_has_reuse():
     bound = infinite_cache_reuse([trace_blocks(t.hash_ids, t.input_length, 512) for t in trace], 512)
     total = sum(t.input_length for t in trace)
     assert 0.2 < bound.cached_tokens / total < 1.0
+
+
+def test_a_prompts_last_token_is_never_a_hit_though_its_block_serves_later_requests():
+    # r0 fills 2 blocks exactly; r1 repeats it: an engine computes r1's last token, so only block 1 hits.
+    # r2 extends it: both blocks, stored when r0 ran, are hits.
+    prompts, lengths = [[1, 2], [1, 2], [1, 2, 3]], [8, 8, 12]
+    assert infinite_cache_reuse(prompts, 4).per_request == [0, 8, 8]
+    assert infinite_cache_reuse(prompts, 4, lengths).per_request == [0, 4, 8]
+    assert lru_pool_reuse(prompts, 4, 10, lengths).per_request == [0, 4, 8]

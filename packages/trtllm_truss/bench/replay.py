@@ -86,20 +86,21 @@ def replay_report(
     # The bounds count the requests that succeeded, so that a failure lowers neither side alone.
     sent = {r.index for r in ok}
     blocks = [token_blocks(p.request.input_ids, plan.kv_block_tokens) for p in plan.prompts]
-    bound = infinite_cache_reuse(blocks, plan.kv_block_tokens)
+    lengths = [p.request.input_len for p in plan.prompts]  # a prompt's last token is never a hit
+    bound = infinite_cache_reuse(blocks, plan.kv_block_tokens, lengths)
     bound_tokens = sum(t for p, t in zip(plan.prompts, bound.per_request) if p.request.index in sent)
     reuse: dict[str, Any] = {
         "input_tokens": input_tokens,
         "cached_tokens": cached,
         "cached_reported": sum(1 for r in ok if r.cached_tokens is not None),
         "cached_fraction": cached / input_tokens if input_tokens else None,
-        "bound": bound.as_dict(sum(p.request.input_len for p in plan.prompts)) | {"cached_tokens_of_succeeded": bound_tokens},
+        "bound": bound.as_dict(sum(lengths)) | {"cached_tokens_of_succeeded": bound_tokens},
         "cached_over_bound": cached / bound_tokens if bound_tokens else None,
         "lru": None,
     }
     if plan.lru_pool_blocks is not None:
-        lru = lru_pool_reuse(blocks, plan.kv_block_tokens, plan.lru_pool_blocks)
-        reuse["lru"] = lru.as_dict(sum(p.request.input_len for p in plan.prompts))
+        lru = lru_pool_reuse(blocks, plan.kv_block_tokens, plan.lru_pool_blocks, lengths)
+        reuse["lru"] = lru.as_dict(sum(lengths))
     per_replica: dict[str, dict[str, int]] = {}
     for r in ok:
         row = per_replica.setdefault(r.replica or UNKNOWN_REPLICA, {"requests": 0, "input_tokens": 0, "cached_tokens": 0, "output_tokens": 0})

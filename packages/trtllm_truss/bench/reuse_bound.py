@@ -15,6 +15,9 @@ prompts actually sent), each key standing for `block_tokens` tokens; a prompt li
   bound (LRU is not the optimal policy), a reference for a fleet whose pools add up to `pool_blocks`.
 
 Only prompt blocks count: the blocks an engine stores for the tokens it generates are not in a trace.
+With the prompts' lengths (`input_tokens`), a hit also stops before the block that holds a prompt's last
+token: engines always compute that token (its logits give the first output token), so TensorRT-LLM and
+vLLM never report it cached, though the block, once computed, serves later requests.
 """
 
 from __future__ import annotations
@@ -66,32 +69,41 @@ class _Chains:
         return chain
 
 
-def infinite_cache_reuse(prompts: Sequence[BlockKeys], block_tokens: int) -> ReuseBound:
+def _reusable(chain: list[int], input_tokens: Sequence[int] | None, i: int, block_tokens: int) -> int:
+    """Blocks of request i that may be hits: all its full blocks, or those before its last token's."""
+    return len(chain) if input_tokens is None else min(len(chain), (input_tokens[i] - 1) // block_tokens)
+
+
+def infinite_cache_reuse(
+    prompts: Sequence[BlockKeys], block_tokens: int, input_tokens: Sequence[int] | None = None
+) -> ReuseBound:
     """The trace's upper bound: each request's longest prefix of full blocks seen in any earlier request."""
     chains = _Chains()
     seen: set[int] = set()
     bound = ReuseBound(block_tokens=block_tokens)
-    for blocks in prompts:
+    for i, blocks in enumerate(prompts):
         chain = chains.of(blocks)
-        hit = 0
-        while hit < len(chain) and chain[hit] in seen:
+        hit, reusable = 0, _reusable(chain, input_tokens, i, block_tokens)
+        while hit < reusable and chain[hit] in seen:
             hit += 1
         bound.per_request.append(hit * block_tokens)
         seen.update(chain)
     return bound
 
 
-def lru_pool_reuse(prompts: Sequence[BlockKeys], block_tokens: int, pool_blocks: int) -> ReuseBound:
+def lru_pool_reuse(
+    prompts: Sequence[BlockKeys], block_tokens: int, pool_blocks: int, input_tokens: Sequence[int] | None = None
+) -> ReuseBound:
     """Reuse with one shared pool of `pool_blocks` blocks, least recently used evicted first."""
     if pool_blocks < 1:
         raise ValueError(f"pool_blocks: expected a positive number of blocks, got {pool_blocks}")
     chains = _Chains()
     pool: OrderedDict[int, None] = OrderedDict()  # oldest first
     bound = ReuseBound(block_tokens=block_tokens, pool_blocks=pool_blocks)
-    for blocks in prompts:
+    for i, blocks in enumerate(prompts):
         chain = chains.of(blocks)
-        hit = 0
-        while hit < len(chain) and chain[hit] in pool:
+        hit, reusable = 0, _reusable(chain, input_tokens, i, block_tokens)
+        while hit < reusable and chain[hit] in pool:
             hit += 1
         bound.per_request.append(hit * block_tokens)
         for block in reversed(chain):
