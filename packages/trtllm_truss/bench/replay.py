@@ -6,8 +6,9 @@ The report (JSON, schema_version 1, "kind": "trace_replay"):
    "metrics": LevelMetrics (TTFT, ITL, end-to-end, tokens/s: bench.stats),
    "reuse": {"input_tokens", "cached_tokens", "cached_reported", "cached_fraction",
              "bound": infinite-cache bound (bench.reuse_bound), "cached_over_bound",
-             "lru": the finite-pool reference | null},
-   "per_replica": {replica: {"requests", "input_tokens", "cached_tokens", "output_tokens"}},
+             "lru": the finite-pool reference | null,
+             "bound_given_routing": the bound of each replica's own requests, summed (replicas named)},
+   "per_replica": {replica: {"requests", "input_tokens", "cached_tokens", "output_tokens", "bound_tokens"}},
    "records": [[index, ttft_ms, e2e_ms, input_tokens, cached_tokens, output_tokens, replica, error]],
    "warnings": [...]}
 Replicas are named as the responses name them (bench.targets.openai); "unknown" where they do not.
@@ -108,6 +109,18 @@ def replay_report(
         row["input_tokens"] += r.input_tokens
         row["cached_tokens"] += r.cached_tokens or 0
         row["output_tokens"] += r.output_tokens or 0
+    # The bound again, each replica on its own with the requests it was given: what an unbounded pool per
+    # replica would have kept. Below the trace's bound: the routing split prefixes; above the cached
+    # tokens: the finite pools evicted them.
+    if any(r.replica for r in ok):
+        index_of = {p.request.index: i for i, p in enumerate(plan.prompts)}
+        given = 0
+        for name, row in per_replica.items():
+            mine = [index_of[r.index] for r in ok if (r.replica or UNKNOWN_REPLICA) == name]
+            mine_bound = infinite_cache_reuse([blocks[i] for i in mine], plan.kv_block_tokens, [lengths[i] for i in mine])
+            row["bound_tokens"] = mine_bound.cached_tokens
+            given += mine_bound.cached_tokens
+        reuse["bound_given_routing"] = given
     warnings = []
     if ok and reuse["cached_reported"] == 0:
         warnings.append("no response reported usage.prompt_tokens_details.cached_tokens: cached tokens count as 0")
@@ -151,6 +164,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     ]
     if reuse["lru"] is not None:
         lines.append(f"LRU pool of {reuse['lru']['pool_blocks']} blocks would cache {reuse['lru']['cached_tokens']:,} tokens")
+    if reuse.get("bound_given_routing") is not None:
+        lines.append(f"bound given the routing (each replica's requests, unbounded pools): {reuse['bound_given_routing']:,}")
     lines += [f"replica {name}: {row['requests']} requests, {row['cached_tokens']:,} cached of {row['input_tokens']:,}"
               for name, row in report["per_replica"].items()]
     return lines
