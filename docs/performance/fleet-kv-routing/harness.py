@@ -25,6 +25,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import unquote
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_TRACE = Path(__file__).resolve().parent / "conversation_trace_first600s.jsonl"
@@ -73,8 +74,11 @@ def _stop(process: subprocess.Popen, timeout_s: float = 20.0) -> None:
 
 
 def _workers_registered(discovery: Path) -> int:
-    """Instances registered for the generate endpoint in the file discovery store."""
-    return sum(1 for p in discovery.rglob("*") if p.is_file() and "generate" in str(p.relative_to(discovery)))
+    """Instances of the workers' generate endpoint in the file discovery store: one file each under
+    v1/instances/, named (URL-quoted) namespace/component/generate/instance id."""
+    instances = discovery / "v1" / "instances"
+    names = [unquote(p.name).split("/") for p in instances.iterdir()] if instances.is_dir() else []
+    return sum(1 for parts in names if len(parts) >= 2 and parts[-2] == "generate")
 
 
 def _wait_ready(url: str, discovery: Path, replicas: int, processes: list[subprocess.Popen], timeout_s: float) -> None:
@@ -97,7 +101,8 @@ def _wait_ready(url: str, discovery: Path, replicas: int, processes: list[subpro
 def run_mode(args: argparse.Namespace, mode: str) -> Path:
     url = f"http://127.0.0.1:{args.http_port}"
     report = args.out / f"mocker-{mode}.json"
-    with tempfile.TemporaryDirectory(prefix="dynamo-discovery-") as discovery:
+    # Under OUT, so that the processes of this run are recognisable by their environment; removed after.
+    with tempfile.TemporaryDirectory(prefix=f"discovery-{mode}-", dir=args.out) as discovery:
         env = {**os.environ, "DYN_FILE_KV": discovery}
         frontend = _start([
             sys.executable, "-m", "dynamo.frontend", "--http-port", str(args.http_port), "--discovery-backend", "file",
