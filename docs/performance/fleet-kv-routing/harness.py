@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the mocker's timing: >1 faster, 0 no simulated delay (default: 1)")
     parser.add_argument("--decode-speedup-ratio", type=float, default=1.0, help="decode-only speedup (default: 1)")
     parser.add_argument("--mocker-arg", action="append", default=[], help="one more argument for dynamo.mocker")
+    parser.add_argument("--frontend-arg", action="append", default=[],
+                        help="one more argument for dynamo.frontend, e.g. the KV router's --router-policy-config")
     parser.add_argument("--http-port", type=int, default=8931)
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--trace-limit", type=int, default=None)
@@ -106,7 +108,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> Path:
         env = {**os.environ, "DYN_FILE_KV": discovery}
         frontend = _start([
             sys.executable, "-m", "dynamo.frontend", "--http-port", str(args.http_port), "--discovery-backend", "file",
-            "--router-mode", mode, "--kv-cache-block-size", str(args.block_size),
+            "--router-mode", mode, "--kv-cache-block-size", str(args.block_size), *args.frontend_arg,
         ], args.out / f"frontend-{mode}.log", env)
         mocker = _start([
             sys.executable, "-m", "dynamo.mocker", "--model-path", args.model_path, "--discovery-backend", "file",
