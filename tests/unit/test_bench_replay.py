@@ -215,6 +215,7 @@ EMBEDDED = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / 
     ([], "give --url"),
     (["--url", "http://127.0.0.1:9", "--request-rate", "2"], "not --request-rate"),
     (["--url", "http://127.0.0.1:9", "--concurrency", "1,2"], "one --concurrency"),
+    (["--url", "http://127.0.0.1:9", "--compare"], "leave out --compare"),
 ])
 def test_bench_trace_options_exit_2_naming_the_option(argv, message, tmp_path, capsys):
     from trtllm_truss.cli import main

@@ -61,6 +61,9 @@ def run_replay(args: argparse.Namespace, err: Any) -> int:
     try:
         if not args.url:
             raise WorkloadError("--trace measures a running server: give --url http://host:port")
+        if args.compare or args.compare_backends or args.guide_schema is not None or args.dataset is not None:
+            raise WorkloadError("--trace replays the trace against --url alone: leave out --compare, --compare-backends,"
+                                " --guide-schema and --dataset")
         if args.request_rate is not None:
             raise WorkloadError("--trace: arrivals come from the trace (--trace-time-scale), not --request-rate")
         concurrency = None
