@@ -91,7 +91,7 @@ async def test_openai_target_sends_token_ids_and_reads_usage_and_replica(complet
     assert [(c.usage_output_tokens, c.cached_tokens) for c in plain][-1] == (2, 16)
     assert {c.replica for c in plain} == {None}
     assert header[0].replica == "replica-b" and {c.replica for c in header[1:]} == {None}
-    assert no_details[-1].cached_tokens == 0  # usage without prompt_tokens_details: none cached
+    assert no_details[-1].cached_tokens is None  # usage without prompt_tokens_details: not said
     assert bodies[-1]["nvext"] == {"extra_fields": ["worker_id"]}
     assert [c.replica for c in dynamo if c.replica] == ["42"]  # told once, the decode worker
 
@@ -276,3 +276,15 @@ def test_bench_trace_replays_through_the_cli_and_writes_the_report(tmp_path, cap
     assert report["reuse"]["cached_tokens"] == 32 == report["reuse"]["bound"]["cached_tokens_of_succeeded"]
     assert report["trace"]["synthesis"]["block_tokens"] == 16 and report["settings"]["pace"] == "timestamps"
     assert "cached / bound: 1.000" in capsys.readouterr().out
+
+
+def test_a_server_that_never_says_cached_tokens_is_warned_about():
+    from trtllm_truss.bench.stats import RequestRecord
+
+    prompts = _prompts()
+    records = [RequestRecord(index=p.request.index, input_tokens=p.request.input_len, requested_output_tokens=3,
+                             sent_at=0.0, first_output_at=0.01, finished_at=0.02, output_tokens=3) for p in prompts]
+    report = replay_report(ReplayPlan(prompts=prompts, kv_block_tokens=16), records, trace={}, settings={})
+    assert report["reuse"]["cached_tokens"] == 0 and report["reuse"]["cached_reported"] == 0
+    assert report["reuse"]["cached_over_bound"] == 0.0 and "bound_given_routing" not in report["reuse"]
+    assert any("cached_tokens" in w for w in report["warnings"])

@@ -1,7 +1,7 @@
 """Target `openai`: `POST /v1/completions` of any OpenAI-compatible server (ours, a fleet's frontend such as
 Dynamo's), the prompt sent as token ids so that the server's KV cache sees exactly the blocks the
 workload built (trace replay). Streams with `stream_options.include_usage`, so the last event's usage
-gives the exact output tokens and `usage.prompt_tokens_details.cached_tokens` (0 when absent).
+gives the exact output tokens and `usage.prompt_tokens_details.cached_tokens` (counted as 0 when absent).
 
 Which replica served a request, where the server says: the `x-replica` response header, or Dynamo's
 `nvext.worker_id.decode_worker_id` when `dynamo_worker_id` asks for it (`nvext.extra_fields`)."""
@@ -20,13 +20,14 @@ REPLICA_HEADER = "x-replica"
 
 
 def usage_fields(event: dict) -> tuple[int | None, int | None]:
-    """(completion tokens, cached prompt tokens) of an event's usage; (None, None) without usage."""
+    """(completion tokens, cached prompt tokens) of an event's usage; None for what it does not say (the
+    report counts an unsaid cached count as 0 and warns when no response said it)."""
     usage = event.get("usage")
     if not isinstance(usage, dict):
         return None, None
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return usage.get("completion_tokens"), cached if isinstance(cached, int) else 0
+    return usage.get("completion_tokens"), cached if isinstance(cached, int) else None
 
 
 def dynamo_worker(event: dict) -> str | None:
