@@ -145,13 +145,14 @@ def examples_table(repo: Path = REPO) -> str:
 
 # --- backends x features -------------------------------------------------------------------------
 
-# Hub ids are only named, never fetched, by a plan; the LoRA adapter is read (a local folder).
-_CHECKPOINT = "meta-llama/Llama-3.1-8B-Instruct"
+# Local folders of this repository (the embedded default's checkpoint and adapter), so that planning reads
+# nothing from the network; the draft models are hub ids, which a plan only names.
+_CHECKPOINT = "data/embedded-llama"
 _ADAPTER = "data/embedded-lora/pirate"
 _BASE: dict[str, Any] = {
     "build": {
         "base_model_architecture": "llama",
-        "huggingface_ckpt_repository": _CHECKPOINT,
+        "huggingface_ckpt_repository": str(REPO / _CHECKPOINT),
         "dtype": "float16",
     },
     "runtime": {},
