@@ -130,7 +130,7 @@ def examples_table(repo: Path = REPO) -> str:
             raise ValueError(f"{folder / 'config.yaml'}: no description (one line: what the example shows)")
         resolved = load_config(folder, environ={})
         trt = resolved.trt_llm
-        model = trt.build.huggingface_ckpt_repository if trt.build is not None else f"{trt.serve.engine_repository} (engine)"
+        model = f"`{trt.build.huggingface_ckpt_repository}`" if trt.build else f"`{trt.serve.engine_repository}` (engine)"
         image = (truss.get("base_image") or {}).get("image", "")
         version = IMAGE_TRTLLM_VERSIONS.get(image, "?")
         backend = plan_for_target(resolved, RuntimeFacts(), None).plan.backend
@@ -138,7 +138,7 @@ def examples_table(repo: Path = REPO) -> str:
         if resolved.node_count > 1:
             gpus = f"{resolved.node_count} nodes x {gpus}"
         tag = image.rsplit(":", 1)[-1].split("-", 1)[0]
-        rows.append([f"`{folder.name}`", f"`{model}`", f"`{backend}`", f"{tag} ({version})", gpus, description.strip()])
+        rows.append([f"`{folder.name}`", model, f"`{backend}`", f"{tag} ({version})", gpus, description.strip()])
     header = ["example (`init --from`)", "model", "backend", "image (TensorRT-LLM)", "GPUs", "what it shows"]
     return _table(header, rows)
 
