@@ -205,6 +205,12 @@ def _one_process(plan: Any) -> str | None:
     return None
 
 
+def _lora(dtype: str) -> dict[str, Any]:
+    modules = ["attn_q", "attn_k", "attn_v", "attn_dense"]
+    return {"build": {"dtype": dtype, "lora_adapters": {"pirate": str(REPO / _ADAPTER)},
+                      "lora_configuration": {"lora_target_modules": modules}}}
+
+
 def _speculative(mode: str, **fields: Any) -> dict[str, Any]:
     return {"speculative": {"speculative_decoding_mode": mode, **fields}}
 
@@ -214,11 +220,8 @@ FEATURES = (
     Feature("structured output with llguidance", {"runtime": {"guided_decoding_backend": "llguidance"}}, read=_guides),
     Feature("forced tool calls (`tool_choice` required / named)", read=_forced),
     Feature("`top_logprobs`", read=_top_logprobs),
-    Feature(
-        "LoRA adapters per request",
-        {"build": {"lora_adapters": {"pirate": str(REPO / _ADAPTER)},
-                   "lora_configuration": {"lora_target_modules": ["attn_q", "attn_k", "attn_v", "attn_dense"]}}},
-    ),
+    Feature("LoRA adapters per request (float16 weights)", _lora("float16")),
+    Feature("LoRA adapters per request (bfloat16 weights)", _lora("bfloat16")),
     Feature("speculative: lookahead", _speculative("lookahead")),
     Feature("speculative: Eagle 3", _speculative("eagle3", num_draft_tokens=3, draft_repository="org/eagle3-head")),
     Feature("speculative: draft model", _speculative("draft_target", num_draft_tokens=3, draft_repository="org/draft")),
