@@ -114,12 +114,13 @@ class BlockPool:
         return key in self._blocks
 
     # ----------------------------------------------------------- a request
-    def acquire(self, input_ids: Sequence[int], lora_task_id: int | None = None) -> Lease:
-        """Match and hold the cached full blocks that prefix `input_ids` (at most all but its last token)."""
+    def acquire(self, input_ids: Sequence[int], lora_task_id: int | None = None, *, match: bool = True) -> Lease:
+        """Match and hold the cached full blocks that prefix `input_ids` (at most all but its last token);
+        `match` false: none (the request computes its whole prompt, and may still store its blocks)."""
         size = self.tokens_per_block
         total = -(-len(input_ids) // size)
         matched: list[Block] = []
-        if self.reuse:
+        if self.reuse and match:
             with self._lock:
                 parent: Block | None = None
                 for index in range(max(len(input_ids) - 1, 0) // size):
