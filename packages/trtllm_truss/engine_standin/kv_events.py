@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # TensorRT-LLM's defaults for what the stand-in does not model: one cache level (GPU) and the
 # default retention priority (KvCacheRetentionConfig's kDefaultRetentionPriority).
@@ -50,6 +50,8 @@ class KVEventBuffer:
         self._next_id = 0
         self._dropped = 0
         self._ready = threading.Condition()
+        # Called (outside the lock) after each event is added: a consumer that forwards events elsewhere.
+        self.on_event: Callable[[], None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -68,6 +70,19 @@ class KVEventBuffer:
                 self._dropped += 1
             self._events.append({"event_id": self._next_id, "data": data, "window_size": self.window_size})
             self._next_id += 1
+            self._ready.notify_all()
+        if self.on_event is not None:
+            self.on_event()
+
+    def extend(self, events: Sequence[dict]) -> None:
+        """Keep events made elsewhere (already numbered, e.g. by another process's buffer), oldest dropped when full."""
+        if not self.max_size or not events:
+            return
+        with self._ready:
+            overflow = len(self._events) + len(events) - self.max_size
+            if overflow > 0:
+                self._dropped += overflow
+            self._events.extend(events)
             self._ready.notify_all()
 
     def created(self, gpu_blocks: int, host_blocks: int = 0) -> None:

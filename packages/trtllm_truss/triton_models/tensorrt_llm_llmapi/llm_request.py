@@ -33,6 +33,9 @@ def double_settings(parameters: Mapping[str, str]) -> dict[str, Any]:
     settings: dict[str, Any] = {"double_guided_whitespace": parameters.get("guided_whitespace", "").strip() or "compact"}
     if parameters.get("synthetic", "").strip().lower() == "true":
         settings["double_synthetic_step_time_ms"] = float(parameters.get("synthetic_step_time_ms", "").strip() or 0.0)
+        prefill = parameters.get("synthetic_prefill_time_per_token_ms", "").strip()
+        if prefill:
+            settings["double_synthetic_prefill_time_per_token_ms"] = float(prefill)
     return settings
 
 
