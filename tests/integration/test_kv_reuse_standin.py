@@ -1,5 +1,7 @@
 """Prefix reuse through the real stack on the embedded model: with runtime.enable_kv_cache_reuse, the same
-long prompt sent again reports most of itself as cached in every route's usage and on /metrics."""
+long prompt sent again reports most of itself as cached in every route's usage and on /metrics, on the
+stand-in (`pytorch`, NVIDIA's tensor interface) and on the LLM-API path (`llmapi` on its double: the LLM API's
+request_perf_metrics through our llmapi Triton model)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ DOCUMENT = " ".join(
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[TrussServer]:
+@pytest.fixture(scope="module", params=["pytorch", "llmapi"])
+def server(request, tmp_path_factory) -> Iterator[TrussServer]:
     env = {
+        "TRTLLM_RUNTIME__BACKEND": request.param,
         "TRTLLM_RUNTIME__ENABLE_KV_CACHE_REUSE": "true",
         "TRTLLM_RUNTIME__EVENT_BUFFER_MAX_SIZE": "1000",
         "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "1",

@@ -71,3 +71,25 @@ def test_perf_metrics_and_events_of_a_repeated_prompt():
         assert [e["data"]["type"] for e in asyncio.run(drain_async())] == ["stored"]
     finally:
         llm.shutdown()
+
+
+def test_an_instance_keeps_a_sequences_kv_block_counts_through_merged_updates():
+    """The host sends a sequence's KV block counts once, as an eighth element of one update; merging the
+    updates waiting for an instance keeps them, and updates without them stay seven long."""
+    from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import PendingUpdates
+
+    pending = PendingUpdates(lambda update: False)
+    pending.add([("k", 0, [5], None, None, None, None), ("k", 0, [6], None, None, None, None, (4, 3))])
+    pending.add([("k", 0, [7], None, None, "stop", None)])
+    assert pending.pop() == ("k", 0, [5, 6, 7], None, None, "stop", None, (4, 3))
+    pending.add([("j", 0, [1], None, None, None, None)])
+    assert pending.pop() == ("j", 0, [1], None, None, None, None)
+
+
+def test_kv_block_counts_come_from_the_llm_apis_request_perf_metrics():
+    from trtllm_truss.engine_standin.llmapi_double import CompletionOutput
+    from trtllm_truss.engine_standin.llmapi_kv import request_perf_metrics
+    from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import kv_block_counts
+
+    assert kv_block_counts(CompletionOutput(0)) is None
+    assert kv_block_counts(CompletionOutput(0, request_perf_metrics=request_perf_metrics(5, 4))) == (5, 4)

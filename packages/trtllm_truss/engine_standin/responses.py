@@ -73,6 +73,12 @@ def kv_block_metrics(request) -> dict[str, int]:
     return {"kv_cache_alloc_total_blocks": total, "kv_cache_reused_blocks": reused, "kv_cache_alloc_new_blocks": total - reused}
 
 
+def kv_block_arrays(requested: Collection[str], total: int, reused: int) -> list[tuple[str, np.ndarray]]:
+    """NVIDIA's three KV block perf outputs ([1, 1] INT32) of a request's prompt, those `requested`."""
+    values = {"kv_cache_alloc_total_blocks": total, "kv_cache_reused_blocks": reused, "kv_cache_alloc_new_blocks": total - reused}
+    return [(name, np.array([[value]], dtype=np.int32)) for name, value in values.items() if name in requested]
+
+
 @dataclass(frozen=True)
 class ResponseExtras:
     """What a response carries besides ids and log probs; None = not sent."""
