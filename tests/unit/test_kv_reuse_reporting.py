@@ -67,3 +67,42 @@ def test_events_need_block_reuse_and_the_cpp_backend_has_none():
     problems = backend_setting_problems(config, "tensorrtllm", "0.19.0")
     assert any("runtime.event_buffer_max_size" in p and "approximate" in p for p in problems)
     assert not any("event_buffer_max_size" in p for p in backend_setting_problems(config, "pytorch", None))
+
+
+def _plan(tmp_path, runtime: str, plugin: str = ""):
+    from pathlib import Path
+
+    from trtllm_truss.config import load_config
+    from trtllm_truss.planning.plan import make_plan
+    from trtllm_truss.planning.probe import RuntimeFacts
+
+    model = Path(__file__).resolve().parents[2] / "data" / "embedded-llama"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.yaml").write_text(
+        "model_name: t\nmodel_metadata:\n  trt_llm:\n    build:\n      base_model_architecture: llama\n"
+        f"      huggingface_ckpt_repository: {model}\n{plugin}    runtime:\n{runtime}"
+    )
+    return make_plan(load_config(tmp_path, environ={}), RuntimeFacts(), artifacts_dir=tmp_path / "a")
+
+
+def test_the_kv_settings_reach_the_stand_in_the_llmapi_model_yaml_and_the_stream_workers(tmp_path):
+    from trtllm_truss.repository import repository_configs
+    from trtllm_truss.repository.llmapi import plan_llm_args
+
+    runtime = (
+        "      backend: {backend}\n      enable_kv_cache_reuse: true\n      event_buffer_max_size: 500\n"
+        "      max_tokens_in_paged_kv_cache: 4096\n"
+    )
+    plugin = "      plugin_configuration: {tokens_per_block: 32}\n"
+    standin = _plan(tmp_path / "p", runtime.format(backend="pytorch") + "      pytorch: {synthetic: {prefill_time_per_token_ms: 0.5}}\n", plugin)
+    params = repository_configs(standin)["tensorrt_llm"].parameter_dict
+    assert {k: params[k] for k in ("tokens_per_block", "enable_kv_cache_reuse", "event_buffer_max_size",
+                                   "max_tokens_in_paged_kv_cache", "synthetic_prefill_time_per_token_ms")} == {
+        "tokens_per_block": "32", "enable_kv_cache_reuse": "true", "event_buffer_max_size": "500",
+        "max_tokens_in_paged_kv_cache": "4096", "synthetic_prefill_time_per_token_ms": "0.5",
+    }
+    assert standin.tokens_per_block == 32
+    llmapi = _plan(tmp_path / "l", runtime.format(backend="llmapi"))
+    kv = plan_llm_args(llmapi)["kv_cache_config"]
+    assert (kv["enable_block_reuse"], kv["event_buffer_max_size"], kv["max_tokens"]) == (True, 500, 4096)
+    assert llmapi.tokens_per_block == 32  # TensorRT-LLM's KvCacheConfig default: cached tokens = reused blocks x 32
