@@ -136,3 +136,31 @@ def test_settings_size_the_pool_from_the_kv_settings():
     assert built.events is not None and built.events.max_size == 10 and built.events.window_size == 128
     capped = StandinSettings.from_parameters({"model_dir": "/m", "max_tokens_in_paged_kv_cache": "256", "tokens_per_block": "64"})
     assert build_kv_pool(capped).max_blocks == 4 and not build_kv_pool(capped).reuse
+
+
+def test_a_finished_answer_is_cached_for_the_next_turn_and_answers_stay_the_same(runner, prompts):
+    plain = StandinEngine(runner, LIMITS, kv_pool=pool(reuse=False)).start()
+    reusing = StandinEngine(runner, LIMITS, kv_pool=pool()).start()
+    try:
+        first = list(prompts[0])
+        answer = run(reusing, GenerationRequest("a", first, 40)).tokens
+        assert answer == run(plain, GenerationRequest("pa", first, 40)).tokens
+        turn = first + answer + list(prompts[1][-6:])  # the next turn repeats the answer
+        request = GenerationRequest("b", turn, 16)
+        assert run(reusing, request).tokens == run(plain, GenerationRequest("pb", turn, 16)).tokens
+        assert request.kv_reused_blocks * 16 > len(first)  # blocks of the answer came from the cache
+    finally:
+        plain.shutdown()
+        reusing.shutdown()
+
+
+def test_the_synthetic_engine_caches_its_answers_too(prompts):
+    engine = SyntheticEngine(LIMITS, 4096, list(range(300, 340)), kv_pool=pool()).start()
+    try:
+        first = list(prompts[0])
+        answer = run(engine, GenerationRequest("a", first, 40)).tokens
+        request = GenerationRequest("b", first + answer + [5, 6, 7], 2)
+        run(engine, request)
+        assert request.kv_reused_blocks == (len(first) + len(answer) - 1) // 16
+    finally:
+        engine.shutdown()

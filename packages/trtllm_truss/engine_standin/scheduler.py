@@ -463,11 +463,28 @@ class StandinEngine(EngineBase):
                 seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None, raw.get(i),
                 tops[i] if tops else None,
             )
+            if output.finished and output.error is None:
+                self._store_generated(i, seq)
             self._emit(seq, output)
             if not output.finished:
                 keep.append(i)
         if len(keep) != len(running):
             self._remove_rows(keep)
+
+    def _store_generated(self, row: int, seq: _Sequence) -> None:
+        """A finished sequence's full blocks past its prompt (its answer) join the cache, as TensorRT-LLM stores
+        a finished request's blocks: a next turn that repeats the answer reuses them."""
+        if seq.lease is None or not self.kv_pool.reuse or seq.state is None:
+            return
+        covered = self._cache.length - seq.pad  # tokens whose KV is in the batch cache (not the last sampled)
+        size = self.kv_pool.tokens_per_block
+        tensors = self._cache.layer_tensors()
+
+        def payload(index: int):
+            start = seq.pad + index * size
+            return [(k[row, :, start : start + size].clone(), v[row, :, start : start + size].clone()) for k, v in tensors]
+
+        self.kv_pool.store(seq.lease, seq.state.tokens[:covered], payload)
 
     def _remove_rows(self, keep: list[int]) -> None:
         super()._remove_rows(keep)

@@ -103,6 +103,12 @@ class SyntheticEngine(EngineBase):
                 self._emit(seq, self._logits(seq, first, GenerationOutput(request.request_id, [token], None, True, FinishReason.STOP_WORDS, None, state.generated)))
                 return False
         finished = state.generated >= request.max_new_tokens
+        if finished and seq.lease is not None and self.kv_pool.reuse:
+            # The answer's full blocks join the cache as TensorRT-LLM stores a finished request's (its last token
+            # has no KV yet); the tokens are the cycle's, so they are known without keeping them.
+            cycle, offset = self.token_cycle, seq.cycle_offset
+            answer = [cycle[(offset + j) % len(cycle)] for j in range(state.generated - 1)]
+            self.kv_pool.store(seq.lease, list(request.input_ids) + answer)
         output = GenerationOutput(
             request.request_id,
             [token],
