@@ -141,3 +141,15 @@ def test_bad_sizes_are_refused():
         BlockPool(0, 10)
     with pytest.raises(ValueError, match="event_buffer_max_size"):
         KVEventBuffer(-1, window_size=8)
+
+
+def test_the_defaults_the_stand_in_uses_are_the_recorded_ones():
+    from trtllm_truss.engine_standin import kv_events
+    from trtllm_truss.engine_standin.llmapi_kv import DEFAULT_BLOCK_REUSE, DEFAULT_TOKENS_PER_BLOCK
+    from trtllm_truss.planning.plan import LLMAPI_TOKENS_PER_BLOCK
+
+    defaults = CONTRACT["kv_cache_config_defaults"]
+    assert DEFAULT_TOKENS_PER_BLOCK == LLMAPI_TOKENS_PER_BLOCK == defaults["tokens_per_block"]
+    assert DEFAULT_BLOCK_REUSE is defaults["enable_block_reuse"]
+    assert kv_events.DEFAULT_PRIORITY == CONTRACT["defaults"]["retention_priority"]
+    assert kv_events.CACHE_LEVEL == CONTRACT["defaults"]["cache_level"]
