@@ -274,7 +274,9 @@ def test_messages_stream_events_in_order_and_same_content_as_unstreamed():
         ("message_delta", None, None), ("message_stop", None, None),
     ]
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
-    assert events[-2]["usage"] == {"input_tokens": 7, "output_tokens": 12}
+    assert events[-2]["usage"] == {
+        "input_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 12,
+    }
     whole = MessageEvents("m", emit=False)
     assert feed(whole, ("tool_calls", 7, 12)) == []
     assert whole.message()["content"] == streamed.message()["content"] == [

@@ -257,6 +257,7 @@ def stream_pool(
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
         trust_remote_code=runtime.trust_remote_code,
         draft_stats=plan.backend == "tensorrtllm" and plan.speculative is not None,
+        kv_block_tokens=plan.tokens_per_block if runtime.enable_kv_cache_reuse else 0,
         tool_call_parser=runtime.tool_call_parser,
         reasoning_parser=runtime.reasoning_parser, lora_weights=worker_lora_weights(plan.lora_adapters),
     )

@@ -129,6 +129,7 @@ class _MetricsListener:
             draft_tokens=end.draft_tokens if end is not None else 0,
             accepted_draft_tokens=end.accepted_draft_tokens if end is not None else 0,
             schema_valid=end.schema_valid if end is not None else None,
+            cached_tokens=end.cached_tokens if end is not None else 0,
         )
 
 
