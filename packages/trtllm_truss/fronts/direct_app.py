@@ -9,6 +9,7 @@ under truss's server (`serving/`); what differs is only who reads the body and r
 |---|---|
 | `POST /v1/models/model:predict`, `POST /predict` | native (Baseten's trt_llm API) |
 | `POST /v1/completions`, `/v1/chat/completions`, `/v1/responses`, `/v1/messages` | the dialects |
+| `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel` | stored responses (`serving.stored_responses`) |
 | `GET /v1/models` | OpenAI's model list: the served name and the LoRA adapters |
 | `GET /v1/models/model`, `GET /health/ready` | readiness: 200 once tritonserver and this process's workers are up, else 503 |
 | `GET /health/live` | liveness: 503 once tritonserver died for good (the container should be replaced) |
@@ -46,7 +47,7 @@ from trtllm_truss.api.body import read_json_body
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.messages import error_response as anthropic_error
 from trtllm_truss.fronts.accept import RECHECK_SIGNAL, ConnectionFiller
-from trtllm_truss.serving import chat, completions, messages, native, responses
+from trtllm_truss.serving import chat, completions, messages, native, responses, stored_responses
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, use_serving_metrics
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.native import native_error
@@ -77,6 +78,7 @@ class FrontendSettings:
     fill_connections: int = 0  # fronts.accept; 0: the kernel spreads connections (uvicorn's own listener)
     log_level: str = "INFO"
     guides: Any = None  # guides.compile_service.ServiceSettings of the replica's guide compile service (None: off)
+    store_url: str | None = None  # runtime.store's PostgreSQL connection string (a secret: over the pipe too)
 
 
 def _json(result: Any) -> Response:
@@ -129,6 +131,16 @@ class DirectApp:
 
         return endpoint
 
+    def stored_route(self, handle: Callable[[RequestCore, str, Request], Awaitable[Any]]):
+        """A route over a stored response (`/v1/responses/{response_id}...`): the key checked, no body."""
+
+        async def endpoint(request: Request) -> Response:
+            if not self._authorized(request):
+                return _unauthorized(openai_error)
+            return _json(await handle(self.core, request.path_params["response_id"], request))
+
+        return endpoint
+
     async def models(self, request: Request) -> Response:
         if not self._authorized(request):
             return _unauthorized(openai_error)
@@ -157,6 +169,10 @@ class DirectApp:
             Route("/v1/completions", self.route(completions.completions, openai_error), methods=["POST"]),
             Route("/v1/chat/completions", self.route(chat.chat_completions, openai_error), methods=["POST"]),
             Route("/v1/responses", self.route(responses.responses, openai_error), methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.stored_route(stored_responses.retrieve), methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.stored_route(stored_responses.delete), methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.stored_route(stored_responses.input_items), methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", self.stored_route(stored_responses.cancel), methods=["POST"]),
             Route("/v1/messages", self.route(messages.messages, anthropic_error, anthropic=True), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/model", self.ready, methods=["GET"]),
@@ -238,6 +254,9 @@ def serve(settings: FrontendSettings) -> None:
         checker = GuideServiceClient(settings.guides)
         register_guide_metrics(checker)
     core = RequestCore()
+    from trtllm_truss.fronts.store_setup import open_deployment_store
+
+    core.store = open_deployment_store(plan.runtime.store, settings.store_url)
     core.attach(pool, RequestLimits.from_plan(
         plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes), checker)
 
