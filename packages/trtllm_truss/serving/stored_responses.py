@@ -167,14 +167,18 @@ async def _run(core: RequestCore, spec: GenerationSpec, builder: ResponseEvents,
     beat = time.monotonic()
     try:
         while not (await asyncio.wait({work}, timeout=CANCEL_POLL_S))[0]:
-            current = await asyncio.to_thread(store.get, KIND, queued["id"], keeper.owner)
+            try:
+                current = await asyncio.to_thread(store.get, KIND, queued["id"], keeper.owner)
+                if time.monotonic() - beat > HEARTBEAT_S:  # this runner's view: a poll's read may predate in_progress
+                    await asyncio.to_thread(store.update, running, if_status=stored.RUNNING)
+                    beat = time.monotonic()
+            except StoreError as exc:  # the generation goes on; its end is written once the store is back
+                logger.warning("background response %s: %s", queued["id"], exc)
+                continue
             if current is None or current.status not in stored.RUNNING:  # cancelled, deleted or evicted
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
                 return
-            if time.monotonic() - beat > HEARTBEAT_S:  # this runner's view: a poll's read may predate in_progress
-                await asyncio.to_thread(store.update, running, if_status=stored.RUNNING)
-                beat = time.monotonic()
         try:
             final = work.result()
         except (Refused, HTTPException) as exc:
