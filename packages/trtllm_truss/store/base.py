@@ -90,6 +90,12 @@ class Store(ABC):
         there is none."""
 
     @abstractmethod
+    def find(self, kind: str, *, owner: str | None = None, statuses: Sequence[str] | None = None,
+             limit: int = 100) -> list[StoredObject]:
+        """Live objects of `kind`, oldest first: one owner's (a list route) or every owner's (None: what a
+        restarted server resumes), with one of `statuses` if given."""
+
+    @abstractmethod
     def delete(self, kind: str, id: str, owner: str) -> bool:
         """Remove the owner's object; False if there was none."""
 
@@ -238,6 +244,23 @@ class SqlStore(Store):
             self._evict(cur)
         changed.updated_at = now
         return changed
+
+    def find(self, kind: str, *, owner: str | None = None, statuses: Sequence[str] | None = None,
+             limit: int = 100) -> list[StoredObject]:
+        where, params = ["kind = ?", "expires_at > ?"], [kind, time.time()]
+        if owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        if statuses is not None:
+            if not statuses:
+                return []
+            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            params.extend(statuses)
+        statement = (f"SELECT id, owner, status, created_at, updated_at, body FROM store_objects WHERE {' AND '.join(where)}"
+                     " ORDER BY created_at, seq LIMIT ?")
+        with self._guarded(), self._read() as cur:
+            rows = self._run(cur, statement, [*params, int(limit)]).fetchall()
+        return [StoredObject(kind, row[0], row[1], row[2], json.loads(bytes(row[5])), row[3], row[4]) for row in rows]
 
     def delete(self, kind: str, id: str, owner: str) -> bool:
         with self._guarded(), self._write() as cur:
