@@ -78,7 +78,16 @@ class LLMService:
             )
             return
         try:
+            import os
+
             from trtllm_truss.engine.tokenizer import ensure_tokenizer_json
+            from trtllm_truss.fronts.store_setup import open_deployment_store, store_url
+
+            store_config = plan.runtime.store
+            environ = os.environ if self._environ is None else self._environ
+            self.core.store = open_deployment_store(store_config, store_url(store_config, self._secrets, environ))
+            # truss's server routes only POST /v1/responses: a background response could never be polled.
+            self.core.background_off = "truss's server cannot route GET /v1/responses/{id}: serve with the direct front"
 
             # A sentencepiece-only tokenizer is converted once here, not by every worker.
             ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
