@@ -215,6 +215,12 @@ CASES = [
         "use_paged_context_fmha",
     ),
     Case(
+        "kv-events-need-reuse",
+        with_runtime(build(), event_buffer_max_size=1024),
+        f"{S}.runtime.event_buffer_max_size",
+        "needs runtime.enable_kv_cache_reuse",
+    ),
+    Case(
         "serve-pytorch-needs-model", with_runtime(serve(), backend="pytorch"), f"{S}.runtime.pytorch.model", "required"
     ),
     # hardware versus resources.accelerator

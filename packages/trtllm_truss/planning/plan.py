@@ -84,6 +84,10 @@ class ArtifactRequest:
     revision: str | None = None
 
 
+# TensorRT-LLM's KvCacheConfig.tokens_per_block default (the LLM API; model.yaml does not set it).
+LLMAPI_TOKENS_PER_BLOCK = 32
+
+
 @dataclass(frozen=True)
 class ServingPlan:
     backend: Backend
@@ -121,6 +125,10 @@ class ServingPlan:
     lora_configuration: Any = None
     # Backend llmapi where TensorRT-LLM cannot run: our llmapi model drives engine_standin/llmapi_double.py.
     llm_api_double: bool = False
+    # Tokens per KV block of the engine that runs: build.plugin_configuration.tokens_per_block for an engine build
+    # and the stand-in's block pool (engine_standin/kv_blocks.py), KvCacheConfig's default on llmapi; 64 (NVIDIA's
+    # build default) for a prebuilt engine. Reused blocks x this = a response's cached tokens.
+    tokens_per_block: int = 64
 
     @property
     def guided_decoding_off(self) -> str | None:
@@ -370,7 +378,10 @@ def make_plan(
                 model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
             model = dataclasses.replace(model, role="model")
             adapters = _plan_adapters(resolved, build, root, common)
-            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters), **limits, **common)
+            return ServingPlan(
+                tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters),
+                tokens_per_block=build.plugin_configuration.tokens_per_block, **limits, **common,
+            )
         if backend == "llmapi":
             # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
             model = dataclasses.replace(checkpoint, role="model")
@@ -385,7 +396,8 @@ def make_plan(
                 fetches += (draft,)
                 common["draft_dir"] = draft.dest
             return ServingPlan(
-                tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, build=build, **limits, **common
+                tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, build=build,
+                tokens_per_block=LLMAPI_TOKENS_PER_BLOCK, **limits, **common,
             )
         # tensorrtllm: the tokenizer comes from the checkpoint; the weights only on a cache miss.
         tokenizer = dataclasses.replace(
@@ -397,6 +409,7 @@ def make_plan(
             fetches=(tokenizer, *adapters),
             checkpoint=checkpoint,
             build=engine_build(build, trt.speculative),
+            tokens_per_block=build.plugin_configuration.tokens_per_block,
             **limits,
             **common,
         )

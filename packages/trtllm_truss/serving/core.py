@@ -129,6 +129,7 @@ class _MetricsListener:
             draft_tokens=end.draft_tokens if end is not None else 0,
             accepted_draft_tokens=end.accepted_draft_tokens if end is not None else 0,
             schema_valid=end.schema_valid if end is not None else None,
+            cached_tokens=end.cached_tokens if end is not None else 0,
         )
 
 
@@ -194,6 +195,8 @@ class RequestCore:
         self._pool: StreamPool | None = None
         self._limits: RequestLimits | None = None
         self.guide_checker: structured.GuideChecker | None = None
+        self.store: Any = None  # trtllm_truss.store.Store: what outlives a request (None: nothing is kept)
+        self.background_off: str | None = None  # why background responses are refused (no route reads them back)
 
     def attach(self, pool: StreamPool, limits: RequestLimits, guide_checker: structured.GuideChecker | None = None) -> None:
         """`guide_checker`: the replica's guide compile service (None: guides are checked in process)."""

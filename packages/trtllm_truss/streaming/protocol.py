@@ -75,6 +75,8 @@ class StreamEnd:
     # A completed guided JSON answer checked against the request's schema (jsonschema): True valid,
     # False not, None not checked (no schema, or cut by max_tokens or a stop string).
     schema_valid: bool | None = None
+    # Prompt tokens whose KV the engine found in its cache (its reused blocks x tokens per block), not computed again.
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
