@@ -238,6 +238,7 @@ def serve(settings: FrontendSettings) -> None:
         checker = GuideServiceClient(settings.guides)
         register_guide_metrics(checker)
     core = RequestCore()
+    core.availability = state.availability()  # a refusal in any frontend: every frontend's readiness 503
     core.attach(pool, RequestLimits.from_plan(
         plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes), checker)
 
@@ -250,7 +251,7 @@ def serve(settings: FrontendSettings) -> None:
 
     app = DirectApp(
         core,
-        is_ready=lambda: state.stack_ready and pool.alive(),
+        is_ready=lambda: state.stack_ready and pool.alive() and not core.availability.refusing(),
         is_live=lambda: not state.stack_failed,
         api_key=settings.api_key,
     ).starlette(lifespan)

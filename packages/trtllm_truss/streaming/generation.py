@@ -274,7 +274,7 @@ class WorkerModel:
         except RequestError as exc:
             return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
         except UpstreamError as exc:
-            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
+            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens, engine_down=exc.status == 503)
 
     async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Emit) -> StreamEnd:
         params = spec.params

@@ -75,6 +75,9 @@ class StreamEnd:
     # A completed guided JSON answer checked against the request's schema (jsonschema): True valid,
     # False not, None not checked (no schema, or cut by max_tokens or a stop string).
     schema_valid: bool | None = None
+    # The error is the engine's being unreachable (a 503 of engine.client.UpstreamError): readiness
+    # follows such refusals (serving.availability).
+    engine_down: bool = False
 
 
 @dataclass(frozen=True)
