@@ -5,12 +5,19 @@ counts for nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
+from trtllm_truss.engine.client import GenerationParams
 from trtllm_truss.fronts.replica_state import ReplicaState
+from trtllm_truss.fronts.service import LLMService
 from trtllm_truss.serving import availability
 from trtllm_truss.serving.availability import HOLD_S, Availability
+from trtllm_truss.serving.core import Refused, RequestCore
+from trtllm_truss.streaming.pool import BoundedPool, ResponseStream
+from trtllm_truss.streaming.protocol import GenerationSpec, StreamEnd
 
 
 def test_a_refusal_counts_until_a_request_is_served_or_the_hold_passes():
@@ -57,3 +64,70 @@ def test_the_replica_header_keeps_its_other_fields(tmp_path):
     assert (other.frontends, other.max_in_flight, other.stack_ready, other.stack_failed) == (3, 7, False, False)
     other.close()
     state.close()
+
+
+# ------------------------------------------------------------------- the request core and truss's readiness
+
+
+class _Pool(BoundedPool):
+    """The stream pool's front side with no worker: each stream ends as `ends` says, in order."""
+
+    def __init__(self, ends: list) -> None:
+        super().__init__(max_in_flight=8, chunk_rate=float("inf"), admission=None)
+        self.pool = self  # ResponseStream reads worker.pool
+        self._ends = ends
+
+    def forget(self, stream: ResponseStream) -> None:
+        pass
+
+    async def submit(self, spec: GenerationSpec) -> ResponseStream:
+        self.claim()
+        stream = ResponseStream(1, self)
+        end = self._ends.pop(0)
+        asyncio.get_running_loop().call_soon(stream._deliver, "" if end else "Hi", None, end)
+        return stream
+
+
+@pytest.fixture(autouse=True)
+def _private_metrics(monkeypatch):
+    from prometheus_client import CollectorRegistry
+
+    from trtllm_truss.serving import core
+    from trtllm_truss.serving.metrics import ServingMetrics
+
+    monkeypatch.setattr(core, "_METRICS", ServingMetrics(CollectorRegistry()))
+
+
+async def _open(core: RequestCore) -> int:
+    try:
+        generation = await core.open(GenerationSpec(GenerationParams("", 1)), None)
+    except Refused as exc:
+        return exc.status
+    generation.close()
+    return 200
+
+
+async def test_the_core_records_refusals_for_an_unreachable_engine_and_requests_served():
+    down = StreamEnd(error="the engine is unavailable (UNAVAILABLE)", status=503, engine_down=True)
+    worker_gone = StreamEnd(error="the stream worker serving this request stopped", status=503)
+    refused = StreamEnd(error="the engine refused the request: bad", status=400)
+    core = RequestCore()
+    core._pool = _Pool([worker_gone, refused, down, None])  # type: ignore[assignment]
+    assert [await _open(core)] == [503] and not core.availability.refusing()  # a worker, not the engine
+    assert [await _open(core)] == [400] and not core.availability.refusing()  # the request's fault
+    assert [await _open(core)] == [503] and core.availability.refusing()
+    assert [await _open(core)] == [200] and not core.availability.refusing()
+
+
+async def test_trusss_readiness_reads_503_on_a_refusal_while_the_stack_checks_still_pass():
+    """The stack's checks all pass (tritonserver alive and ready, a worker running, no probe): only the
+    refusal says otherwise, and readiness follows it."""
+    service = LLMService("/nonexistent")
+    service._stop_signals_chained = True
+    service._stack = SimpleNamespace(is_worker_node=False, server=SimpleNamespace(alive=True, ready=lambda: True))
+    service._pool = SimpleNamespace(alive=lambda: True)
+    assert await service.is_healthy()
+    service.core.availability.refused(time.monotonic_ns())
+    assert not await service.is_healthy()
+    service.core.availability.served()
+    assert await service.is_healthy()
