@@ -9,6 +9,7 @@ under truss's server (`serving/`); what differs is only who reads the body and r
 |---|---|
 | `POST /v1/models/model:predict`, `POST /predict` | native (Baseten's trt_llm API) |
 | `POST /v1/completions`, `/v1/chat/completions`, `/v1/responses`, `/v1/messages` | the dialects |
+| `POST /v1/messages/count_tokens`, `/v1/responses/input_tokens` | a request's input tokens (serving.token_count) |
 | `GET /v1/models` | OpenAI's model list: the served name and the LoRA adapters |
 | `GET /v1/models/model`, `GET /health/ready` | readiness: 200 once tritonserver and this process's workers are up, else 503 |
 | `GET /health/live` | liveness: 503 once tritonserver died for good (the container should be replaced) |
@@ -158,6 +159,8 @@ class DirectApp:
             Route("/v1/chat/completions", self.route(chat.chat_completions, openai_error), methods=["POST"]),
             Route("/v1/responses", self.route(responses.responses, openai_error), methods=["POST"]),
             Route("/v1/messages", self.route(messages.messages, anthropic_error, anthropic=True), methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.route(messages.count_tokens, anthropic_error, anthropic=True), methods=["POST"]),
+            Route("/v1/responses/input_tokens", self.route(responses.input_tokens, openai_error), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/model", self.ready, methods=["GET"]),
             Route("/health/ready", self.ready, methods=["GET"]),

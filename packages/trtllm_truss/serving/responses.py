@@ -22,7 +22,7 @@ from trtllm_truss.api.responses import (
     parse_responses_request,
 )
 from trtllm_truss.api.responses_events import ResponseEvents
-from trtllm_truss.serving import semantic_events
+from trtllm_truss.serving import semantic_events, token_count
 from trtllm_truss.serving.core import RequestCore, answered, with_unenforced_header
 from trtllm_truss.api.structured import response_format_guide
 from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
@@ -59,3 +59,15 @@ async def _responses(core: RequestCore, body: Any, http_request: Request | None)
         return with_unenforced_header(StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS), prepared)
     await semantic_events.collect(generation, builder, http_request)
     return with_unenforced_header(builder.response(), prepared)
+
+
+async def input_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    """`POST /v1/responses/input_tokens`: `{"object": "response.input_tokens", "input_tokens": N}`, the
+    `usage.input_tokens` the same request would report (serving.token_count)."""
+    return await answered(_input_tokens(core, body, http_request), openai_error)
+
+
+async def _input_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    req = parse_responses_request(body)
+    count = await token_count.input_tokens(core, generation_request(req), http_request)
+    return {"object": "response.input_tokens", "input_tokens": count}
