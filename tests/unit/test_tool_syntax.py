@@ -191,16 +191,16 @@ def _completes(guides, tag: str, text: str) -> bool:
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
-@pytest.mark.parametrize("parser, record_id", [(p, r) for p, ids in sorted(ACCEPTED.items()) for r in ids])
-@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "one_call"])
+@pytest.mark.parametrize("parser, record_id, parallel", [
+    (p, r, parallel) for p, ids in sorted(ACCEPTED.items()) for r in ids
+    for parallel in ((True, False) if len(RECORDS[r][1]["expected"]["tool_calls"]) == 1 else (True,))  # several need parallel
+])
 def test_a_required_answer_is_calls_only_and_may_end_after_any_call(guides, parser: str, record_id: str, parallel: bool):
     """`required` (Anthropic's `any`), parallel calls allowed or not: the recorded calls are a whole
     answer (the answer may end after them, 2 being the embedded tokenizer's end of text), and no text
     may follow them; with parallel calls allowed, a second copy of them may follow, with nothing but
     the family's separator between (where xgrammar's builder let text in and `calls_only` made the run)."""
-    text, tools, _, several, mode, _, _, syntax = _recorded_case(parser, record_id)
-    if several and not parallel:
-        pytest.skip("several calls need parallel calls")
+    text, tools, _, _, mode, _, _, syntax = _recorded_case(parser, record_id)
     tag = tool_syntax.build(tool_syntax.request_text(syntax, tools, "required", parallel, mode), "xgrammar")[0]
     assert _completes(guides, tag, text), (mode, text)
     for tail in (" Done.", "\nThe weather is fine.", "\n\nok"):
