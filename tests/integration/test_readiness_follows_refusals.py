@@ -30,7 +30,7 @@ ENV = {
     "TRTLLM_RUNTIME__PYTORCH__SYNTHETIC__STEP_TIME_MS": str(STEP_MS),
     "TRTLLM_BUILD__MAX_BATCH_SIZE": "64",
 }
-LOAD_STREAMS = int(__import__("os").environ.get("LOAD_STREAMS", "16"))
+LOAD_STREAMS = 16
 LOAD_TOKENS = 200  # x 40 ms: open through the kill
 GRACE_S = 0.5  # readiness reads 503 within this of the first refusal
 POLL_S = 0.03
