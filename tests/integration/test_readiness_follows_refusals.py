@@ -1,9 +1,11 @@
 """Readiness follows the front's refusals: after SIGKILL of tritonserver under load, readiness
 (`/health/ready`, and under truss's server its own readiness route) reads 503 within 0.5 s of the
 first 503 the front answers a request with, under both fronts, and stays 503 while requests are
-refused as unavailable; then 200 again once a request is served. Before, readiness kept saying 200
-for 2-4 s while chat requests got 503 (the supervisor noticed the death only after the kill's
-aftermath: the session swept, the log drained).
+refused as unavailable; then 200 again once a request is served. Readiness was once seen saying 200
+for 2-4 s after such a kill while chat requests got 503; readiness now follows the front's refusals
+(serving.availability), whatever the stack's own checks say yet. (On the 2-core development machine
+the stack's checks alone also read 503 in time here: the unit test of test_availability.py is the one
+where they still pass.)
 
 A chat request and a readiness poll go out on new connections every few tens of milliseconds from the
 kill until the stack serves again; each is recorded with when it was sent and answered.
