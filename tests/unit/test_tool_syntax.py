@@ -213,6 +213,19 @@ def test_a_required_answer_is_calls_only_and_may_end_after_any_call(guides, pars
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
+def test_where_the_json_guide_stays_a_required_answer_is_calls_only_too(guides):
+    """The JSON guide of `required` (api.tools.tool_guide) is one array of calls: nothing may follow it."""
+    from trtllm_truss.api.tools import tool_guide
+
+    guide = tool_guide([WEATHER, TIME], "required", True)[0]
+    calls = '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time", "parameters": {"zone": "CET"}}]'
+    matcher = guides.compile(guide.type, guide.guide).matcher
+    assert matcher.accept_string(calls) and (matcher.is_completed() or matcher.accept_token(2))
+    assert not guides.compile(guide.type, guide.guide).matcher.accept_string(calls + " Done.")
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
 @pytest.mark.parametrize("parser, xgrammar_format, record_id", [(p, f, r) for p, (f, ids) in sorted(REFUSED.items()) for r in ids])
 def test_families_on_the_json_guide_are_refused_by_xgrammars_format_for_them(guides, parser: str, xgrammar_format: str, record_id: str):
     """Why JSON_GUIDE keeps them: were xgrammar to accept these one day, they could move to FORMATS."""
