@@ -8,8 +8,9 @@ The bodies are built from the Berkeley Function Calling Leaderboard's entries (t
 real users' questions and functions, and BFCL's ground-truth calls): tools with real schemas, system
 prompts as a string or as text blocks, the question as a string or blocks, the ground-truth calls as
 the assistant's `tool_use` blocks answered by `tool_result` blocks, several turns, and every
-`tool_choice`. truss's server has a fixed route table (docs/api.md), so only the direct front serves
-the count routes.
+`tool_choice`. A count never reaches the engine (tritonserver's own request count of the engine model
+stays put). truss's server has a fixed route table (docs/api.md), so only the direct front serves the
+count routes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import anthropic
 import bfcl_corpus
 import httpx
 import openai
+import psutil
 import pytest
 from trtllm_truss.fronts.truss_server import TrussServer
 from truss_serving import serve_front
@@ -38,7 +40,8 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[TrussServer]:
-    yield from serve_front("direct", tmp_path_factory.mktemp("count_tokens"), {})
+    # No engine probe: its one-token requests would move the engine's request count a count must not move.
+    yield from serve_front("direct", tmp_path_factory.mktemp("count_tokens"), {"TRTLLM_RUNTIME__HEALTH__ENABLED": "false"})
 
 
 def _entries() -> list[tuple[dict, list]]:
@@ -160,6 +163,26 @@ def test_responses_input_tokens_equal_the_response_usage(server: TrussServer):
         counted = oai.responses.input_tokens.count(model="embedded", **body)
         used = oai.responses.create(model="embedded", max_output_tokens=1, store=False, **body, **GREEDY).usage.input_tokens
         assert (counted.object, counted.input_tokens) == ("response.input_tokens", used), body
+
+
+def _engine_requests(server: TrussServer) -> float:
+    """Requests the engine model (`tensorrt_llm`) has taken, by tritonserver's own metrics."""
+    (triton,) = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+                 if "bin/tritonserver" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+    port = next(arg.split("=", 1)[1] for arg in triton.cmdline() if arg.startswith("--metrics-port="))
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30.0).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("nv_inference_request_success{", "nv_inference_request_failure{")) and 'model="tensorrt_llm"' in line)
+
+
+def test_a_count_never_reaches_the_engine(server: TrussServer):
+    claude = anthropic.Anthropic(base_url=server.url, api_key="not-checked", max_retries=0, timeout=120.0)
+    body = {"model": "embedded", "messages": [{"role": "user", "content": "How many tokens is this?"}]}
+    claude.messages.create(**body, max_tokens=1, extra_body=GREEDY)
+    before = _engine_requests(server)
+    assert before >= 1  # the engine's own count sees requests
+    counts = {claude.messages.count_tokens(**body).input_tokens for _ in range(5)}
+    assert len(counts) == 1 and _engine_requests(server) == before
 
 
 def test_bad_count_bodies_are_refused_in_each_apis_shape_naming_the_field(server: TrussServer):
