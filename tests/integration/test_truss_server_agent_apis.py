@@ -246,9 +246,9 @@ def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
 # Forced calls (tool_choice required / any) cut by the token limit (issue 40): the call the limit cut,
 # with the arguments generated so far, is returned as a tool call with each dialect's length finish;
 # nothing becomes text. One call (parallel calls off): guided in the model's own syntax (Hermes
-# `<tool_call>` blocks, guides.tool_syntax), the embedded model writes text after its call when more
-# may follow, which the format allows (docs/api.md); the cuts of several calls are unit tests
-# (tests/unit/test_cut_calls.py).
+# `<tool_call>` blocks, guides.tool_syntax), the answer ends after its call; the cuts of several calls
+# are unit tests (tests/unit/test_cut_calls.py), forced answers with parallel calls allowed
+# test_forced_calls_only.py.
 
 CUT_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": False}
 CUT_TOOLS = [("get_weather", "The weather in a city"), ("get_time", "The time in a city")]

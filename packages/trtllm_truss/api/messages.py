@@ -82,8 +82,14 @@ class MessagesRequest(SamplingFields):
     thinking: dict[str, Any] | None = Field(None, description="refused unless disabled: the model and its reasoning parser decide")
 
 
-def parse_messages_request(body: Any) -> MessagesRequest:
-    req = validate_at(MessagesRequest, body)
+class MessagesCountRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: Anthropic's body is a Messages request without `max_tokens`."""
+
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="not part of a count; accepted")
+
+
+def parse_messages_request(body: Any, model: type[MessagesRequest] = MessagesRequest) -> MessagesRequest:
+    req = validate_at(model, body)
     if req.thinking is not None and req.thinking.get("type") != "disabled":
         raise field_error(
             "thinking",

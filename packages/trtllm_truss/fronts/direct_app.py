@@ -11,6 +11,7 @@ under truss's server (`serving/`); what differs is only who reads the body and r
 | `POST /v1/completions`, `/v1/chat/completions`, `/v1/responses`, `/v1/messages` | the dialects |
 | `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel` | stored responses (`serving.stored_responses`) |
 | `/v1/conversations...` (create, read, update, delete; items: list, add, read, delete) | conversations (`serving.conversations`) |
+| `POST /v1/messages/count_tokens`, `/v1/responses/input_tokens` | a request's input tokens (serving.token_count) |
 | `GET /v1/models` | OpenAI's model list: the served name and the LoRA adapters |
 | `GET /v1/models/model`, `GET /health/ready` | readiness: 200 once tritonserver and this process's workers are up, else 503 |
 | `GET /health/live` | liveness: 503 once tritonserver died for good (the container should be replaced) |
@@ -203,6 +204,8 @@ class DirectApp:
             Route("/v1/responses", self.route(responses.responses, openai_error), methods=["POST"]),
             *self.stored_routes(),
             Route("/v1/messages", self.route(messages.messages, anthropic_error, anthropic=True), methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.route(messages.count_tokens, anthropic_error, anthropic=True), methods=["POST"]),
+            Route("/v1/responses/input_tokens", self.route(responses.input_tokens, openai_error), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/model", self.ready, methods=["GET"]),
             Route("/health/ready", self.ready, methods=["GET"]),
@@ -286,6 +289,7 @@ def serve(settings: FrontendSettings) -> None:
     from trtllm_truss.fronts.store_setup import open_deployment_store
 
     core.store = open_deployment_store(plan.runtime.store, settings.store_url)
+    core.availability = state.availability()  # a refusal in any frontend: every frontend's readiness 503
     core.attach(pool, RequestLimits.from_plan(
         plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes), checker)
 
@@ -298,7 +302,7 @@ def serve(settings: FrontendSettings) -> None:
 
     app = DirectApp(
         core,
-        is_ready=lambda: state.stack_ready and pool.alive(),
+        is_ready=lambda: state.stack_ready and pool.alive() and not core.availability.refusing(),
         is_live=lambda: not state.stack_failed,
         api_key=settings.api_key,
     ).starlette(lifespan)

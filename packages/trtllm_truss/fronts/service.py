@@ -154,6 +154,8 @@ class LLMService:
             return True  # prepared; the world's health is node 0's to report
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
             return False
+        if self.core.availability.refusing():  # requests refused for an unavailable engine (serving.availability)
+            return False
         # Triton's own readiness of the models (a restarted tritonserver is alive before it is ready);
         # a blocking loopback HTTP call, so off the event loop.
         if not await asyncio.to_thread(self._stack.server.ready):

@@ -26,7 +26,7 @@ from trtllm_truss.api.responses import (
 )
 from trtllm_truss.api.responses_stored import stored_input_items
 from trtllm_truss.api.responses_events import ResponseEvents
-from trtllm_truss.serving import conversations, semantic_events, stored_responses
+from trtllm_truss.serving import conversations, semantic_events, stored_responses, token_count
 from trtllm_truss.serving.core import RequestCore, answered, with_unenforced_header
 from trtllm_truss.api.structured import response_format_guide
 from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
@@ -55,6 +55,15 @@ def generation_request(req: ResponsesRequest, history: list[dict[str, Any]] | tu
     )
 
 
+async def _history(store: Any, req: ResponsesRequest, owner: str, conversation: str | None) -> list[dict[str, Any]]:
+    """The stored items a turn continues: its previous response's, or its conversation's."""
+    if req.previous_response_id is not None:
+        return await stored_responses.previous_history(store, req, owner)
+    if conversation is not None:
+        return await conversations.history(store, conversation, owner)
+    return []
+
+
 async def _responses(core: RequestCore, body: Any, http_request: Request | None) -> Any:
     store = core.store
     req = parse_responses_request(body, stored=store is not None)
@@ -63,10 +72,7 @@ async def _responses(core: RequestCore, body: Any, http_request: Request | None)
     if store is not None:
         owner = stored_responses.request_owner(http_request)
         conversation = None if req.conversation is None else conversation_id(req.conversation)
-        if req.previous_response_id is not None:
-            history = await stored_responses.previous_history(store, req, owner)
-        elif conversation is not None:
-            history = await conversations.history(store, conversation, owner)
+        history = await _history(store, req, owner, conversation)
         if req.store or conversation is not None:
             keeper = stored_responses.Keeper(store, owner, stored_input_items(input_items(req)), history,
                                              keep_response=req.store, conversation=conversation)
@@ -87,3 +93,20 @@ async def _responses(core: RequestCore, body: Any, http_request: Request | None)
     if keeper is not None:
         await keeper.keep(response)
     return with_unenforced_header(response, prepared)
+
+
+async def input_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    """`POST /v1/responses/input_tokens`: `{"object": "response.input_tokens", "input_tokens": N}`, the
+    `usage.input_tokens` the same request would report (serving.token_count)."""
+    return await answered(_input_tokens(core, body, http_request), openai_error)
+
+
+async def _input_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    store = core.store
+    req = parse_responses_request(body, stored=store is not None)
+    history: list[dict[str, Any]] = []
+    if store is not None:  # a continued turn counts its stored history, as its generation renders it
+        conversation = None if req.conversation is None else conversation_id(req.conversation)
+        history = await _history(store, req, stored_responses.request_owner(http_request), conversation)
+    count = await token_count.input_tokens(core, generation_request(req, history), http_request)
+    return {"object": "response.input_tokens", "input_tokens": count}

@@ -273,11 +273,13 @@ class WorkerModel:
             text = self.prompt_text(spec)
             ids = self.prompt_ids(spec, text)
             prompt_tokens = len(ids)
+            if spec.count_only:
+                return StreamEnd(prompt_tokens=prompt_tokens)
             return await self._stream(spec, text, ids, emit)
         except RequestError as exc:
             return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
         except UpstreamError as exc:
-            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
+            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens, engine_down=exc.status == 503)
 
     async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Emit) -> StreamEnd:
         params = spec.params
