@@ -1,6 +1,7 @@
 """Responses with state through the direct front with 4 processes (each request on whichever process
 takes it: connections spread by the kernel), with the official openai SDK: turns chained by
-`previous_response_id`, also across a restart of the server (the SQLite store file persists); each
+`previous_response_id` (each turn's input tokens counted beforehand by `/v1/responses/input_tokens`, stored history
+included), also across a restart of the server (the SQLite store file persists); each
 response its own API key's (404 for another); GET / DELETE / input_items; background responses polled
 to their end, some cancelled; the store's size on /metrics.
 
@@ -93,8 +94,10 @@ def _chain(served: Served, count: int, start: list[tuple[str, object]] | None = 
     for _ in range(count):
         question = USER_TURNS[len(turns)]
         previous = turns[-1][1].id if turns else None
+        counted = client.responses.input_tokens.count(model="embedded", input=question, previous_response_id=previous)
         response = client.responses.create(model="embedded", input=question, previous_response_id=previous, **GREEDY)
         assert response.status in ("completed", "incomplete") and response.store is True
+        assert counted.input_tokens == response.usage.input_tokens  # the count renders the stored history too
         assert response.previous_response_id == previous
         whole = client.responses.create(model="embedded", input=_explicit_items(turns, question), store=False, **GREEDY)
         assert response.usage.input_tokens == whole.usage.input_tokens, len(turns)
