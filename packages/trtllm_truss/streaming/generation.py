@@ -149,6 +149,7 @@ class WorkerModel:
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
         self.lora = LoraTasks(settings.lora_weights) if settings.lora_weights else None
+        self.router: Any = None  # a fleet's streaming.fleet_router.FleetRouter: it picks the engine per request
 
     @property
     def chat(self) -> Any:
@@ -368,9 +369,13 @@ class WorkerModel:
             draft_totals[:] = (draft, accepted)  # running totals: the last response's are the request's
 
         extra = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
+        route = await self.router.route(ids) if self.router is not None else None  # a fleet: Dynamo's choice
         generate = generate_with_lora(
-            self.engine.generate_ids, self.lora, params.lora_task_id, ids, engine_params, bad_words=bad_words, **extra
+            (self.engine if route is None else route.engine).generate_ids, self.lora, params.lora_task_id, ids,
+            engine_params, bad_words=bad_words, **extra
         )
+        if route is not None:
+            generate = route.follow(generate)
         async with aclosing(generate) as responses:
             async for new_ids, log_probs in responses:
                 if log_probs is None:
