@@ -109,7 +109,8 @@ class FleetFront(DirectFront):
             namespace=self.fleet_plan.namespace, discovery=self.fleet_plan.discovery,
             router_mode=self.fleet_plan.router_mode, block_size=self.fleet_plan.tokens_per_block,
             router_temperature=self.fleet_plan.router_temperature, approximate_ttl_s=self.fleet_plan.approximate_ttl_s,
-            environment=tuple(sorted(self.replicas.discovery_env.items())),
+            environment=tuple(sorted({**self.replicas.discovery_env,
+                                      "DYN_LOG": self._environ.get("DYN_LOG", "warn")}.items())),
         )
         return stack
 

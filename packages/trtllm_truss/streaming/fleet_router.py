@@ -24,6 +24,9 @@ import asyncio
 import itertools
 import logging
 import os
+import time
+from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ logger = logging.getLogger(__name__)
 ENDPOINT = "replica.generate"  # runtime.fleet_replica.ENDPOINT (streaming never imports runtime's process code)
 DESCRIBE = {"op": "describe"}
 NO_REPLICA_WAIT_S = 5.0  # how long a request waits for a first replica before its 503
+SUSPECT_S = 30.0  # how long a replica that failed a request is avoided while discovery still lists it
 
 
 class NoReplica(UpstreamError):
@@ -78,8 +82,6 @@ class Route:
 
     async def follow(self, responses: Any) -> Any:
         """`responses` (the engine's stream) passed through, the router told of its first and last."""
-        from contextlib import aclosing
-
         try:
             async with aclosing(responses):
                 async for item in responses:
@@ -101,6 +103,7 @@ class FleetRouter:
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-"
         self.routed: dict[int, int] = {}  # worker id -> requests routed there (for logs and tests)
+        self._failed: dict[int, float] = {}  # worker id -> when a request failed on it
 
     async def start(self) -> None:
         from dynamo.llm import KvRouter, KvRouterConfig
@@ -163,12 +166,27 @@ class FleetRouter:
             engine = self._engines_by_url[url] = EngineClient(url, model_name=self.engine_model)
         return engine
 
+    def _suspects(self) -> set[int]:
+        """Replicas whose engine or worker failed a request lately and that discovery still lists."""
+        now = time.monotonic()
+        live = set(self.replicas())
+        self._failed = {w: t for w, t in self._failed.items() if w in live and now - t < SUSPECT_S}
+        return set(self._failed)
+
+    def _failed_on(self, route: Route) -> None:
+        if route.worker_id is not None:
+            self._failed[route.worker_id] = time.monotonic()
+            self._urls_by_worker.pop(route.worker_id, None)
+
     async def route(self, token_ids: list[int]) -> Route:
         """By the prompt's tokens alone: TensorRT-LLM's events do not name a block's LoRA adapter (its
-        serializer leaves `lora_id` out), so hashing the adapter in would match no event."""
+        serializer leaves `lora_id` out), so hashing the adapter in would match no event. A replica that
+        failed a request moments ago and that discovery has not dropped yet is avoided: Dynamo's own load
+        figures (`get_potential_loads`) pick among the others."""
         await self._wait_for_replica()
+        avoid = self._suspects()
         if self.kv_router is None:
-            return Route(self, self._engine(await self._describe(None)), None, None)
+            return await self._round_robin(avoid)
         request_id = f"{self._prefix}{next(self._ids)}"
         try:
             worker_id, _dp_rank, _overlap = await self.kv_router.best_worker(
@@ -176,14 +194,53 @@ class FleetRouter:
             )
         except Exception as exc:  # noqa: BLE001 - "no endpoints available": every replica left meanwhile
             raise NoReplica(f"the fleet's router found no replica ({exc})") from None
-        self.routed[worker_id] = self.routed.get(worker_id, 0) + 1
         route = Route(self, None, worker_id, request_id)
+        if worker_id in avoid:
+            await route.done()
+            loads = await self.kv_router.get_potential_loads(token_ids)
+            others = [row for row in loads if row["worker_id"] not in avoid]
+            if not others:
+                raise NoReplica("no replica of the fleet is ready; try again shortly")
+            best = min(others, key=lambda row: (row["potential_prefill_tokens"], row["potential_decode_blocks"]))
+            route = Route(self, None, best["worker_id"], None)
+        self.routed[route.worker_id] = self.routed.get(route.worker_id, 0) + 1
         try:
-            route.engine = self._engine(await self._describe(worker_id))
+            route.engine = self._engine(await self._describe(route.worker_id))
         except BaseException:
+            self._failed_on(route)
             await route.done()
             raise
         return route
+
+    async def _round_robin(self, avoid: set[int]) -> Route:
+        """Dynamo's client picks the next replica; one that does not answer is passed over (up to one turn)."""
+        failure: Exception | None = None
+        for _ in range(max(1, len(self.replicas()))):
+            try:
+                return Route(self, self._engine(await self._describe(None)), None, None)
+            except NoReplica as exc:
+                failure = exc
+        raise failure or NoReplica("no replica of the fleet is ready; try again shortly")
+
+    async def stream(self, token_ids: list[int], generate_on: Callable[[Any], Any]) -> Any:
+        """`generate_on(engine)`'s responses from the replica the router picks. A replica that fails before
+        its first response (gone, or going: its gRPC is down) is avoided and the request routed once more;
+        after a first response, its failure is the client's (the stream ends with the error)."""
+        for attempt in (1, 2):
+            route = await self.route(token_ids)
+            started = False
+            try:
+                async with aclosing(route.follow(generate_on(route.engine))) as responses:
+                    async for item in responses:
+                        started = True
+                        yield item
+                return
+            except UpstreamError as exc:
+                if started or attempt == 2 or getattr(exc, "status", 503) != 503:
+                    raise
+                self._failed_on(route)
+                logger.warning("fleet: replica %s failed before answering (%s); routing the request again",
+                               route.worker_id, exc)
 
     async def call_router(self, method: str, request_id: str) -> None:
         try:

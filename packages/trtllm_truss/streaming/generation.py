@@ -369,13 +369,13 @@ class WorkerModel:
             draft_totals[:] = (draft, accepted)  # running totals: the last response's are the request's
 
         extra = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
-        route = await self.router.route(ids) if self.router is not None else None  # a fleet: Dynamo's choice
-        generate = generate_with_lora(
-            (self.engine if route is None else route.engine).generate_ids, self.lora, params.lora_task_id, ids,
-            engine_params, bad_words=bad_words, **extra
-        )
-        if route is not None:
-            generate = route.follow(generate)
+        def generate_on(engine: Any) -> AsyncIterator:
+            return generate_with_lora(
+                engine.generate_ids, self.lora, params.lora_task_id, ids, engine_params, bad_words=bad_words, **extra
+            )
+
+        # A fleet: the replica Dynamo's router picks (streaming/fleet_router.py).
+        generate = generate_on(self.engine) if self.router is None else self.router.stream(ids, generate_on)
         async with aclosing(generate) as responses:
             async for new_ids, log_probs in responses:
                 if log_probs is None:
