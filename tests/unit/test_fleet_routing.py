@@ -5,7 +5,8 @@ and the front's `streaming.fleet_router.FleetRouter`, with file discovery.
 KV cache events in TensorRT-LLM's JSON shape (`LLM.get_kv_cache_events`) are sent through the relay that
 runs inside tritonserver (`runtime.kv_event_relay`) to one replica; Dynamo's KV router then sends that
 prompt there. Also: the conversion of the events (full blocks only, signed hashes, removed after stored),
-round robin over both, and a stopped replica leaving the fleet at once. Two workers for the module.
+round robin over both, and a stopped replica leaving the fleet at once. Two workers per discovery backend:
+`file` (one host) and `etcd` (across hosts; a real etcd from Debian's etcd-server, started once).
 """
 
 from __future__ import annotations
@@ -64,17 +65,60 @@ def test_conversion_keeps_full_blocks_signs_hashes_and_forgets_on_restart():
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory) -> Iterator[dict]:
+def etcd_server(tmp_path_factory) -> Iterator[str]:
+    """A real etcd (Debian's etcd-server) on free loopback ports, for the module."""
+    import shutil
+
+    from trtllm_truss.fronts.truss_server import free_port
+
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("no etcd (apt-get install etcd-server)")
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    process = subprocess.Popen(
+        [binary, "--data-dir", str(tmp_path_factory.mktemp("etcd")), "--listen-client-urls", url,
+         "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "etcd did not start"
+            time.sleep(0.1)  # polling etcd's health endpoint
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@pytest.fixture(scope="module", params=["file", "etcd"])
+def fleet(request, tmp_path_factory) -> Iterator[dict]:
+    """Two replica workers found through `file` discovery, or through a real etcd (the across-hosts one)."""
     pytest.importorskip("dynamo.llm", reason="NVIDIA Dynamo not installed (requirements/fleet.txt)")
     from trtllm_truss.runtime.fleet_replica import ReplicaSettings
 
-    discovery = tmp_path_factory.mktemp("fleet-discovery")
-    env = {**os.environ, "DYN_FILE_KV": str(discovery), "DYN_LOG": "error",
+    discovery = request.param
+    namespace = f"fleet-unit-{discovery}"
+    if discovery == "file":
+        variables = {"DYN_FILE_KV": str(tmp_path_factory.mktemp("fleet-discovery"))}
+    else:
+        variables = {"ETCD_ENDPOINTS": request.getfixturevalue("etcd_server")}
+    env = {**os.environ, **variables, "DYN_LOG": "error",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "packages"), os.environ.get("PYTHONPATH", "")])}
     processes, addresses = [], []
     try:
         for index, url in enumerate(URLS):
-            settings = ReplicaSettings(truss_dir=str(ROOT), index=index, namespace="fleet-unit", discovery="file",
+            settings = ReplicaSettings(truss_dir=str(ROOT), index=index, namespace=namespace, discovery=discovery,
                                        kv_events=True, block_size=BLOCK)
             process = subprocess.Popen(
                 [sys.executable, str(DOUBLE), settings.to_json(), url, str(ROOT / "data" / "embedded-llama")],
@@ -84,7 +128,8 @@ def fleet(tmp_path_factory) -> Iterator[dict]:
             line = process.stdout.readline()  # one line once in the fleet (or "" if it died)
             assert line, f"replica double {index} exited with {process.poll()}"
             addresses.append(json.loads(line)["events"])
-        yield {"processes": processes, "events": addresses, "env": env}
+        yield {"processes": processes, "events": addresses, "variables": variables, "discovery": discovery,
+               "namespace": namespace}
     finally:
         for process in processes:
             if process.poll() is None:
@@ -100,8 +145,9 @@ def fleet(tmp_path_factory) -> Iterator[dict]:
 def _router(fleet: dict, mode: str):
     from trtllm_truss.streaming.fleet_router import FleetFrontSettings, FleetRouter
 
-    settings = FleetFrontSettings(namespace="fleet-unit", discovery="file", router_mode=mode, block_size=BLOCK,
-                                  environment=(("DYN_FILE_KV", fleet["env"]["DYN_FILE_KV"]), ("DYN_LOG", "error")))
+    settings = FleetFrontSettings(namespace=fleet["namespace"], discovery=fleet["discovery"], router_mode=mode,
+                                  block_size=BLOCK,
+                                  environment=(*fleet["variables"].items(), ("DYN_LOG", "error")))
     return FleetRouter(settings, "tensorrt_llm")
 
 
