@@ -96,6 +96,11 @@ class FleetConfig(StrictModel):
         120.0, gt=0.0, description="router_mode approximate: how long the router assumes a routed prefix stays cached"
         " (KvRouterConfig.router_ttl_secs)."
     )
+    advertise_host: NonEmptyStr | None = Field(
+        None,
+        description="The address the fronts of other hosts reach this host's replicas at (their Triton gRPC); default:"
+        " 127.0.0.1 with discovery file, else POD_IP where set (Kubernetes), else this host's name resolved.",
+    )
     replica_join_timeout_s: float = Field(
         600.0, gt=0.0, description="How long the front waits for a first replica to join before it answers 503."
     )

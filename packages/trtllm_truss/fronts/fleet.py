@@ -67,7 +67,7 @@ class _FleetStack:
 
 
 class FleetFront(DirectFront):
-    def __init__(self, truss_dir: Path | str, *, replicas: int | None = None, advertise_host: str = "127.0.0.1",
+    def __init__(self, truss_dir: Path | str, *, replicas: int | None = None, advertise_host: str | None = None,
                  log_dir: Path | None = None, **kwargs: Any) -> None:
         super().__init__(truss_dir, **kwargs)
         self._replica_count = replicas
@@ -98,7 +98,8 @@ class FleetFront(DirectFront):
         for line in self.fleet_plan.describe():
             logger.info("%s", line.lstrip("# "))
         self.replicas = FleetReplicas(self.truss_dir, self.fleet_plan, fleet, environ=self._environ,
-                                      startup_timeout_s=self._startup_timeout_s, advertise_host=self._advertise_host,
+                                      startup_timeout_s=self._startup_timeout_s,
+                                      advertise_host=self._advertise_host or advertise_host(fleet, self._environ),
                                       log_dir=self._log_dir)
         stack = _FleetStack(plan=_fleet_front_plan(plan), server=_FleetServer(self.replicas), replicas=self.replicas)
         self.stack = stack  # stop() reaches the replicas even if the wait below fails
@@ -132,6 +133,19 @@ def _fleet_front_plan(plan: Any) -> Any:
     runtime = plan.runtime
     front = runtime.direct_front.model_copy(update={"stream_worker_processes": False})
     return dataclasses.replace(plan, runtime=runtime.model_copy(update={"direct_front": front}))
+
+
+def advertise_host(fleet: Any, environ: Any) -> str:
+    """Where other hosts' fronts reach this host's replicas (`fleet.advertise_host`, else see its description)."""
+    import socket
+
+    if fleet.advertise_host:
+        return fleet.advertise_host
+    if fleet.discovery.value == "file":
+        return "127.0.0.1"  # one host
+    if environ.get("POD_IP"):
+        return environ["POD_IP"]
+    return socket.gethostbyname(socket.gethostname())
 
 
 def _require_dynamo() -> None:
