@@ -12,6 +12,7 @@ import yaml
 from trtllm_truss.cli import main
 from trtllm_truss.config import ConfigError, load_config
 from trtllm_truss.config.fleet import FleetConfig
+from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.planning.fleet import FleetPlanError, make_fleet_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,8 +85,19 @@ def test_kv_mode_needs_events_and_reuse():
     assert not approximate.kv_events and "none (backend tensorrtllm)" in approximate.describe()[2]
 
 
+def test_kv_mode_needs_the_event_buffer_where_the_runtime_has_one():
+    with pytest.raises(FleetPlanError, match="runtime.event_buffer_max_size is 0"):
+        make_fleet_plan(FleetConfig(), backend="pytorch", gpu_count=0, gpus_per_replica=1, enable_kv_cache_reuse=True,
+                        event_buffer_max_size=0)
+
+
+KV_RUNTIME = {"enable_kv_cache_reuse": True}
+if "event_buffer_max_size" in RuntimeConfig.model_fields:  # the stand-in's KV events (runtime.event_buffer_max_size)
+    KV_RUNTIME["event_buffer_max_size"] = 1000
+
+
 def test_validate_prints_the_fleet_plan(tmp_path: Path, capsys):
-    root = write(tmp_path, {"replicas": 2, "router_mode": "kv"}, runtime={"enable_kv_cache_reuse": True})
+    root = write(tmp_path, {"replicas": 2, "router_mode": "kv"}, runtime=KV_RUNTIME)
     assert main(["validate", str(root)]) == 0
     out = capsys.readouterr().out
     assert "# fleet: 2 replica(s) on this host, CPU" in out

@@ -211,6 +211,27 @@ def test_round_robin_uses_both_replicas(fleet):
     assert asyncio.run(run()) == set(URLS)
 
 
+def test_approximate_mode_keeps_a_prefix_where_it_sent_it(fleet):
+    """No events: Dynamo's router remembers where it routed a prompt's blocks (update_indexer)."""
+    prompt = list(range(2000, 2016))
+
+    async def run() -> set[str]:
+        router = _router(fleet, "approximate")
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas")
+            urls = set()
+            for _ in range(4):
+                route = await router.route(prompt + [len(urls)])
+                await route.done()
+                urls.add(route.engine.grpc_url)
+            return urls
+        finally:
+            await router.close()
+
+    assert len(asyncio.run(run())) == 1
+
+
 def test_a_stopped_replica_leaves_at_once(fleet):
     """Last in the module: it stops replica 0 (SIGTERM: it unregisters, no lease to wait out)."""
     async def run() -> None:

@@ -68,6 +68,7 @@ def make_fleet_plan(
     enable_kv_cache_reuse: bool,
     tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
     replicas: int | None = None,
+    event_buffer_max_size: int | None = None,
 ) -> FleetPlan:
     """`replicas` (from `serve --replicas`) overrides the section's. Raises FleetPlanError naming the key."""
     key = "model_metadata.trt_llm.fleet"
@@ -83,6 +84,11 @@ def make_fleet_plan(
         raise FleetPlanError(
             f"{key}.router_mode: kv routes by reused KV blocks, but model_metadata.trt_llm.runtime.enable_kv_cache_reuse"
             " is false (no block is reused, no event is sent); set it true, or router_mode: round_robin")
+    if mode is RouterMode.KV and event_buffer_max_size == 0:  # None: a runtime section without the setting
+        raise FleetPlanError(
+            f"{key}.router_mode: kv is fed by the engine's KV cache events, but"
+            " model_metadata.trt_llm.runtime.event_buffer_max_size is 0 (TensorRT-LLM keeps none); set it (e.g."
+            " 10000), or router_mode: approximate")
     gpu_sets: tuple[tuple[int, ...], ...] = ()
     per = 0
     if gpu_count:
@@ -140,4 +146,5 @@ def plan_for(fleet: FleetConfig, resolved, plan, *, gpu_count: int, replicas: in
         enable_kv_cache_reuse=trt.runtime.enable_kv_cache_reuse,
         tokens_per_block=tokens_per_block_of(trt.build),
         replicas=replicas,
+        event_buffer_max_size=getattr(trt.runtime, "event_buffer_max_size", None),
     )
