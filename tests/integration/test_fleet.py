@@ -163,9 +163,9 @@ def _chat(server: TrussServer, content: str, max_tokens: int = 4, model: str = "
 @pytest.mark.parametrize(
     ("path", "body", "answered"),
     [
-        ("/predict", {"prompt": "Hello", "max_tokens": 4, "stream": False}, lambda b: b["usage"]["completion_tokens"] == 4),
+        ("/predict", {"prompt": "Hello", "max_tokens": 4, "stream": False}, lambda b: 1 <= b["usage"]["completion_tokens"] <= 4),
         ("/v1/completions", {"model": "embedded", "prompt": "Hello", "max_tokens": 4},
-         lambda b: b["usage"]["completion_tokens"] == 4),
+         lambda b: 1 <= b["usage"]["completion_tokens"] <= 4),
         ("/v1/chat/completions", {"model": "embedded", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
          lambda b: b["choices"][0]["message"]["content"]),
         ("/v1/responses", {"model": "embedded", "input": "Hi", "max_output_tokens": 4},
