@@ -111,13 +111,24 @@ def _post(server: TrussServer, path: str, body: dict, key: str = API_KEY, timeou
     return httpx.post(server.url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
 
 
-def _replicas(server: TrussServer) -> dict[int, str]:
-    """Replica index -> its Triton gRPC address, from the replicas' own log lines (the latest per index)."""
+def _replicas(server: TrussServer, what: str = "grpc") -> dict[int, str]:
+    """Replica index -> its Triton gRPC address (or metrics URL), from the replicas' own log lines (the latest
+    per index)."""
     found = {}
-    for match in re.finditer(r"replica (\d+) in the fleet \(Dynamo instance \d+\): Triton gRPC (\S+)",
+    for match in re.finditer(r"replica (\d+) in the fleet \(Dynamo instance \d+\): Triton gRPC (\S+), metrics (\S+)",
                              server.log_path.read_text(errors="replace")):
-        found[int(match.group(1))] = match.group(2)
+        found[int(match.group(1))] = match.group(2) if what == "grpc" else match.group(3)
     return found
+
+
+def _metric(server: TrussServer, name: str) -> float:
+    """The sum of a Triton metric over the replicas (the stand-in's own series)."""
+    total = 0.0
+    for url in _replicas(server, "metrics").values():
+        for line in httpx.get(url, timeout=5).text.splitlines():
+            if line.startswith(name):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _engine_requests(grpc_url: str) -> int:
@@ -197,6 +208,20 @@ def test_api_key_lora_structured_output_and_streaming_through_the_fleet(kv_fleet
                             "messages": [{"role": "user", "content": "Hi"}]}) as response:
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) >= 3
+
+
+def test_a_closed_stream_cancels_its_request_in_the_replica(kv_fleet):
+    cancelled = _metric(kv_fleet, "trtllm_standin_cancelled_requests_total")
+    with httpx.stream("POST", kv_fleet.url + "/v1/chat/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"},
+                      json={"model": "embedded", "stream": True, "max_tokens": 500, "ignore_eos": True,
+                            "messages": [{"role": "user", "content": "Count to a thousand"}]}) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    # The client went away: the replica's engine ends the request (its cancelled count grows, nothing held).
+    poll(lambda: _metric(kv_fleet, "trtllm_standin_cancelled_requests_total") > cancelled, 30,
+         what="the replica's engine cancelling the request")
+    poll(lambda: _metric(kv_fleet, "trtllm_standin_active_requests") == 0, 30, what="no request held")
 
 
 # --- routing ---------------------------------------------------------------------------------------

@@ -120,8 +120,8 @@ class ReplicaWorker:
                                               enable_local_indexer=True)
         serving = asyncio.ensure_future(self.endpoint.serve_endpoint(self.handle, graceful_shutdown=False))
         self.registered = True
-        logger.info("replica %d in the fleet (Dynamo instance %d): Triton gRPC %s", self.settings.index,
-                    self.endpoint.connection_id(), self.grpc_url)
+        logger.info("replica %d in the fleet (Dynamo instance %d): Triton gRPC %s, metrics %s", self.settings.index,
+                    self.endpoint.connection_id(), self.grpc_url, self.stack.server.metrics_url)
         tasks = [asyncio.ensure_future(self._watch_health())]
         if self.events_socket is not None and self.publisher is not None:
             tasks.append(asyncio.ensure_future(self._pump_events()))
