@@ -202,6 +202,15 @@ def test_api_key_lora_structured_output_and_streaming_through_the_fleet(kv_fleet
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}},
     }).json()
     assert isinstance(json.loads(structured["choices"][0]["message"]["content"])["n"], int), structured
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    called = _post(kv_fleet, "/v1/chat/completions", {
+        "model": "embedded", "messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 60,
+        "tools": [tool], "tool_choice": "required",
+    }).json()
+    calls = called["choices"][0]["message"]["tool_calls"]  # the family's tool parser, through the fleet
+    assert calls and calls[0]["function"]["name"] == "get_weather", called
+    assert "city" in json.loads(calls[0]["function"]["arguments"]), called
     with httpx.stream("POST", kv_fleet.url + "/v1/chat/completions", timeout=120,
                       headers={"Authorization": f"Bearer {API_KEY}"},
                       json={"model": "embedded", "stream": True, "max_tokens": 6,

@@ -106,11 +106,11 @@ class FleetRouter:
         self._failed: dict[int, float] = {}  # worker id -> when a request failed on it
 
     async def start(self) -> None:
+        for name, value in self.settings.environment:
+            os.environ[name] = value  # read by Dynamo when it loads (DYN_LOG) and when its runtime starts its discovery
         from dynamo.llm import KvRouter, KvRouterConfig
         from dynamo.runtime import DistributedRuntime
 
-        for name, value in self.settings.environment:
-            os.environ[name] = value  # read by Dynamo's runtime when it starts its discovery
         loop = asyncio.get_running_loop()
         self.runtime = DistributedRuntime(loop, self.settings.discovery, "tcp", event_plane="zmq")
         endpoint = self.runtime.endpoint(f"{self.settings.namespace}.{ENDPOINT}")
