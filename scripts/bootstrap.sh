@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server),
+# system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server, etcd for the fleet's tests),
 # .venv with the pinned lock (CPU torch), NVIDIA Dynamo (requirements/fleet.txt) and this package in editable mode,
 # .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's),
 # .venv-lint (import-linter, which checks the layers; its rich pin clashes with truss's),
@@ -12,6 +12,7 @@ PYTHON=${PYTHON:-python3}
 need_apt=()
 command -v mpirun >/dev/null || need_apt+=(openmpi-bin)
 command -v git-lfs >/dev/null || need_apt+=(git-lfs)
+command -v etcd >/dev/null || need_apt+=(etcd-server)  # the fleet's discovery across hosts (tests/unit/test_fleet_routing.py)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "bootstrap: apt-get install ${need_apt[*]}"
