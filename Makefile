@@ -1,6 +1,6 @@
 # The two commands of a fresh machine:  make predict   and   make test
 PROMPT ?= Once upon a time
-.PHONY: bootstrap predict test serve validate bench
+.PHONY: bootstrap predict test serve validate bench doc-tables
 bootstrap:
 	@scripts/bootstrap.sh
 predict:  # needs only .venv: the extra Pythons' venvs are the tests'
@@ -20,3 +20,7 @@ validate: bootstrap
 	@.venv/bin/trtllm-truss validate .
 bench: bootstrap
 	@.venv/bin/trtllm-truss bench . --compare
+# Rewrite the docs' tables that the code decides (images, examples, backends x features, model families);
+# make test fails while the committed docs differ from them (tests/unit/test_doc_tables.py).
+doc-tables: bootstrap
+	@.venv/bin/python -m trtllm_truss.commands.doc_tables

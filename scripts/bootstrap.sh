@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server, etcd for the fleet's tests),
+# system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server, PostgreSQL for the
+# store's server backend, etcd for the fleet's tests),
 # .venv with the pinned lock (CPU torch), NVIDIA Dynamo (requirements/fleet.txt) and this package in editable mode,
 # .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's),
 # .venv-lint (import-linter, which checks the layers; its rich pin clashes with truss's),
@@ -12,6 +13,9 @@ PYTHON=${PYTHON:-python3}
 need_apt=()
 command -v mpirun >/dev/null || need_apt+=(openmpi-bin)
 command -v git-lfs >/dev/null || need_apt+=(git-lfs)
+# PostgreSQL for the store's server backend (its tests start one with initdb/pg_ctl on a temporary folder);
+# Debian keeps its binaries in /usr/lib/postgresql/<version>/bin, off PATH.
+command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
 command -v etcd >/dev/null || need_apt+=(etcd-server)  # the fleet's discovery across hosts (tests/unit/test_fleet_routing.py)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then

@@ -1,6 +1,6 @@
 """Where a first token's time goes on the llmapi path: a harness tool for issue 39, not the product.
 
-    git apply docs/performance/first-token-trace.patch   # temporary: each process logs its first-token events
+    git apply docs/performance/llmapi-path/first-token-trace.patch   # temporary: each process logs its first-token events
     mkdir /tmp/trtllm-trace                               # tracing is on while this folder exists
     trtllm-truss bench . --compare --with-llm ...         # with TRTLLM_RUNTIME__BACKEND=llmapi
     python scripts/first_token_trace.py /tmp/trtllm-trace [--json OUT.json]

@@ -246,9 +246,9 @@ def test_messages_json_schema_output_format(claude: anthropic.Anthropic):
 # Forced calls (tool_choice required / any) cut by the token limit (issue 40): the call the limit cut,
 # with the arguments generated so far, is returned as a tool call with each dialect's length finish;
 # nothing becomes text. One call (parallel calls off): guided in the model's own syntax (Hermes
-# `<tool_call>` blocks, guides.tool_syntax), the embedded model writes text after its call when more
-# may follow, which the format allows (docs/api.md); the cuts of several calls are unit tests
-# (tests/unit/test_cut_calls.py).
+# `<tool_call>` blocks, guides.tool_syntax), the answer ends after its call; the cuts of several calls
+# are unit tests (tests/unit/test_cut_calls.py), forced answers with parallel calls allowed
+# test_forced_calls_only.py.
 
 CUT_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": False}
 CUT_TOOLS = [("get_weather", "The weather in a city"), ("get_time", "The time in a city")]
@@ -460,8 +460,8 @@ BAD_SCHEMA = {"type": "object", "properties": {"city": {"type": "no-such-type"}}
         ("responses", {"input": "hi", "tools": [{**TOOL_R, "parameters": BAD_SCHEMA}]}, "tools[0].parameters"),
         ("responses", {"input": [{"type": "function_call_output", "call_id": "c9", "output": "1"}]}, "input[0].call_id"),
         ("responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input[0].content[0].type"),
-        ("responses", {"input": "hi", "store": True}, "store"),
-        ("responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ("responses", {"input": "hi", "background": True, "store": False}, "background"),  # needs store
+        ("responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),  # 404: none stored
         ("messages", {"tools": [TOOL_M], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
         ("messages", {"tools": [{**TOOL_M, "input_schema": BAD_SCHEMA}]}, "tools[0].input_schema"),
         ("messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "1"}]}]}, "messages[0].content[0].tool_use_id"),
@@ -484,9 +484,23 @@ def test_bad_input_is_a_4xx_naming_the_field_in_the_api_s_shape(server: TrussSer
     assert f"{field}:" in message, message
 
 
+def test_a_turn_continues_a_stored_one_on_both_fronts(server: TrussServer):
+    oai = openai.OpenAI(base_url=server.url + "/v1", api_key="not-checked", max_retries=0, timeout=120.0)
+    greedy = {"model": "embedded", "temperature": 0.0, "max_output_tokens": 8}
+    first = oai.responses.create(input="My name is Ada.", **greedy)
+    second = oai.responses.create(input="What is my name?", previous_response_id=first.id, **greedy)
+    whole = oai.responses.create(
+        input=[{"role": "user", "content": "My name is Ada."}, *[i.model_dump(exclude_none=True) for i in first.output],
+               {"role": "user", "content": "What is my name?"}], store=False, **greedy)
+    assert second.previous_response_id == first.id and second.usage.input_tokens == whole.usage.input_tokens
+    if server.front == "truss":  # its server routes only POST /v1/responses: nothing could poll a background one
+        with pytest.raises(openai.BadRequestError, match="background"):
+            oai.responses.create(input="hi", background=True, **greedy)
+
+
 def test_sdks_raise_their_own_errors(oai: openai.OpenAI, claude: anthropic.Anthropic):
-    with pytest.raises(openai.BadRequestError, match="keeps no state"):
-        oai.responses.create(model="embedded", input="hi", store=True)
+    with pytest.raises(openai.NotFoundError, match="previous_response_id"):
+        oai.responses.create(model="embedded", input="hi", previous_response_id="resp_never_stored")
     with pytest.raises(anthropic.BadRequestError, match="tool_choice.name"):
         claude.messages.create(
             model="embedded", max_tokens=4, messages=[{"role": "user", "content": "hi"}],

@@ -33,6 +33,7 @@ def serve_truss(work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
 
 def serve_front(front: str, work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
     """This repository's truss under truss's server (`truss`) or the direct front (`direct`)."""
+    env = {"TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3"), **env}  # stored responses: the test's own
     if front == "truss":
         for proc in serve_truss(work, env):
             proc.front = front

@@ -79,9 +79,10 @@ def test_responses_tools_and_choices_in_chat_form():
 @pytest.mark.parametrize(
     "body, field",
     [
-        ({"store": True}, "store"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"conversation": "conv_1"}, "conversation"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+        ({"conversation": {"id": "conv_1"}, "background": True}, "conversation"),
+        ({"background": True, "store": False}, "background"),
+        ({"background": True, "stream": True}, "stream"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
         ({"top_logprobs": 2}, "top_logprobs"),
@@ -90,8 +91,21 @@ def test_responses_tools_and_choices_in_chat_form():
 def test_responses_refusals_of_the_request_name_the_field(body, field):
     error = refusal(rsp.parse_responses_request, {"input": "hi", **body})
     assert f"{field}:" in error.detail or f"{field}" in error.detail.split(":")[1]
-    if field in ("store", "previous_response_id", "conversation"):
-        assert error.status_code == 400 and "keeps no state" in error.detail
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"background": True}, "background"),
+     ({"conversation": "conv_1"}, "conversation")],
+)
+def test_responses_without_a_store_refuse_what_needs_one(body, field):
+    error = refusal(lambda b: rsp.parse_responses_request(b, stored=False), {"input": "hi", **body})
+    assert error.status_code == 400 and f"{field}: " in error.detail and "keeps no state" in error.detail
+
+
+def test_responses_store_by_default_as_openai():
+    assert rsp.parse_responses_request({"input": "hi"}).store is True
+    assert rsp.parse_responses_request({"input": "hi"}, stored=False).store is False  # left out: nothing to keep it in
 
 
 @pytest.mark.parametrize(
@@ -274,7 +288,9 @@ def test_messages_stream_events_in_order_and_same_content_as_unstreamed():
         ("message_delta", None, None), ("message_stop", None, None),
     ]
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
-    assert events[-2]["usage"] == {"input_tokens": 7, "output_tokens": 12}
+    assert events[-2]["usage"] == {
+        "input_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 12,
+    }
     whole = MessageEvents("m", emit=False)
     assert feed(whole, ("tool_calls", 7, 12)) == []
     assert whole.message()["content"] == streamed.message()["content"] == [

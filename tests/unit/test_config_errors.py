@@ -54,12 +54,6 @@ CASES = [
         "allowed values: llama, mistral",
     ),
     Case(
-        "architecture-missing",
-        {"trt_llm": {"build": {"huggingface_ckpt_repository": "a/b"}}},
-        f"{S}.build.base_model_architecture",
-        "required",
-    ),
-    Case(
         "checkpoint-missing",
         {"trt_llm": {"build": {"base_model_architecture": "llama"}}},
         f"{S}.build.huggingface_ckpt_repository",
@@ -221,6 +215,12 @@ CASES = [
         "use_paged_context_fmha",
     ),
     Case(
+        "kv-events-need-reuse",
+        with_runtime(build(), event_buffer_max_size=1024),
+        f"{S}.runtime.event_buffer_max_size",
+        "needs runtime.enable_kv_cache_reuse",
+    ),
+    Case(
         "serve-pytorch-needs-model", with_runtime(serve(), backend="pytorch"), f"{S}.runtime.pytorch.model", "required"
     ),
     # hardware versus resources.accelerator
@@ -354,13 +354,6 @@ CASES = [
         f"{S}.build.max_input_len",
         "unset OPTION_MAX_INPUT_LEN",
         env={"OPTION_MAX_INPUT_LEN": "1024"},
-    ),
-    Case(
-        "djl-only-no-architecture",
-        {},
-        f"{S}.build.base_model_architecture",
-        "required",
-        env={"HF_MODEL_ID": "meta-llama/Meta-Llama-3-8B"},
     ),
     Case(
         "djl-tp-max-exceeds-pp",

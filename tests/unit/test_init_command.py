@@ -68,7 +68,9 @@ def test_init_from_each_example_validates_and_uploads_only_served_files(tmp_path
 
 def test_flags_set_the_common_choices(tmp_path: Path):
     truss_dir = tmp_path / "qwen"
-    argv = ["init", str(truss_dir), "--checkpoint-repository", "Qwen/Qwen2.5-7B-Instruct", "--architecture", "qwen"]
+    # fp8 is a calibration at engine build: the engine-build example (the LLM-API default refuses it at init)
+    argv = ["init", str(truss_dir), "--from", "legacy-llama3-8b-fp8-engine-h100", "--checkpoint-repository",
+            "Qwen/Qwen2.5-7B-Instruct", "--architecture", "qwen"]
     assert main([*argv, "--quantization", "fp8", "--accelerator", "H100:2", "--name", "qwen-fp8"]) == 0
     _truss_validates(truss_dir)
     resolved = load_config(truss_dir, environ={})

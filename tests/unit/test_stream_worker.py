@@ -225,6 +225,22 @@ def test_chat_turns_reach_the_engine_as_the_templates_own_ids(model: WorkerModel
 TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},)
 
 
+def test_a_count_renders_and_tokenizes_as_the_request_and_sends_nothing_to_the_engine(model: WorkerModel, monkeypatch):
+    """The count routes' spec (`count_only`): the prompt tokens the same request sends, and no engine call."""
+    monkeypatch.setattr(model, "settings", dataclasses.replace(model.settings, max_input_len=512))  # tools take room
+    turns = (("system", "Be brief."), ("user", "Weather in Paris?"))
+    spec = GenerationSpec(GenerationParams("", max_tokens=4), messages=turns, prompt_field="messages", tools=TOOLS)
+    engine = ScriptedEngine(_ids(model, " ok"))
+    _, generated = _run(model, engine, spec)
+    sent = engine.sent[0][0]
+    counting = ScriptedEngine([])
+    emitted, counted = _run(model, counting, dataclasses.replace(spec, count_only=True))
+    assert counted == StreamEnd(prompt_tokens=len(sent)) and generated.prompt_tokens == len(sent)
+    assert emitted == [] and counting.sent == []
+    _, refused = _run(model, counting, dataclasses.replace(spec, count_only=True, messages=(("user", "word " * 600),)))
+    assert refused.status == 400 and "max_input_len" in refused.error and counting.sent == []  # as the request would be
+
+
 def test_the_embedded_model_detects_hermes_and_no_reasoning(model: WorkerModel):
     info = model.info()
     assert (info.tool_call_parser, info.reasoning_parser) == ("hermes", None)

@@ -183,6 +183,47 @@ def test_recorded_outputs_are_accepted_and_read_back_as_their_calls(guides, pars
     ]
 
 
+def _completes(guides, tag: str, text: str) -> bool:
+    """`text` is a whole answer of the tag: accepted, and the end of the answer may follow it."""
+    matcher = guides.compile("structural_tag", tag).matcher
+    return bool(matcher.accept_string(text)) and (matcher.is_completed() or matcher.is_terminated() or matcher.accept_token(2))
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
+@pytest.mark.parametrize("parser, record_id, parallel", [
+    (p, r, parallel) for p, ids in sorted(ACCEPTED.items()) for r in ids
+    for parallel in ((True, False) if len(RECORDS[r][1]["expected"]["tool_calls"]) == 1 else (True,))  # several need parallel
+])
+def test_a_required_answer_is_calls_only_and_may_end_after_any_call(guides, parser: str, record_id: str, parallel: bool):
+    """`required` (Anthropic's `any`), parallel calls allowed or not: the recorded calls are a whole
+    answer (the answer may end after them, 2 being the embedded tokenizer's end of text), and no text
+    may follow them; with parallel calls allowed, a second copy of them may follow, with nothing but
+    the family's separator between (where xgrammar's builder let text in and `calls_only` made the run)."""
+    text, tools, _, _, mode, _, _, syntax = _recorded_case(parser, record_id)
+    tag = tool_syntax.build(tool_syntax.request_text(syntax, tools, "required", parallel, mode), "xgrammar")[0]
+    assert _completes(guides, tag, text), (mode, text)
+    for tail in (" Done.", "\nThe weather is fine.", "\n\nok"):
+        assert not _completes(guides, tag, text + tail), tail
+    thinking_end = text.rfind("</think>") + len("</think>") if "</think>" in text else 0
+    calls = text[thinking_end:].strip()
+    if parallel and '"star"' in tag and calls.count(calls[:8]) == 1:
+        assert _completes(guides, tag, text + "\n" + calls)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
+def test_where_the_json_guide_stays_a_required_answer_is_calls_only_too(guides):
+    """The JSON guide of `required` (api.tools.tool_guide) is one array of calls: nothing may follow it."""
+    from trtllm_truss.api.tools import tool_guide
+
+    guide = tool_guide([WEATHER, TIME], "required", True)[0]
+    calls = '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time", "parameters": {"zone": "CET"}}]'
+    matcher = guides.compile(guide.type, guide.guide).matcher
+    assert matcher.accept_string(calls) and (matcher.is_completed() or matcher.accept_token(2))
+    assert not guides.compile(guide.type, guide.guide).matcher.accept_string(calls + " Done.")
+
+
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_BUILDER, reason="xgrammar (with torch) is installed for Python 3.11 only")
 @pytest.mark.parametrize("parser, xgrammar_format, record_id", [(p, f, r) for p, (f, ids) in sorted(REFUSED.items()) for r in ids])
@@ -274,7 +315,8 @@ def test_the_compile_service_builds_and_compiles_the_tag_within_its_budget_and_c
     body = tool_syntax.request_text(FORMATS["hermes"], [WEATHER, nullable], "required", True, tool_syntax.DISABLED)
     verdict = check(tool_syntax.TOOL_SYNTAX, body, "xgrammar", False, EngineCompiler("xgrammar", EMBEDDED))
     assert isinstance(verdict, Accepted) and verdict.compiled_bytes > 0
-    assert json.loads(verdict.text)["format"]["triggers"] == ["<tool_call>"]
+    calls = json.loads(verdict.text)["format"]  # one call, then any number of (separator, call): nothing else
+    assert calls["type"] == "sequence" and calls["elements"][0]["elements"][0]["begin"].startswith("<tool_call>")
     assert verdict.unenforced == ("tools[1].function.parameters.properties.a: nullable",)
     refused = check(tool_syntax.TOOL_SYNTAX, body, "llguidance", False)
     assert isinstance(refused, Refused) and "Unsupported guide type: structural_tag" in refused.message

@@ -82,8 +82,14 @@ class MessagesRequest(SamplingFields):
     thinking: dict[str, Any] | None = Field(None, description="refused unless disabled: the model and its reasoning parser decide")
 
 
-def parse_messages_request(body: Any) -> MessagesRequest:
-    req = validate_at(MessagesRequest, body)
+class MessagesCountRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: Anthropic's body is a Messages request without `max_tokens`."""
+
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="not part of a count; accepted")
+
+
+def parse_messages_request(body: Any, model: type[MessagesRequest] = MessagesRequest) -> MessagesRequest:
+    req = validate_at(model, body)
     if req.thinking is not None and req.thinking.get("type") != "disabled":
         raise field_error(
             "thinking",
@@ -261,8 +267,10 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
 
 def message_object(
     message_id: str, model: str, content: list[dict[str, Any]], *, stop_reason_: str | None,
-    stop_sequence: str | None, input_tokens: int, output_tokens: int,
+    stop_sequence: str | None, input_tokens: int, output_tokens: int, cache_read_input_tokens: int = 0,
 ) -> dict[str, Any]:
+    """Anthropic's message; `input_tokens` is the prompt minus `cache_read_input_tokens` (Anthropic counts cache
+    reads apart from input tokens: the prompt is their sum, with cache_creation_input_tokens, always 0 here)."""
     return {
         "id": message_id,
         "type": "message",
@@ -271,5 +279,14 @@ def message_object(
         "content": content,
         "stop_reason": stop_reason_,
         "stop_sequence": stop_sequence,
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        "usage": message_usage(input_tokens, output_tokens, cache_read_input_tokens),
+    }
+
+
+def message_usage(input_tokens: int, output_tokens: int, cache_read_input_tokens: int = 0) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cache_read_input_tokens,
+        "output_tokens": output_tokens,
     }

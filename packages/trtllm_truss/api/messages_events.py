@@ -20,6 +20,7 @@ from pydantic_core import from_json
 from trtllm_truss.api.messages import (
     error_body,
     message_object,
+    message_usage,
     new_message_id,
     stop_reason,
 )
@@ -98,19 +99,22 @@ class MessageEvents:
         return [{"type": "content_block_delta", "index": block, "delta": {"type": "input_json_delta", "partial_json": delta}}]
 
     def finish(
-        self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None = None
+        self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None = None,
+        cached_tokens: int = 0,
     ) -> list[dict[str, Any]]:
         events = self._close()
         reason = stop_reason(finish_reason, stop_sequence)
+        # Anthropic's input_tokens leave out the tokens read from the cache (cache_read_input_tokens).
+        uncached = prompt_tokens - cached_tokens
         self.final = self._snapshot(
             content=self.content, stop_reason_=reason, stop_sequence=stop_sequence if reason == "stop_sequence" else None,
-            input_tokens=prompt_tokens, output_tokens=completion_tokens,
+            input_tokens=uncached, output_tokens=completion_tokens, cache_read_input_tokens=cached_tokens,
         )
         if self.emit:
             events.append({
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": self.final["stop_sequence"]},
-                "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens},
+                "usage": message_usage(uncached, completion_tokens, cached_tokens),
             })
             events.append({"type": "message_stop"})
         return events

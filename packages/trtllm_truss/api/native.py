@@ -65,17 +65,24 @@ class PredictRequest(SamplingFields):
         return self
 
 
+class PromptTokensDetails(StrictModel):
+    # Prompt tokens whose KV the engine found in its cache (runtime.enable_kv_cache_reuse), OpenAI's field.
+    cached_tokens: int = 0
+
+
 class Usage(StrictModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 

@@ -1,13 +1,13 @@
-"""OpenAI's Responses API (`POST /v1/responses`), stateless: the request, its conversion to chat
-turns and tools, and the response object and stream events.
+"""OpenAI's Responses API (`POST /v1/responses`): the request, its conversion to chat turns and tools,
+and the response object and stream events.
 
-The deployment keeps no state, so whatever needs a stored response (`store: true`,
-`previous_response_id`, `conversation`, `item_reference` inputs, `background`) is a 400 saying so;
-a client sends the whole conversation as `input` items each time (as OpenAI's Agents SDK does with
-`store: false`). Input items become OpenAI chat messages: `instructions` a leading system message,
-`developer` messages system ones, `function_call` items assistant `tool_calls` (consecutive calls
-one assistant turn), `function_call_output` items `tool` messages (each must answer an earlier
-call), `reasoning` items the next assistant turn's `reasoning_content`.
+Input items become OpenAI chat messages: `instructions` a leading system message, `developer` messages
+system ones, `function_call` items assistant `tool_calls` (consecutive calls one assistant turn),
+`function_call_output` items `tool` messages (each must answer an earlier call), `reasoning` items the
+next assistant turn's `reasoning_content`. A turn continued by `previous_response_id` comes after the
+stored history (the earlier turns' input and output items, `api.responses_stored`), one in a
+`conversation` after its items (`api.conversations`): the whole is rendered as a new request would be.
+`item_reference` inputs are not served.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from trtllm_truss.api.openai import ResponseFormat
 from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
 from trtllm_truss.api.tools import MAX_TOOLS, check_functions
 
-STATELESS = "this deployment keeps no state (responses are not stored)"
+NOT_STORED = "this deployment keeps no state (runtime.store.enabled is false)"
+NOT_SERVED = "not served: send the item itself (or continue by previous_response_id or conversation)"
 
 
 class TextFormat(EchoedModel):
@@ -57,7 +58,7 @@ class ResponsesRequest(SamplingFields):
     max_output_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     text: TextConfig | None = None
     stream: bool = False
-    store: bool = Field(False, description=f"only false: {STATELESS}")
+    store: bool = Field(True, description="keep the response (GET /v1/responses/{id}, previous_response_id)")
     previous_response_id: Text | None = None
     conversation: Text | dict[str, Any] | None = None
     background: bool | None = None
@@ -69,15 +70,30 @@ class ResponsesRequest(SamplingFields):
     prompt_cache_key: Text | None = Field(None, description="accepted; the engine reuses KV cache by itself")
 
 
-def parse_responses_request(body: Any) -> ResponsesRequest:
+def parse_responses_request(body: Any, *, stored: bool = True) -> ResponsesRequest:
+    """The request; `stored`: whether this deployment keeps responses (else what needs a stored one is
+    a 400 and `store` left out means false)."""
     req = validate_at(ResponsesRequest, body)
-    for field in ("previous_response_id", "conversation"):
-        if getattr(req, field) is not None:
-            raise field_error(field, f"{STATELESS}: send the whole conversation as input items instead")
-    if req.store:
-        raise field_error("store", f"{STATELESS}: send store: false")
+    if not stored:
+        if req.conversation is not None:
+            raise field_error("conversation", f"{NOT_STORED}: send the whole conversation as input items instead")
+        if req.previous_response_id is not None:
+            raise field_error("previous_response_id", f"{NOT_STORED}: send the whole conversation as input items instead")
+        if req.background:
+            raise field_error("background", f"{NOT_STORED}: background responses cannot be fetched later")
+        if req.store and "store" in req.model_fields_set:
+            raise field_error("store", f"{NOT_STORED}: send store: false")
+        req.store = False
+    if req.conversation is not None:
+        if req.previous_response_id is not None:
+            raise field_error("conversation", "continue either a conversation or a previous response, not both")
+        if req.background:
+            raise field_error("conversation", "not served with background: true (its items are added as the answer ends)")
     if req.background:
-        raise field_error("background", f"{STATELESS}: background responses cannot be fetched later")
+        if not req.store:
+            raise field_error("background", "background responses need store: true (they are fetched by id)")
+        if req.stream:
+            raise field_error("stream", "a background response is not streamed here: poll GET /v1/responses/{id}")
     if req.include:
         raise field_error("include", f"{req.include[0]!r}: no extra output is served (send include: [])")
     return req
@@ -182,12 +198,18 @@ def _content_text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """The conversation as OpenAI chat messages (see the module's docstring)."""
+def input_items(req: ResponsesRequest) -> list[Any]:
+    """The request's `input` as a list of items (a string is one user message)."""
+    return [{"role": "user", "content": req.input}] if isinstance(req.input, str) else list(req.input)
+
+
+def chat_messages(req: ResponsesRequest, history: list[dict[str, Any]] | tuple = ()) -> list[dict[str, Any]]:
+    """The conversation as OpenAI chat messages (see the module's docstring): `history` (a stored
+    turn's earlier items), then the request's input items."""
     messages: list[dict[str, Any]] = []
     if req.instructions:
         messages.append({"role": "system", "content": req.instructions})
-    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    items = [*history, *input_items(req)]
     turns = ToolTurns()
     reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
 
@@ -203,7 +225,8 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         return last
 
     for i, item in enumerate(items):
-        where = f"input[{i}]"
+        # An item of the stored history is named by its place in it (it was checked when it was sent).
+        where = f"input[{i - len(history)}]" if i >= len(history) else f"previous_response_id: item {i}"
         if not isinstance(item, Mapping):
             raise field_error(where, f"expected an input item (a JSON object), got {type(item).__name__}", 422)
         kind = item.get("type", "message")
@@ -235,7 +258,7 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             parts = item.get("content") or item.get("summary") or []
             reasoning.append(_content_text([{"type": "text", "text": p.get("text")} for p in parts if isinstance(p, Mapping)], f"{where}.content"))
         elif kind == "item_reference":
-            raise field_error(f"{where}.type", f"item_reference: {STATELESS}; send the item itself")
+            raise field_error(f"{where}.type", f"item_reference: {NOT_SERVED}")
         else:
             raise field_error(f"{where}.type", f"{kind!r} input items are not served (message, function_call, function_call_output, reasoning are)")
     if not any(m["role"] in ("user", "tool") for m in messages):
@@ -257,14 +280,19 @@ class _FunctionCallOutput(EchoedModel):
 # --- the response -------------------------------------------------------------------------------
 
 
+def conversation_ref(value: str | dict[str, Any]) -> str:
+    return value if isinstance(value, str) else str(value.get("id"))
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's Responses usage; `cached_tokens`: prompt tokens whose KV the engine reused (part of input_tokens)."""
     return {
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": prompt_tokens + completion_tokens,
@@ -295,9 +323,11 @@ def response_object(
         "model": req.model or "model",
         "output": output,
         "parallel_tool_calls": req.parallel_tool_calls,
-        "previous_response_id": None,
+        "previous_response_id": req.previous_response_id,
         "reasoning": None,
-        "store": False,
+        "store": req.store,
+        "background": bool(req.background),
+        "conversation": None if req.conversation is None else {"id": conversation_ref(req.conversation)},
         "temperature": req.temperature,
         "text": {"format": {"type": "text"}} if req.text is None or req.text.format is None else req.text.model_dump(by_alias=True, exclude_none=True),
         "tool_choice": req.tool_choice,

@@ -127,9 +127,10 @@ class ResponseEvents:
         return [self._event("response.function_call_arguments.delta", **self._item_where(item), delta=delta)]
 
     def finish(
-        self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None = None
+        self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None = None,
+        cached_tokens: int = 0,
     ) -> list[dict[str, Any]]:
-        self.usage = usage(prompt_tokens, completion_tokens)
+        self.usage = usage(prompt_tokens, completion_tokens, cached_tokens=cached_tokens)
         self.incomplete = finish_reason == "length"
         # What the limit cut is incomplete: the last item, unless it is a call whose arguments were
         # complete (a call the limit cut keeps the arguments generated so far: not a whole object).

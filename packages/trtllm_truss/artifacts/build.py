@@ -150,10 +150,9 @@ def plan_build(
         )
     if config.base_model_architecture not in ARCHITECTURE_RECIPES:
         allowed = ", ".join(a.value for a in ARCHITECTURE_RECIPES)
-        raise BuildPlanError(
-            f"build.base_model_architecture {config.base_model_architecture.value!r} has no build recipe; "
-            f"allowed: {allowed}"
-        )
+        given = getattr(config.base_model_architecture, "value", None)
+        what = f"{given!r} has no build recipe" if given else "is required for an engine build (trtllm-build)"
+        raise BuildPlanError(f"build.base_model_architecture {what}; allowed: {allowed}")
     if config.base_model_architecture is Architecture.CHATGLM and config.pipeline_parallel_count != 1:
         raise BuildPlanError(
             "build.pipeline_parallel_count must be 1 for chatglm (NVIDIA's converter supports tensor parallelism only)"

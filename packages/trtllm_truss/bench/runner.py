@@ -25,7 +25,7 @@ TokenCounting = Literal["auto", "retokenize", "requested"]
 ProgressCallback = Callable[[], None]
 
 
-async def _one_request(
+async def measure_request(
     target: BenchTarget, request: BenchRequest, timeout_s: float, on_done: ProgressCallback | None
 ) -> RequestRecord:
     record = RequestRecord(
@@ -36,11 +36,18 @@ async def _one_request(
     )
     tokens = 0
     counted = True
+    usage_tokens: int | None = None
 
     async def consume() -> None:
-        nonlocal tokens, counted
+        nonlocal tokens, counted, usage_tokens
         async for chunk in target.stream(request):
             now = time.perf_counter()
+            if chunk.usage_output_tokens is not None:
+                usage_tokens = chunk.usage_output_tokens
+            if chunk.cached_tokens is not None:
+                record.cached_tokens = chunk.cached_tokens
+            if chunk.replica is not None:
+                record.replica = chunk.replica
             if not (chunk.token_count or chunk.text):
                 continue  # e.g. an empty final response
             if record.first_output_at is None:
@@ -58,7 +65,7 @@ async def _one_request(
         # wait_for, not asyncio.timeout(): the package supports Python 3.10
         await asyncio.wait_for(consume(), timeout_s)
         record.finished_at = time.perf_counter()
-        record.output_tokens = tokens if counted else None
+        record.output_tokens = usage_tokens if usage_tokens is not None else (tokens if counted else None)
     except asyncio.TimeoutError:
         record.error = f"timed out after {timeout_s:g} s"
     except Exception as exc:  # one failed request must not end the level; it is counted as failed
@@ -102,7 +109,7 @@ async def _closed_loop(target, requests, concurrency, timeout_s, on_done) -> lis
         while next_index < len(requests):
             i = next_index
             next_index += 1  # single-threaded event loop: no lock needed between await points
-            records[i] = await _one_request(target, requests[i], timeout_s, on_done)
+            records[i] = await measure_request(target, requests[i], timeout_s, on_done)
 
     await asyncio.gather(*(stream_worker() for _ in range(min(concurrency, len(requests)))))
     return [r for r in records if r is not None]
@@ -115,9 +122,9 @@ async def _open_loop(target, requests, level: OpenLoop, seed, timeout_s, on_done
 
     async def arrive(request: BenchRequest) -> RequestRecord:
         if cap is None:
-            return await _one_request(target, request, timeout_s, on_done)
+            return await measure_request(target, request, timeout_s, on_done)
         async with cap:
-            return await _one_request(target, request, timeout_s, on_done)
+            return await measure_request(target, request, timeout_s, on_done)
 
     tasks = []
     for request, offset in zip(requests, offsets):

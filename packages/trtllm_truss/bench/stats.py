@@ -53,6 +53,8 @@ class RequestRecord:
     # Streamed text, kept only for targets whose tokens are counted by re-tokenizing afterwards.
     text_parts: list[str] = field(default_factory=list)
     error: str | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the KV cache, where the response says
+    replica: str | None = None  # the replica that served it, where the response says
 
     @property
     def ok(self) -> bool:

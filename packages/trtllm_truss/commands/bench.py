@@ -101,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--startup-timeout", type=float, default=900.0,
                      help="seconds to wait for a stack this command starts (default: 900)")
 
+    from trtllm_truss.commands.bench_replay import add_replay_arguments
+
+    add_replay_arguments(parser)
+
 
 class _RichProgress:
     """Progress bar: one task per (target, load level)."""
@@ -231,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False)
+    if getattr(args, "trace", None) is not None:
+        from trtllm_truss.commands.bench_replay import run_replay
+
+        return run_replay(args, err)
     try:
         levels = _levels(args)
     except ValueError as exc:

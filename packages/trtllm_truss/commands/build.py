@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from trtllm_truss.artifacts.engine_builder import EngineBuilder
     from trtllm_truss.artifacts.target import DeployTarget, PlanVersion
     from trtllm_truss.config import ResolvedConfig
+    from trtllm_truss.planning.architectures import CheckpointArchitecture
     from trtllm_truss.planning.plan import ServingPlan
     from trtllm_truss.planning.probe import RuntimeFacts
 
@@ -82,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.dry_run:
             # A dry run plans for the deployment's machine (its image's TensorRT-LLM, its GPUs); see TargetPlan.
-            target = plan_for_target(resolved, facts, args.trtllm_version, examples_dir=args.examples_dir)
+            from trtllm_truss.artifacts.checkpoint_config import checkpoint_architecture
+
+            target = plan_for_target(
+                resolved, facts, args.trtllm_version, examples_dir=args.examples_dir,
+                checkpoint=checkpoint_architecture(resolved),
+            )
             return _print_target_plan(target, builder, resolved)
         plan = make_plan(resolved, facts)
         if plan.mode == "serve":
@@ -132,7 +138,12 @@ class TargetPlan:
 
 
 def plan_for_target(
-    resolved: ResolvedConfig, facts: RuntimeFacts, requested_version: str | None, *, examples_dir: Path | None = None
+    resolved: ResolvedConfig,
+    facts: RuntimeFacts,
+    requested_version: str | None,
+    *,
+    examples_dir: Path | None = None,
+    checkpoint: CheckpointArchitecture | None = None,
 ) -> TargetPlan:
     """make_plan for the machine the config deploys to, downloading and building nothing.
 
@@ -140,7 +151,8 @@ def plan_for_target(
     that machine), else base_image's (artifacts.target.IMAGE_TRTLLM_VERSIONS), else the default. The GPUs:
     resources.accelerator (none: no GPU, so backend auto means the stand-in), or with an explicit version
     and no accelerator, as many as the world size. Raises PlanError (with `.problems`, one per key) for
-    settings that backend would refuse, exactly as `serve` would.
+    settings that backend would refuse, exactly as `serve` would. `checkpoint`: the checkpoint's architecture (config.json,
+    read beforehand by validate and init), checked against that TensorRT-LLM (planning.architectures).
     """
     from trtllm_truss.artifacts.target import DEFAULT_TARGET_PYTHON, plan_version, read_deploy_target, target_facts
     from trtllm_truss.planning.plan import make_plan
@@ -154,7 +166,7 @@ def plan_for_target(
         facts = target_facts(
             gpus, accelerator, version.version, tensorrt_version=facts.tensorrt_version, xgrammar_version=facts.xgrammar_version
         )
-    plan = make_plan(resolved, facts)
+    plan = make_plan(resolved, facts, checkpoint_architecture=checkpoint)
     notes: list[str] = []
     chosen_examples = examples_dir or deploy.examples_dir
     if (

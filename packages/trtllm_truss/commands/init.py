@@ -107,8 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--checkpoint-repository", help="build from this Hugging Face checkpoint repository")
     source.add_argument("--engine-repository", help="serve this prebuilt engine repository (no build)")
     parser.add_argument("--tokenizer-repository", help="tokenizer of a prebuilt engine (default: kept from the example)")
-    parser.add_argument("--architecture", help="build.base_model_architecture (llama, mistral, mixtral, qwen, ...)")
-    parser.add_argument("--quantization", help="build.quantization_type (no_quant, fp8, weights_int8, ...)")
+    parser.add_argument("--architecture", help="build.base_model_architecture (llama, mistral, mixtral, qwen, ...): needed"
+                        " by an engine build; optional on the LLM-API path, which reads the checkpoint's config.json")
+    parser.add_argument("--quantization", help="build.quantization_type (no_quant, fp8, weights_int8, ...): a calibration"
+                        " recipe needs an engine-build example (--from legacy-...); the LLM API takes fp8_kv")
     parser.add_argument("--accelerator", help="resources.accelerator, e.g. H100, H100:2, A100:4")
     parser.add_argument("--name", help="model_name (default: the folder's name)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty folder")
@@ -129,6 +131,46 @@ def _tensor_parallel(accelerator: str) -> int:
     if count and not count.isdigit():
         raise InitError(f"--accelerator {accelerator}: expected GPU[:COUNT], e.g. H100 or H100:2")
     return int(count or 1)
+
+
+# What NVIDIA's LLM API (backend llmapi) loads as is: no calibration, no engine build.
+_LLMAPI_QUANTIZATIONS = ("no_quant", "fp8_kv")
+# The engine-build example --quantization can start from instead (TensorRT-LLM 0.x trtllm-build).
+ENGINE_BUILD_EXAMPLE = "legacy-llama3-8b-fp8-engine-h100"
+
+
+def _llmapi_target(config: dict[str, Any]) -> tuple[str, str | None] | None:
+    """(runtime.backend, base_image's TensorRT-LLM) when this config runs on the LLM API; None when it does not."""
+    from trtllm_truss.artifacts.target import IMAGE_TRTLLM_VERSIONS
+    from trtllm_truss.planning.plan import llmapi_version_ok
+
+    section = config["model_metadata"]["trt_llm"]
+    backend = str((section.get("runtime") or {}).get("backend", "auto"))
+    version = IMAGE_TRTLLM_VERSIONS.get(str((config.get("base_image") or {}).get("image", "")))
+    if backend == "llmapi" or (backend == "auto" and llmapi_version_ok(version)):
+        return backend, version
+    return None
+
+
+def _llmapi_quantization_problem(config: dict[str, Any], example: str, quantization: str) -> str | None:
+    """Why --quantization cannot hold on the backend this config runs (None: it can)."""
+    from trtllm_truss.config.enums import Quantization
+
+    value = str(quantization).lower()
+    if value in _LLMAPI_QUANTIZATIONS or value not in {q.value for q in Quantization}:
+        return None  # an unknown name is the schema's to refuse, naming build.quantization_type
+    target = _llmapi_target(config)
+    if target is None:
+        return None
+    backend, version = target
+    return (
+        f"--quantization {quantization}: example {example} serves the checkpoint with TensorRT-LLM"
+        f" {version or '1.x'}'s LLM API (runtime.backend {backend}), which loads a checkpoint as it is and runs no"
+        f" calibration, so {quantization} cannot be applied there. Instead: a pre-quantized checkpoint"
+        " (--checkpoint-repository of an FP8/NVFP4 checkpoint, e.g. nvidia/Llama-3.1-8B-Instruct-FP8 or"
+        " Qwen/Qwen3-8B-FP8, without --quantization; --quantization fp8_kv for an FP8 KV cache), or an engine build"
+        f" (--from {ENGINE_BUILD_EXAMPLE}: TensorRT-LLM 0.x trtllm-build quantizes at build time)"
+    )
 
 
 def build_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -152,9 +194,15 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     if build is not None:
         if args.checkpoint_repository:
             build["huggingface_ckpt_repository"] = args.checkpoint_repository
+            if not args.architecture and _llmapi_target(config) is not None:
+                # the example's family was its own checkpoint's; the LLM API reads the new one's config.json
+                build.pop("base_model_architecture", None)
         if args.architecture:
             build["base_model_architecture"] = args.architecture
         if args.quantization:
+            problem = _llmapi_quantization_problem(config, example, args.quantization)
+            if problem is not None:
+                raise InitError(problem)
             build["quantization_type"] = args.quantization
     served = section.get("serve")
     if served is not None:
@@ -197,9 +245,45 @@ def write_truss(truss_dir: Path, config: dict[str, Any], *, force: bool = False)
     return sorted(p.relative_to(truss_dir) for p in truss_dir.rglob("*") if p.is_file())
 
 
+def _remove_written(truss_dir: Path, files: list[Path], existed: bool, was_empty: bool) -> None:
+    """Take back what init wrote: the folder (or its contents) when it held nothing before, else the files written."""
+    if not existed:
+        shutil.rmtree(truss_dir, ignore_errors=True)
+    elif was_empty:
+        for child in truss_dir.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+    else:
+        for name in files:
+            (truss_dir / name).unlink(missing_ok=True)
+
+
+def _plan_problems(resolved: Any) -> list[str]:
+    """The lines `validate`'s plan check reports as errors for this truss (empty: validate accepts it)."""
+    import io
+
+    from rich.console import Console
+
+    from trtllm_truss.commands.validate import check_plan
+
+    out, err = io.StringIO(), io.StringIO()
+    code = check_plan(
+        resolved, None, Console(file=out, width=160), Console(file=err, highlight=False, soft_wrap=True)
+    )
+    if code == 0:
+        return []
+    lines = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
+    return [line.removeprefix("error: ") for line in lines] or err.getvalue().splitlines()
+
+
 def run(args: argparse.Namespace) -> int:
     from trtllm_truss.config import ConfigError, load_config
+    from trtllm_truss.config.errors import redact
 
+    existed = args.truss_dir.exists()
+    was_empty = not existed or not any(args.truss_dir.iterdir())
     try:
         config = build_config(args)
         if getattr(args, "front", "truss") == "direct":
@@ -208,12 +292,17 @@ def run(args: argparse.Namespace) -> int:
     except InitError as exc:
         print(f"trtllm-truss init: {exc}", file=sys.stderr)
         return 2
+    # init writes only what `validate` accepts: the schema, then the same plan check.
     try:
         resolved = load_config(args.truss_dir, environ={})
-    except ConfigError as exc:  # a flag value our schema refuses: name the key, keep the folder to edit
-        print(f"trtllm-truss init: {args.truss_dir / 'config.yaml'} was written but does not validate:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
+        problems = _plan_problems(resolved)
+    except ConfigError as exc:  # a flag value our schema refuses: name the key
+        problems = exc.problems
+    if problems:
+        _remove_written(args.truss_dir, files, existed, was_empty)
+        print(f"trtllm-truss init: the truss would not validate, so {args.truss_dir} was not written:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {redact(problem)}", file=sys.stderr)
         return 1
     print(f"wrote {args.truss_dir} ({len(files)} files; {resolved.trt_llm.mode} mode, accelerator {resolved.accelerator})")
     print(f"next: edit {args.truss_dir / 'config.yaml'}, then `truss push {args.truss_dir}`")

@@ -84,15 +84,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
-    """Plan for the deployment's machine (no download, no build): refusals -> exit 1, else print the plan."""
+    return check_plan(resolved, args.trtllm_version, out, err)
+
+
+def check_plan(resolved, trtllm_version: str | None, out, err) -> int:
+    """Plan for the deployment's machine (no download, no build): refusals -> exit 1, else print the plan.
+    `init` runs it on the truss it writes, so it writes only what validate accepts."""
     from trtllm_truss.artifacts.build_recipes import BuildPlanError
     from trtllm_truss.commands.build import describe_target_plan, plan_for_target
     from trtllm_truss.config.errors import redact
     from trtllm_truss.planning.plan import PlanError
     from trtllm_truss.planning.probe import probe_facts
 
+    from trtllm_truss.artifacts.checkpoint_config import checkpoint_architecture
+    from trtllm_truss.planning.architectures import describe as describe_architecture
+
+    checkpoint = checkpoint_architecture(resolved)
     try:
-        target = plan_for_target(resolved, probe_facts(), args.trtllm_version)
+        target = plan_for_target(resolved, probe_facts(), trtllm_version, checkpoint=checkpoint)
         lines = describe_target_plan(target, resolved)
     except PlanError as exc:
         err.print(f"plan: {len(exc.problems)} problem(s)", markup=False)
@@ -103,6 +112,8 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
         err.print(f"error: {redact(str(exc))}", markup=False)
         return 1
     lines += kv_estimate_lines(resolved)
+    # the architecture, whether the deployment's TensorRT-LLM serves it, then the parsers its family gets
+    lines += describe_architecture(checkpoint, target.plan.backend, target.version.version)
     from trtllm_truss.commands.parser_report import parser_report
 
     parser_lines, warnings, problems = parser_report(resolved, target.plan.forced_syntax_off)
@@ -122,37 +133,10 @@ def _check_plan(resolved, args: argparse.Namespace, out, err) -> int:
 
 
 def _model_config(resolved) -> tuple[dict | None, int | None, str]:
-    """(config.json, weights size, "") of the checkpoint (build) or engine (serve), or (None, None, why not).
-    Local folders are read; a hub repository's config.json alone is downloaded (a few KB)."""
-    from trtllm_truss.artifacts.hub import hub_endpoint, resolve_hf_token
-    from trtllm_truss.planning.kv_capacity import read_model_config
+    """(config.json, weights size, "") of the checkpoint (build) or engine (serve), or (None, None, why not)."""
+    from trtllm_truss.artifacts.checkpoint_config import read_model_config
 
-    trt = resolved.trt_llm
-    source, revision = (
-        (trt.build.huggingface_ckpt_repository, trt.build.huggingface_ckpt_revision)
-        if trt.build is not None
-        else (trt.serve.engine_repository, trt.serve.engine_revision)
-    )
-    try:
-        location = resolved.resolve_repository(source)
-        if location.kind == "local":
-            config, weights = read_model_config(Path(location.local_path))
-            return config, weights, ""
-        if location.kind != "hub":
-            return None, None, f"{source} is not read by validate (only local folders and hub repositories are)"
-        import httpx
-        from huggingface_hub import hf_hub_url
-
-        # One GET with a short timeout: hf_hub_download retries an unreachable hub for ~20 s.
-        token = resolve_hf_token(None)
-        url = hf_hub_url(location.repo_id, "config.json", revision=revision, endpoint=hub_endpoint())
-        response = httpx.get(
-            url, headers={"authorization": f"Bearer {token}"} if token else {}, timeout=5.0, follow_redirects=True
-        )
-        response.raise_for_status()
-        return response.json(), None, ""
-    except Exception as exc:  # noqa: BLE001 - the estimate is optional; say why it is missing
-        return None, None, f"config.json of {source} could not be read ({type(exc).__name__})"
+    return read_model_config(resolved)
 
 
 def kv_estimate_lines(resolved) -> list[str]:

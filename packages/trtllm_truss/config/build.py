@@ -134,7 +134,11 @@ def _publish_repository_problem(value: str) -> str | None:
 
 
 class BuildConfig(StrictModel):
-    base_model_architecture: ArchitectureName = Field(description="Model family of the checkpoint.")
+    base_model_architecture: ArchitectureName | None = Field(
+        None,
+        description="Model family of the checkpoint: required on the engine-build path (backend tensorrtllm); optional"
+        " on backend llmapi, which reads the architecture from the checkpoint's config.json (given, it must agree).",
+    )
     huggingface_ckpt_repository: NonEmptyStr = Field(
         description="Hub repo id, or a local path (relative paths resolve against the truss dir)."
     )

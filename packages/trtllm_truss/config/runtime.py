@@ -18,6 +18,7 @@ from trtllm_truss.config.enums import (
     SchedulerPolicyName,
 )
 from trtllm_truss.config.fields import NonEmptyStr, StrictModel, field_problem
+from trtllm_truss.config.store import StoreConfig
 
 
 # --- runtime ------------------------------------------------------------------------------------
@@ -27,6 +28,11 @@ class SyntheticEngineConfig(StrictModel):
     """Tokens without a model, to measure the stack's own cost (`trtllm-truss bench`)."""
 
     step_time_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Sleep per engine step (0: as fast as possible).")
+    prefill_time_per_token_ms: float = Field(
+        0.0, ge=0.0, le=1_000.0,
+        description="Prefill cost per prompt token not found in the KV cache (runtime.enable_kv_cache_reuse), spent"
+        " on the engine thread as a real prefill holds the batch (0: prefill is free).",
+    )
 
 
 class PytorchEngineConfig(StrictModel):
@@ -213,6 +219,11 @@ class RuntimeConfig(StrictModel):
         description="guaranteed_no_evict reserves KV cache for a whole request up front.",
     )
     enable_kv_cache_reuse: bool = Field(False, description="Reuse KV cache of shared prompt prefixes.")
+    event_buffer_max_size: int = Field(
+        0, ge=0, le=1 << 20,
+        description="KV cache events (blocks stored and removed, TensorRT-LLM's kv_cache_config.event_buffer_max_size)"
+        " kept for a consumer such as a KV-aware router; 0: no events. Needs enable_kv_cache_reuse.",
+    )
     enable_chunked_context: bool = Field(False, description="Split long prompts across engine steps.")
     exclude_input_in_output: bool = Field(
         False,
@@ -310,6 +321,7 @@ class RuntimeConfig(StrictModel):
     health: HealthProbeConfig = Field(default_factory=lambda: HealthProbeConfig())
     direct_front: DirectFrontConfig = Field(default_factory=lambda: DirectFrontConfig())
     guides: GuidesConfig = Field(default_factory=lambda: GuidesConfig())
+    store: StoreConfig = Field(default_factory=lambda: StoreConfig())
 
     @model_validator(mode="after")
     def _lora_cache_sizes(self) -> RuntimeConfig:

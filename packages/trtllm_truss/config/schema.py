@@ -84,6 +84,9 @@ class TrtLlmConfig(StrictModel):
                     raise field_problem(
                         f"runtime.{flag}", "needs build.plugin_configuration.use_paged_context_fmha: true"
                     )
+        if self.runtime.event_buffer_max_size and not self.runtime.enable_kv_cache_reuse:
+            # TensorRT-LLM emits KV cache events only with block reuse on (LLM.get_kv_cache_events).
+            raise field_problem("runtime.event_buffer_max_size", "needs runtime.enable_kv_cache_reuse: true")
         if plugins is not None and not plugins.paged_kv_cache and self.runtime.enable_kv_cache_reuse:
             raise field_problem(
                 "runtime.enable_kv_cache_reuse", "needs build.plugin_configuration.paged_kv_cache: true"

@@ -54,6 +54,8 @@ IDS_OUTPUT = "output_ids"  # [beams, tokens] (after the batch dimension); stream
 TOKEN_COUNT_OUTPUT = "sequence_length"
 # NVIDIA's per-request speculative-decoding totals (perf outputs, with return_perf_metrics), in this order.
 DRAFT_STATS_OUTPUTS = ("total_draft_tokens", "total_accepted_draft_tokens")
+# NVIDIA's per-request count of prompt KV blocks found in the engine's cache (perf output, with return_perf_metrics).
+KV_REUSED_BLOCKS_OUTPUT = "kv_cache_reused_blocks"
 LOG_PROBS_OUTPUT = "output_log_probs"  # [beams, tokens] of this response (FP32), when return_log_probs
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 RECONNECT_WAIT_S = 2.0

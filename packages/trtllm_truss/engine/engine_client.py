@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2
 from trtllm_truss.engine.client import (
     DRAFT_STATS_OUTPUTS,
     IDS_OUTPUT,
+    KV_REUSED_BLOCKS_OUTPUT,
     LOG_PROBS_OUTPUT,
     TOKEN_COUNT_OUTPUT,
     EnsembleClient,
@@ -95,10 +96,12 @@ def build_engine_request(
     bad_words: np.ndarray | None = None,
     draft_stats: bool = False,
     lora: tuple[np.ndarray, np.ndarray] | None = None,
+    kv_stats: bool = False,
 ) -> service_pb2.ModelInferRequest:
     """A streaming request for the engine model itself, with token ids (NVIDIA's `tensorrt_llm`
     inputs). Stop strings are not sent: the stream worker matches them on the decoded text.
-    `draft_stats`: ask for NVIDIA's speculative-decoding perf outputs (return_perf_metrics)."""
+    `draft_stats`: ask for NVIDIA's speculative-decoding perf outputs (return_perf_metrics); `kv_stats`: for its
+    count of prompt KV blocks reused from the cache (kv_cache_reused_blocks, the same switch)."""
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     # Only what is read: each extra output is one more tensor per streamed response for the engine
@@ -112,6 +115,8 @@ def build_engine_request(
     if draft_stats:
         for name in DRAFT_STATS_OUTPUTS:
             request.outputs.add(name=name)
+    if kv_stats:
+        request.outputs.add(name=KV_REUSED_BLOCKS_OUTPUT)
     lead = [1] if interface.batched else []
 
     def add(name: str, datatype: str, shape: list[int]) -> service_pb2.InferTensorContents:
@@ -126,8 +131,8 @@ def build_engine_request(
             continue
         require_input(interface, tensor_name, name)
         getattr(add(tensor_name, datatype, [1]), contents_field).append(value)
-    if draft_stats:
-        require_input(interface, "return_perf_metrics", "draft_stats")
+    if draft_stats or kv_stats:
+        require_input(interface, "return_perf_metrics", "draft_stats" if draft_stats else "kv_stats")
         add("return_perf_metrics", "BOOL", [1]).bool_contents.append(True)
     if bad_words is not None and bad_words.size:
         require_input(interface, "bad_words_list", "bad_words")
@@ -183,16 +188,18 @@ class EngineClient:
         bad_words: np.ndarray | None = None,
         on_draft_stats: Callable[[int, int], None] | None = None,
         lora: tuple[np.ndarray, np.ndarray] | None = None,
+        on_kv_reuse: Callable[[int], None] | None = None,
     ) -> AsyncIterator[tuple[list[int], ResponseLogProbs | None]]:
         """The new token ids of each streamed response (beam 0) and, when `params.return_log_probs`,
         their log probabilities (with params.top_log_probs, each token's most likely ones too); leaving
         early cancels the request. `on_draft_stats(draft, accepted)`
         gets the request's running totals of draft and accepted draft tokens from each response
-        that carries them (NVIDIA's perf outputs, speculative decoding)."""
+        that carries them (NVIDIA's perf outputs, speculative decoding); `on_kv_reuse(blocks)` the request's count
+        of prompt KV blocks the engine reused from its cache (kv_cache_reused_blocks), from each response."""
         interface = await self.interface()
         request = build_engine_request(
             input_ids, params, interface, uuid.uuid4().hex, model_name=self.model_name, bad_words=bad_words,
-            draft_stats=on_draft_stats is not None, lora=lora,
+            draft_stats=on_draft_stats is not None, lora=lora, kv_stats=on_kv_reuse is not None,
         )
         stop = partial(build_stop_request, request.id, batched=interface.batched)
         async with aclosing(self._ensemble.stream_call(request, stop)) as responses:
@@ -205,6 +212,8 @@ class EngineClient:
                 for output, raw in zip(response.outputs, response.raw_output_contents):
                     if output.name in DRAFT_STATS_OUTPUTS and len(raw) >= 4:
                         (stats[output.name],) = struct.unpack_from("<i", raw)
+                    elif output.name == KV_REUSED_BLOCKS_OUTPUT and len(raw) >= 4 and on_kv_reuse is not None:
+                        on_kv_reuse(struct.unpack_from("<i", raw)[0])
                     elif output.name == IDS_OUTPUT:
                         ids = first_beam_ids(raw, output.shape)
                     elif output.name == TOKEN_COUNT_OUTPUT and len(raw) >= 4:

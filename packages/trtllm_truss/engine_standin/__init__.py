@@ -60,6 +60,7 @@ __all__ = [
     "StandinSettings",
     "SyntheticEngine",
     "build_engine",
+    "build_kv_pool",
     "ordinary_token_ids",
     "parse_word_list",
     "resolve_device",
@@ -72,6 +73,7 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
 
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
+    kv_pool = build_kv_pool(settings)
     if settings.synthetic:
         from trtllm_truss.engine_standin.synthetic import SyntheticEngine, ordinary_token_ids
 
@@ -80,6 +82,7 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
         engine: EngineBase = SyntheticEngine(
             settings.limits, vocab_size, cycle, step_time_ms=settings.synthetic_step_time_ms or 0.0,
             adapters={task: name for task, (name, _) in settings.lora_adapters.items()},
+            prefill_time_per_token_ms=settings.synthetic_prefill_time_per_token_ms, kv_pool=kv_pool,
         )
     else:
         from trtllm_truss.engine_standin.guidance import GuideCompiler
@@ -105,8 +108,20 @@ def build_engine(settings: StandinSettings) -> "EngineBase":
             ),
             adapters={task: name for task, (name, _) in adapters.items()},
             max_loras=settings.max_loras,
+            kv_pool=kv_pool,
         )
     return engine.start()
+
+
+def build_kv_pool(settings: StandinSettings):
+    """The engine's paged KV block pool (engine_standin/kv_blocks.py) and its event buffer, as configured."""
+    from trtllm_truss.engine_standin.kv_blocks import BlockPool
+    from trtllm_truss.engine_standin.kv_events import KVEventBuffer
+
+    limits = settings.limits
+    events = KVEventBuffer(settings.event_buffer_max_size, window_size=limits.max_input_len + limits.max_output_len)
+    size = settings.tokens_per_block
+    return BlockPool(size, max(1, settings.kv_pool_tokens // size), reuse=settings.kv_cache_reuse, events=events)
 
 
 def _vocab_size(settings: StandinSettings) -> int:

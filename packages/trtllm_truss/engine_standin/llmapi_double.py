@@ -22,6 +22,9 @@ What it mirrors, with NVIDIA's names (recorded per version in tests/data/trtllm_
 - LoRA: the adapters of `lora_config.lora_dir` are loaded with peft at startup, each named as TensorRT-LLM keys
   its adapters (by `lora_int_id`: `lora_<id>`, whatever its folder is called); a `LoRARequest`'s `lora_path`
   picks one of them (TensorRT-LLM loads an adapter on first use instead).
+- KV cache reuse (engine_standin/llmapi_kv.py): `kv_cache_config` sizes the engine's block pool,
+  `SamplingParams(return_perf_metrics=True)` fills `CompletionOutput.request_perf_metrics`, and
+  `get_kv_cache_events(timeout)` / `get_kv_cache_events_async(timeout)` return the engine's KV cache events.
 - Its own settings (keyword arguments of `LLM` beside model.yaml's, from the llmapi model's parameters):
   the guide whitespace and the synthetic engine (runtime.pytorch.synthetic, to bench the llmapi path:
   `trtllm-truss bench --compare-backends pytorch,llmapi`, docs/performance.md).
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trtllm_truss.engine_standin.llmapi_executor import DEFAULT_GC_GEN0_THRESHOLD, ExecutorProxy, Response
+from trtllm_truss.engine_standin.llmapi_kv import RequestPerfMetrics, kv_pool_parameters, request_perf_metrics
 from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import (
     FinishReason,
@@ -55,13 +59,13 @@ log = logging.getLogger("tensorrt_llm_llmapi")
 _APPLIED_LLM_ARGS = frozenset(
     {
         "model", "tokenizer", "max_batch_size", "max_input_len", "max_seq_len", "stream_interval", "lora_config",
-        "guided_decoding_backend", "garbage_collection_gen0_threshold",
+        "guided_decoding_backend", "garbage_collection_gen0_threshold", "kv_cache_config",
     }
 )
 _ACCEPTED_LLM_ARGS = _APPLIED_LLM_ARGS | frozenset(
     {
         "backend", "dtype", "tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
-        "max_beam_width", "max_num_tokens", "enable_chunked_prefill", "kv_cache_config", "scheduler_config",
+        "max_beam_width", "max_num_tokens", "enable_chunked_prefill", "scheduler_config",
         "speculative_config", "enable_lora", "skip_tokenizer_init",
     }
 )
@@ -124,6 +128,7 @@ class SamplingParams:
     logprobs: int | None = None
     guided_decoding: GuidedDecodingParams | None = None
     detokenize: bool = True
+    return_perf_metrics: bool = False
 
     def __post_init__(self) -> None:
         self.best_of = self.best_of or self.n
@@ -153,6 +158,7 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     finish_reason: str | None = None
+    request_perf_metrics: RequestPerfMetrics | None = None  # with SamplingParams(return_perf_metrics=True)
 
 
 def _token_logprobs(token: int, log_prob: float, top: tuple[list[int], list[float]] | None) -> dict[int, Logprob]:
@@ -169,8 +175,11 @@ class GenerationResult:
     the end), or `await aresult()`. The executor's dispatch thread hands its outputs to the event loop that
     called generate_async, once per message of the worker (an engine iteration)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, streaming: bool, executor: ExecutorProxy) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, n: int, streaming: bool, executor: ExecutorProxy, perf: bool = False
+    ) -> None:
         self.outputs = [CompletionOutput(index) for index in range(n)]
+        self._perf = perf
         self.streaming = streaming
         self.finished = False
         self._loop = loop
@@ -185,8 +194,11 @@ class GenerationResult:
             self._executor.cancel(engine_id)
 
     def _on_output(self, index: int, response: Response) -> None:  # on the event loop
-        _, token_ids, log_probs, top_log_probs, finish, error = response
+        _, token_ids, log_probs, top_log_probs, finish, error, *kv_blocks = response
+        kv = kv_blocks[0] if kv_blocks else None
         completion = self.outputs[index]
+        if kv is not None and self._perf:
+            completion.request_perf_metrics = request_perf_metrics(*kv)
         completion.token_ids.extend(token_ids)
         if log_probs is not None:
             tops = top_log_probs or [None] * len(token_ids)
@@ -225,6 +237,7 @@ class LLM:
         *,
         double_guided_whitespace: str = "compact",
         double_synthetic_step_time_ms: float | None = None,
+        double_synthetic_prefill_time_per_token_ms: float | None = None,
         **kwargs: Any,
     ) -> None:
         """`kwargs`: model.yaml's LLM() arguments; `double_guided_whitespace`, `double_synthetic_step_time_ms`:
@@ -255,8 +268,11 @@ class LLM:
             "guided_decoding_backend": kwargs.get("guided_decoding_backend") or "none",
             "guided_whitespace": double_guided_whitespace,
         }
+        parameters.update(kv_pool_parameters(kwargs.get("kv_cache_config")))
         if double_synthetic_step_time_ms is not None:  # the stand-in's synthetic engine, at this step time
             parameters["synthetic_step_time_ms"] = str(double_synthetic_step_time_ms)
+            if double_synthetic_prefill_time_per_token_ms:
+                parameters["synthetic_prefill_time_per_token_ms"] = str(double_synthetic_prefill_time_per_token_ms)
         if not lora_dirs:
             del parameters["lora_adapters"]
         max_loras = (kwargs.get("lora_config") or {}).get("max_loras")
@@ -320,7 +336,7 @@ class LLM:
         seed = secrets.randbits(63) if params.seed is None else int(params.seed)
         bias = params.embedding_bias
         guide = params.guided_decoding.guide() if params.guided_decoding is not None else None
-        result = GenerationResult(asyncio.get_running_loop(), params.n, streaming, self.executor)
+        result = GenerationResult(asyncio.get_running_loop(), params.n, streaming, self.executor, params.return_perf_metrics)
         requests = []
         for index in range(params.n):
             requests.append(
@@ -362,7 +378,7 @@ class LLM:
         with self._pending_lock:
             if outputs is None:
                 error = f"the executor is gone: {self.executor.error}"
-                outputs = [(rid, [], None, None, FinishReason.ERROR.value, error) for rid in self._pending]
+                outputs = [(rid, [], None, None, FinishReason.ERROR.value, error, None) for rid in self._pending]
             routed: dict[asyncio.AbstractEventLoop, list] = {}
             for output in outputs:
                 entry = self._pending.pop(output[0], None) if output[4] is not None else self._pending.get(output[0])
@@ -373,6 +389,17 @@ class LLM:
                 loop.call_soon_threadsafe(_deliver, batch)
             except RuntimeError:  # that loop is closed: its caller is gone
                 pass
+
+    def get_kv_cache_events(self, timeout: float | None = 2) -> list[dict]:
+        """TensorRT-LLM's KV cache events since the last call (waiting up to `timeout` s for one), as dicts in its
+        JSON shape (engine_standin/kv_events.py); none unless kv_cache_config.event_buffer_max_size > 0."""
+        return self.executor.kv_events.drain(timeout or 0.0)
+
+    async def get_kv_cache_events_async(self, timeout: float | None = 2):
+        """The same events, one by one (an async iterator, as TensorRT-LLM's), waited for off the event loop."""
+        events = await asyncio.get_running_loop().run_in_executor(None, self.get_kv_cache_events, timeout)
+        for event in events:
+            yield event
 
     def shutdown(self) -> None:
         self.executor.shutdown()

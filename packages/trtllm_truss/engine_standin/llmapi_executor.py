@@ -17,6 +17,7 @@ once per message. This module is that shape for the double (docs/design.md, "The
 | the MPI worker (`worker.py` `worker_main`), PyExecutor loop thread | `python -m trtllm_truss.engine_standin.llmapi_executor`: the stand-in engine's thread |
 | `PyExecutor._handle_responses` (stream_interval) + `await_response_thread` (batches an iteration's responses) | the worker's response thread, with `stream_interval.IntervalBuffer` per streamed request |
 | a worker that dies: the proxy fails every pending result and the LLM refuses new requests | the same (`ExecutorDied`) |
+| KV cache events: the worker's event manager, fetched by the proxy for `LLM.get_kv_cache_events` | the worker's engine's `kv_events`, sent on the result queue as they come (`("kv_events", [...])`), buffered in `ExecutorProxy.kv_events` |
 
 pyzmq is imported when an executor starts (TensorRT-LLM depends on it; this package pins it where the
 stand-in runs), so the module imports on every Python.
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from trtllm_truss.engine_standin.kv_events import KVEventBuffer
 from trtllm_truss.engine_standin.types import FinishReason, GenerationOutput, GenerationRequest
 from trtllm_truss.runtime.stub_watch import exit_with_parent
 
@@ -51,7 +53,8 @@ POLL_MS = 100  # the dispatch thread notices a dead worker within this
 DEFAULT_GC_GEN0_THRESHOLD = 20000  # TorchLlmArgs.garbage_collection_gen0_threshold's default (1.0.0-1.2.1)
 _PYTHON_GC_THRESHOLDS = gc.get_threshold()
 # One response on the result queue: (engine request id, new token ids, their log probs or None, their k most
-# likely tokens or None, the FinishReason value once finished else None, the error or None). Plain tuples:
+# likely tokens or None, the FinishReason value once finished else None, the error or None, and on a request's
+# first response after its prefill its prompt's KV blocks (total, reused from the cache), else None). Plain tuples:
 # unpickling a dataclass per response cost the proxy's dispatch thread a fifth of its process at 100k/s.
 Response = tuple
 _SUBMIT, _CANCEL, _SHUTDOWN = "submit", "cancel", "shutdown"
@@ -90,6 +93,9 @@ class ExecutorProxy:
         self._results.bind(result_address)
         self._send_lock = threading.Lock()  # a ZMQ socket is used by one thread at a time
         self.error: str | None = None
+        # The worker engine's KV cache events, kept for LLM.get_kv_cache_events (kv_cache_config.event_buffer_max_size).
+        max_events = int(parameters.get("event_buffer_max_size") or 0)
+        self.kv_events = KVEventBuffer(max_events, window_size=0)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
         self._process = subprocess.Popen(
@@ -162,6 +168,8 @@ class ExecutorProxy:
                 return  # closed by shutdown
             if kind == "responses":
                 self._on_batch(payload)
+            elif kind == "kv_events":
+                self.kv_events.extend(payload)
 
     def _died(self, reason: str) -> None:
         self.error = reason
@@ -223,15 +231,24 @@ class _Worker:
         self._outbox: deque[Response] = deque()
         self._ready = threading.Condition()
         self._stopping = False
+        self._kv_events_waiting = False
+        self.engine.kv_events.on_event = self._kv_event_made
         self._sender = threading.Thread(target=self._send_responses, name="await_response_thread", daemon=True)
         self._sender.start()
         info = {"vocab_size": self.engine.vocab_size, "pid": os.getpid(), "engine": type(self.engine).__name__}
         self._results.send(pickle.dumps(("ready", info)))
+        self._kv_event_made()  # events the engine made while starting (its "created" event) follow "ready"
 
-    def _queue(self, output: GenerationOutput) -> None:  # engine thread
+    def _kv_event_made(self) -> None:  # engine thread: the response thread sends the engine's events
+        with self._ready:
+            self._kv_events_waiting = True
+            self._ready.notify()
+
+    def _queue(self, output: GenerationOutput, kv: tuple[int, int] | None = None) -> None:  # engine thread
         response = (
             output.request_id, output.token_ids, output.log_probs, output.top_log_probs,
             output.finish_reason.value if output.finished and output.finish_reason is not None else None, output.error,
+            kv,
         )
         with self._ready:
             self._outbox.append(response)
@@ -241,25 +258,34 @@ class _Worker:
     def _send_responses(self) -> None:
         while True:
             with self._ready:
-                while not self._outbox and not self._stopping:
+                while not self._outbox and not self._kv_events_waiting and not self._stopping:
                     self._ready.wait()
-                if not self._outbox:
+                if not self._outbox and not self._kv_events_waiting:
                     return
                 batch, self._outbox = list(self._outbox), deque()
-            self._results.send(pickle.dumps(("responses", batch), protocol=pickle.HIGHEST_PROTOCOL))
+                events_waiting, self._kv_events_waiting = self._kv_events_waiting, False
+            if events_waiting and (events := self.engine.kv_events.drain()):
+                # Before the responses: a request's blocks are known to be stored once it answers.
+                self._results.send(pickle.dumps(("kv_events", events), protocol=pickle.HIGHEST_PROTOCOL))
+            if batch:
+                self._results.send(pickle.dumps(("responses", batch), protocol=pickle.HIGHEST_PROTOCOL))
 
     def _submit(self, request: GenerationRequest, streaming: bool) -> None:
         from trtllm_truss.engine_standin.stream_interval import IntervalBuffer
         from trtllm_truss.engine_standin.types import RequestRejected
 
         interval = IntervalBuffer(self.stream_interval) if streaming and self.stream_interval > 1 else None
+        kv_sent = [False]
 
         def on_output(output: GenerationOutput) -> None:
             if interval is not None:  # as PyExecutor._handle_responses: answer at this step or hold
                 output = interval.admit(output)
                 if output is None:
                     return
-            self._queue(output)
+            kv = None
+            if not kv_sent[0] and request.kv_total_blocks is not None:  # the engine prefilled it
+                kv, kv_sent[0] = (request.kv_total_blocks, request.kv_reused_blocks), True
+            self._queue(output, kv)
 
         try:
             self.engine.submit(request, on_output)

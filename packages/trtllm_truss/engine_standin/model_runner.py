@@ -58,12 +58,31 @@ class CausalLMRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, input_ids: list[int], *, all_logits: bool = False, adapter: str | None = None
+        self,
+        input_ids: list[int],
+        *,
+        all_logits: bool = False,
+        adapter: str | None = None,
+        prefix: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None,
     ) -> tuple[torch.Tensor, BatchKVCache, torch.Tensor | None]:
         """Run one prompt alone (no padding), through LoRA `adapter` (None: the base model); returns the
         last position's logits [vocab], its cache and, with `all_logits`, every position's logits
-        [prompt_len, vocab] (NVIDIA's context logits)."""
+        [prompt_len, vocab] (NVIDIA's context logits).
+
+        `prefix`: the cached KV of the prompt's first blocks (per block, per layer (keys, values) of
+        [heads, block tokens, head_dim], engine_standin/kv_blocks.py): only the tokens after them are
+        computed, at their positions after the prefix (`all_logits` then covers those tokens only)."""
         cache = BatchKVCache()
+        if prefix:
+            layers = len(prefix[0])
+            cache._replace([
+                (
+                    torch.cat([block[layer][0] for block in prefix], dim=-2)[None],
+                    torch.cat([block[layer][1] for block in prefix], dim=-2)[None],
+                )
+                for layer in range(layers)
+            ])
+            input_ids = input_ids[cache.length :]
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         # logits_to_keep=0 keeps every position.
         out = self.model(
@@ -72,6 +91,11 @@ class CausalLMRunner:
         )
         context = out.logits[0].float().cpu() if all_logits else None
         return out.logits[0, -1].float().cpu(), cache, context
+
+    @staticmethod
+    def block_kv(cache: BatchKVCache, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, copies of the (keys, values) of positions start..end of a one-row cache (a KV block)."""
+        return [(k[0, :, start:end].clone(), v[0, :, start:end].clone()) for k, v in cache.layer_tensors()]
 
     @torch.inference_mode()
     def decode(

@@ -32,8 +32,9 @@ ENGINE_OUTPUT_NAMES = frozenset(
 @dataclass(frozen=True)
 class PerfMetrics:
     """NVIDIA's per-request perf metrics (executor RequestPerfMetrics). Times are steady-clock
-    nanoseconds (time.monotonic_ns(), std::chrono::steady_clock on Linux). The stand-in has no paged
-    KV cache (a request holds one slot: one "block", never reused) and no speculative decoding."""
+    nanoseconds (time.monotonic_ns(), std::chrono::steady_clock on Linux). The block counts are those of
+    the request's prompt in the engine's KV block pool (engine_standin/kv_blocks.py: kv_block_metrics);
+    the stand-in has no speculative decoding."""
 
     arrival_time_ns: int
     first_scheduled_time_ns: int
@@ -60,6 +61,22 @@ class PerfMetrics:
             ("total_accepted_draft_tokens", np.array([[self.total_accepted_draft_tokens]], dtype=int32)),
             ("total_draft_tokens", np.array([[self.total_draft_tokens]], dtype=int32)),
         ]
+
+
+def kv_block_metrics(request) -> dict[str, int]:
+    """The KV block counts of a request the engine prefilled (GenerationRequest.kv_*), as PerfMetrics fields;
+    empty before its prefill (PerfMetrics' defaults)."""
+    total = getattr(request, "kv_total_blocks", None)
+    if total is None:
+        return {}
+    reused = request.kv_reused_blocks
+    return {"kv_cache_alloc_total_blocks": total, "kv_cache_reused_blocks": reused, "kv_cache_alloc_new_blocks": total - reused}
+
+
+def kv_block_arrays(requested: Collection[str], total: int, reused: int) -> list[tuple[str, np.ndarray]]:
+    """NVIDIA's three KV block perf outputs ([1, 1] INT32) of a request's prompt, those `requested`."""
+    values = {"kv_cache_alloc_total_blocks": total, "kv_cache_reused_blocks": reused, "kv_cache_alloc_new_blocks": total - reused}
+    return [(name, np.array([[value]], dtype=np.int32)) for name, value in values.items() if name in requested]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ from trtllm_truss.engine_standin.guidance import (
     TokenMasker,
     matcher_error,
 )
+from trtllm_truss.engine_standin.kv_blocks import BlockPool, Lease
 from trtllm_truss.engine_standin.kv_cache import BatchKVCache
+from trtllm_truss.engine_standin.kv_events import KVEventBuffer
 from trtllm_truss.engine_standin.model_runner import CausalLMRunner
 from trtllm_truss.engine_standin.sampling import (
     SequenceSamplingState,
@@ -56,6 +58,7 @@ class _Sequence:
     finished: bool = False
     cycle_offset: int = 0  # synthetic engine: where this request starts in the token cycle
     matcher: object = None  # llguidance.LLMatcher of a guided request, fed every token it emits
+    lease: Lease | None = None  # the KV blocks this request holds in the engine's block pool
 
 
 class EngineBase:
@@ -71,8 +74,13 @@ class EngineBase:
         name: str = "engine-standin",
         adapters: Mapping[int, str] | None = None,
         max_loras: int | None = None,
+        kv_pool: BlockPool | None = None,
     ) -> None:
         self.limits = limits
+        # Paged KV blocks and prefix reuse (engine_standin/kv_blocks.py); without a pool nothing is reused.
+        self.kv_pool = kv_pool or BlockPool(64, 1, reuse=False)
+        # KV cache events in TensorRT-LLM's shape for consumers in this process: kv_events.drain(timeout_s).
+        self.kv_events = self.kv_pool.events or KVEventBuffer(0, window_size=limits.max_input_len + limits.max_output_len)
         self.vocab_size = vocab_size
         # NVIDIA's lora_task_id -> LoRA adapter name; at most max_loras different adapters run in one step.
         self.adapters = dict(adapters or {})
@@ -236,10 +244,22 @@ class EngineBase:
     def _reset_batch(self) -> None:
         """Drop all batch state after a failed step."""
 
+    def _lease(self, seq: _Sequence, *, match: bool = True) -> Lease:
+        """Hold the cached blocks that prefix `seq`'s prompt (none with `match` false) and record the
+        request's block counts (NVIDIA's kv_cache_reused_blocks / kv_cache_alloc_total_blocks)."""
+        request = seq.request
+        seq.lease = self.kv_pool.acquire(request.input_ids, request.lora_task_id, match=match)
+        request.kv_reused_blocks = seq.lease.reused_blocks
+        request.kv_total_blocks = seq.lease.total_blocks
+        return seq.lease
+
     # ---------------------------------------------------------------- plumbing
     def _emit(self, seq: _Sequence, output: GenerationOutput) -> None:
         if output.finished:
             seq.finished = True
+            if seq.lease is not None:  # its blocks stay cached, now evictable
+                self.kv_pool.release(seq.lease)
+                seq.lease = None
             with self._wake:
                 self._known.discard(seq.request.request_id)
                 self._cancelled.discard(seq.request.request_id)
@@ -367,8 +387,9 @@ class StandinEngine(EngineBase):
         guides: GuideCompiler | None = None,
         adapters: Mapping[int, str] | None = None,
         max_loras: int | None = None,
+        kv_pool: BlockPool | None = None,
     ) -> None:
-        super().__init__(limits, runner.vocab_size, name=name, adapters=adapters, max_loras=max_loras)
+        super().__init__(limits, runner.vocab_size, name=name, adapters=adapters, max_loras=max_loras, kv_pool=kv_pool)
         self.runner = runner
         self._cache = BatchKVCache()
         self.guides = guides or GuideCompiler(runner.model_dir)
@@ -386,9 +407,14 @@ class StandinEngine(EngineBase):
     def _start(self, seq: _Sequence) -> bool:
         request = seq.request
         seq.state = SequenceSamplingState(request, list(request.input_ids), self.vocab_size)
+        # Context logits cover every prompt position, so such a request computes its whole prompt.
+        lease = self._lease(seq, match=not request.return_context_logits)
         logits, cache, context = self.runner.prefill(
-            request.input_ids, all_logits=request.return_context_logits, adapter=self.adapter_of(request)
+            request.input_ids, all_logits=request.return_context_logits, adapter=self.adapter_of(request),
+            prefix=lease.reused_payloads,
         )
+        size = self.kv_pool.tokens_per_block
+        self.kv_pool.store(lease, request.input_ids, lambda i: self.runner.block_kv(cache, i * size, (i + 1) * size))
         raw = logits.clone() if request.return_generation_logits else None
         errors: dict[int, str] = {}
         tokens, log_probs, tops = select_next_tokens(
@@ -437,11 +463,28 @@ class StandinEngine(EngineBase):
                 seq, tokens[i], log_probs[i] if log_probs and seq.request.return_log_probs else None, raw.get(i),
                 tops[i] if tops else None,
             )
+            if output.finished and output.error is None:
+                self._store_generated(i, seq)
             self._emit(seq, output)
             if not output.finished:
                 keep.append(i)
         if len(keep) != len(running):
             self._remove_rows(keep)
+
+    def _store_generated(self, row: int, seq: _Sequence) -> None:
+        """A finished sequence's full blocks past its prompt (its answer) join the cache, as TensorRT-LLM stores
+        a finished request's blocks: a next turn that repeats the answer reuses them."""
+        if seq.lease is None or not self.kv_pool.reuse or seq.state is None:
+            return
+        covered = self._cache.length - seq.pad  # tokens whose KV is in the batch cache (not the last sampled)
+        size = self.kv_pool.tokens_per_block
+        tensors = self._cache.layer_tensors()
+
+        def payload(index: int):
+            start = seq.pad + index * size
+            return [(k[row, :, start : start + size].clone(), v[row, :, start : start + size].clone()) for k, v in tensors]
+
+        self.kv_pool.store(seq.lease, seq.state.tokens[:covered], payload)
 
     def _remove_rows(self, keep: list[int]) -> None:
         super()._remove_rows(keep)

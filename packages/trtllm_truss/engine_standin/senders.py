@@ -25,6 +25,7 @@ from trtllm_truss.engine_standin.responses import (
     PerfMetrics,
     ResponseExtras,
     generation_logits_array,
+    kv_block_metrics,
     response_arrays,
 )
 from trtllm_truss.engine_standin.stream_interval import IntervalBuffer
@@ -293,6 +294,7 @@ class Senders:
                 first_scheduled_time_ns=scheduled,
                 first_token_time_ns=flight.first_token_ns or scheduled,
                 last_token_time_ns=flight.last_token_ns or scheduled,
+                **kv_block_metrics(generation),
             )
         return ResponseExtras(
             batch_index=flight.batch_index,

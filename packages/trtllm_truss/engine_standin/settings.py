@@ -18,6 +18,10 @@ class SettingsError(ValueError):
     pass
 
 
+# The stand-in's KV pool when runtime.max_tokens_in_paged_kv_cache is not set (tokens; about 128 MiB of
+# cached KV for the embedded model, 8 KiB a token).
+DEFAULT_MAX_KV_POOL_TOKENS = 16_384
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -51,6 +55,24 @@ class StandinSettings:
     guided_whitespace: str = "compact"
     # runtime.pytorch.guide_cache_bytes: what each instance's compiled guides may hold (engine_standin.guidance).
     guide_cache_bytes: int = 128 << 20
+    # The paged KV block pool (engine_standin/kv_blocks.py): build.plugin_configuration.tokens_per_block,
+    # runtime.enable_kv_cache_reuse, runtime.max_tokens_in_paged_kv_cache (None: kv_pool_tokens' default),
+    # runtime.event_buffer_max_size (0: no KV cache events).
+    tokens_per_block: int = 64
+    kv_cache_reuse: bool = False
+    max_tokens_in_paged_kv_cache: int | None = None
+    event_buffer_max_size: int = 0
+    # runtime.pytorch.synthetic.prefill_time_per_token_ms: the synthetic engine's prefill cost per uncached prompt token.
+    synthetic_prefill_time_per_token_ms: float = 0.0
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        """The pool's size in tokens: max_tokens_in_paged_kv_cache, else room for a full batch of the longest
+        requests, at most DEFAULT_MAX_KV_POOL_TOKENS (the stand-in keeps cached blocks' KV in host memory)."""
+        if self.max_tokens_in_paged_kv_cache is not None:
+            return self.max_tokens_in_paged_kv_cache
+        limits = self.limits
+        return min(limits.max_batch_size * (limits.max_input_len + limits.max_output_len), DEFAULT_MAX_KV_POOL_TOKENS)
 
     @property
     def synthetic(self) -> bool:
@@ -125,6 +147,15 @@ class StandinSettings:
         if whitespace not in {"compact", "flexible"}:
             problems.append(f"parameters.guided_whitespace: {whitespace!r} is not one of compact, flexible")
         adapters = _lora_adapters(text("lora_adapters"), problems)
+        prefill_raw = text("synthetic_prefill_time_per_token_ms")
+        prefill = 0.0
+        if prefill_raw is not None:
+            try:
+                prefill = float(prefill_raw)
+            except ValueError:
+                problems.append(f"parameters.synthetic_prefill_time_per_token_ms: {prefill_raw!r} is not a number")
+            if prefill < 0:
+                problems.append(f"parameters.synthetic_prefill_time_per_token_ms: {prefill} must be >= 0")
         settings = cls(
             limits=limits,
             model_dir=Path(model_dir) if model_dir else None,
@@ -142,6 +173,11 @@ class StandinSettings:
             guided_decoding_backend=guide_engine,
             guided_whitespace=whitespace,
             guide_cache_bytes=integer("guide_cache_bytes", 128 << 20, minimum=0),
+            tokens_per_block=integer("tokens_per_block", 64),
+            kv_cache_reuse=boolean("enable_kv_cache_reuse", False),
+            max_tokens_in_paged_kv_cache=integer("max_tokens_in_paged_kv_cache", 1) if text("max_tokens_in_paged_kv_cache") else None,
+            event_buffer_max_size=integer("event_buffer_max_size", 0, minimum=0),
+            synthetic_prefill_time_per_token_ms=prefill,
         )
         if problems:
             raise SettingsError("; ".join(problems))

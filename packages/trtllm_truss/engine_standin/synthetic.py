@@ -3,8 +3,11 @@
 It keeps the scheduling of the real stand-in (batch limit, queue, cancellation, request_output_len,
 stop words, end of request) but replaces the model with a cycle through ordinary vocabulary ids, so
 detokenization downstream still does real work. `step_time_ms` paces decode steps (0 = as fast as
-the loop runs); each step gives every running request one token. It has no model, so the logits it
-returns when asked (context / generation logits) are zero-filled placeholders of NVIDIA's shapes.
+the loop runs); each step gives every running request one token. `prefill_time_per_token_ms` charges a
+request's prefill per prompt token not found in the KV block pool (engine_standin/kv_blocks.py keeps the
+same block accounting as the model engine, without tensors), on the engine thread as a real prefill
+holds the batch. It has no model, so the logits it returns when asked (context / generation logits) are
+zero-filled placeholders of NVIDIA's shapes.
 """
 
 from __future__ import annotations
@@ -54,17 +57,24 @@ class SyntheticEngine(EngineBase):
         step_time_ms: float = 0.0,
         name: str = "engine-synthetic",
         adapters=None,
+        prefill_time_per_token_ms: float = 0.0,
+        kv_pool=None,
     ) -> None:
         # `adapters` (lora_task_id -> name): accepted, and scheduled within max_loras like the model's, but
         # the tokens are synthetic whatever the adapter (config check: a warning).
-        super().__init__(limits, vocab_size, name=name, adapters=adapters)
+        super().__init__(limits, vocab_size, name=name, adapters=adapters, kv_pool=kv_pool)
         if not token_cycle:
             raise ValueError("token_cycle: at least one token id is needed")
         self.token_cycle = token_cycle
         self.step_time_s = max(0.0, step_time_ms) / 1000.0
         self._next_step_at = 0.0
+        self.prefill_s_per_token = max(0.0, prefill_time_per_token_ms) / 1000.0
 
     def _start(self, seq: _Sequence) -> bool:
+        lease = self._lease(seq)
+        self.kv_pool.store(lease, seq.request.input_ids)
+        if self.prefill_s_per_token:
+            time.sleep((len(seq.request.input_ids) - lease.reused_tokens) * self.prefill_s_per_token)
         if not self._running and self.step_time_s:
             # From idle, this prefill is the step: the first decode step comes one step later, not at once.
             self._next_step_at = time.monotonic() + self.step_time_s
@@ -93,6 +103,12 @@ class SyntheticEngine(EngineBase):
                 self._emit(seq, self._logits(seq, first, GenerationOutput(request.request_id, [token], None, True, FinishReason.STOP_WORDS, None, state.generated)))
                 return False
         finished = state.generated >= request.max_new_tokens
+        if finished and seq.lease is not None and self.kv_pool.reuse:
+            # The answer's full blocks join the cache as TensorRT-LLM stores a finished request's (its last token
+            # has no KV yet); the tokens are the cycle's, so they are known without keeping them.
+            cycle, offset = self.token_cycle, seq.cycle_offset
+            answer = [cycle[(offset + j) % len(cycle)] for j in range(state.generated - 1)]
+            self.kv_pool.store(seq.lease, list(request.input_ids) + answer)
         output = GenerationOutput(
             request.request_id,
             [token],

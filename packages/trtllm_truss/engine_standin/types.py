@@ -84,6 +84,10 @@ class GenerationRequest:
     # When the engine admitted the request (time.monotonic_ns(), the clock of NVIDIA's
     # std::chrono::steady_clock perf metrics); set by the engine.
     first_scheduled_ns: int | None = None
+    # Its prompt's KV blocks in the engine's block pool, and how many of them were reused from the cache
+    # (NVIDIA's kv_cache_alloc_total_blocks / kv_cache_reused_blocks); set by the engine at prefill.
+    kv_total_blocks: int | None = None
+    kv_reused_blocks: int = 0
 
 
 @dataclass

@@ -183,6 +183,12 @@ class DirectFront:
         plan = self.stack.plan
         front = plan.runtime.direct_front
         api_key = resolve_api_key(front.api_key_secret, self._secrets, self._environ)
+        from trtllm_truss.fronts.store_setup import open_deployment_store, store_url
+
+        url = store_url(plan.runtime.store, self._secrets, self._environ)
+        store = open_deployment_store(plan.runtime.store, url, metrics=False)  # made (or checked) once, here
+        if store is not None:
+            store.close()
         ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
         frontends = front.processes or default_frontend_count()
         fill = fill_connections(front.fill_connections, plan.runtime.stream_interval) if frontends > 1 else 0
@@ -205,7 +211,7 @@ class DirectFront:
             FrontendSettings(
                 index=i, launcher_pid=os.getpid(), socket_fd=self._socket.fileno(), state_path=str(self.state.path),
                 plan=plan, grpc_url=server.grpc_url, stream_workers=per_frontend, api_key=api_key,
-                secret_values=known_secret_values(), http=http, loop=loop, fill_connections=fill,
+                secret_values=known_secret_values(), http=http, loop=loop, fill_connections=fill, store_url=url,
                 log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
                 guides=self._guides.settings if self._guides is not None else None, **self._frontend_extra(),
             )

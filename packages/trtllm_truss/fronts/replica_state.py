@@ -1,7 +1,8 @@
 """What the direct front's processes share: one small file mapped into each of them.
 
 Layout (little-endian 8-byte values): a header (`stack_ready`, `stack_failed`, `max_in_flight`,
-`frontends`), one admission count, one pid and one open-connection count per frontend, then each
+`frontends`, and when a frontend last refused a request for an unavailable engine and last served one:
+`SharedAvailability`), one admission count, one pid and one open-connection count per frontend, then each
 frontend's serving-metrics array (`serving.metrics.STATE_SIZE` float64s). The launcher creates the file,
 writes the header and clears the slot of a frontend that died; frontend `i` writes only its own count,
 pid, connections and metrics array, and reads everyone's.
@@ -17,14 +18,16 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 
+from trtllm_truss.serving import availability
 from trtllm_truss.serving.metrics import STATE_SIZE
 
-_HEADER = 4
-_READY, _FAILED, _MAX_IN_FLIGHT, _FRONTENDS = range(_HEADER)
+_HEADER = 6
+_READY, _FAILED, _MAX_IN_FLIGHT, _FRONTENDS, _REFUSED_NS, _SERVED_NS = range(_HEADER)
 _PER_FRONTEND = 3  # admission count, pid, open connections
 
 
@@ -53,7 +56,7 @@ class ReplicaState:
     def create(cls, path: Path, *, frontends: int, max_in_flight: int) -> ReplicaState:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, _size(frontends))
-        os.pwrite(fd, np.array([0, 0, max_in_flight, frontends], dtype=np.int64).tobytes(), 0)
+        os.pwrite(fd, np.array([0, 0, max_in_flight, frontends, 0, 0], dtype=np.int64).tobytes(), 0)
         return cls(path, fd)
 
     @classmethod
@@ -82,6 +85,9 @@ class ReplicaState:
     @property
     def max_in_flight(self) -> int:
         return int(self._ints[_MAX_IN_FLIGHT])
+
+    def availability(self) -> SharedAvailability:
+        return SharedAvailability(self)
 
     # --- frontends ----------------------------------------------------------------------------------
 
@@ -159,6 +165,24 @@ class SharedAdmission:
         state = self._state
         with state._locked():
             state._counts[self._index] -= 1
+
+
+class SharedAvailability:
+    """`serving.availability.Availability` over the replica's header: a refusal in any frontend makes
+    every frontend's readiness 503 at once, a request served by any clears it (single 8-byte stores)."""
+
+    def __init__(self, state: ReplicaState) -> None:
+        self._ints = state._ints
+
+    def refused(self, sent_ns: int) -> None:
+        if sent_ns >= self._ints[_SERVED_NS]:
+            self._ints[_REFUSED_NS] = time.monotonic_ns()
+
+    def served(self) -> None:
+        self._ints[_SERVED_NS] = time.monotonic_ns()
+
+    def refusing(self) -> bool:
+        return availability.refusing(int(self._ints[_REFUSED_NS]), int(self._ints[_SERVED_NS]), time.monotonic_ns())
 
 
 class _FileLock:

@@ -78,7 +78,16 @@ class LLMService:
             )
             return
         try:
+            import os
+
             from trtllm_truss.engine.tokenizer import ensure_tokenizer_json
+            from trtllm_truss.fronts.store_setup import open_deployment_store, store_url
+
+            store_config = plan.runtime.store
+            environ = os.environ if self._environ is None else self._environ
+            self.core.store = open_deployment_store(store_config, store_url(store_config, self._secrets, environ))
+            # truss's server routes only POST /v1/responses: a background response could never be polled.
+            self.core.background_off = "truss's server cannot route GET /v1/responses/{id}: serve with the direct front"
 
             # A sentencepiece-only tokenizer is converted once here, not by every worker.
             ensure_tokenizer_json(plan.tokenizer_dir, trust_remote_code=plan.runtime.trust_remote_code)
@@ -144,6 +153,8 @@ class LLMService:
         if self._stack is not None and self._stack.is_worker_node:
             return True  # prepared; the world's health is node 0's to report
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
+            return False
+        if self.core.availability.refusing():  # requests refused for an unavailable engine (serving.availability)
             return False
         # Triton's own readiness of the models (a restarted tritonserver is alive before it is ready);
         # a blocking loopback HTTP call, so off the event loop.
@@ -257,6 +268,7 @@ def stream_pool(
         text_ensemble=ENSEMBLE if runtime.detokenize_in == DetokenizeIn.POSTPROCESSING else None,
         trust_remote_code=runtime.trust_remote_code,
         draft_stats=plan.backend == "tensorrtllm" and plan.speculative is not None,
+        kv_block_tokens=plan.tokens_per_block if runtime.enable_kv_cache_reuse else 0,
         tool_call_parser=runtime.tool_call_parser,
         reasoning_parser=runtime.reasoning_parser, lora_weights=worker_lora_weights(plan.lora_adapters),
     )

@@ -22,6 +22,18 @@ same budget and verdict cache as every guide; each tool's parameters go through 
 first (what xgrammar does not enforce is left out and reported, as for a JSON guide). The verdict's text
 is the structural tag, sent as NVIDIA's `guided_decoding_guide_type: "structural_tag"`.
 
+Calls only (`calls_only`): for `required` several of xgrammar's builders write the calls as
+`triggered_tags` with `at_least_one`, which accepts any text after a complete call (xgrammar's own
+docs: "when the end tag is encountered, the grammar will allow any following output"), so a model
+forced to call could write a call and then text up to its token limit. A forced answer is calls
+only: each such node becomes one of the same tags followed by any number of (`between`, a tag), in
+xgrammar's `sequence` / `or` / `star` / `regex` formats, and nothing else; the answer may end after
+any complete call (with `stop_after_first`, after the first). `between` is the family's separator:
+a little whitespace (which every family's parser reads as no text between calls), and Llama's `;`.
+xgrammar's `tags_with_separator` would take one fixed separator only, narrower than the recorded
+outputs (GLM writes none or an indented newline). A named choice's builder already writes one call
+and nothing else.
+
 Where the engine takes it (`forced_syntax_off`): xgrammar's new `{"type": "structural_tag", "format"}`
 form, built by the same xgrammar that compiles it. TensorRT-LLM 1.0's PyTorch path takes only the older
 `{"structures", "triggers"}` form (its xgrammar 0.1.21 `compile_structural_tag(items, triggers)`); 1.1 to
@@ -57,12 +69,14 @@ COMPACT = "compact"  # runtime.pytorch.guided_whitespace's value (guides.guide.W
 class FamilySyntax:
     """How a family's forced calls are guided: `xgrammar` the builtin format, `think_opener` what its
     prompt ends with when the template opened the thinking, `closed` the reasoning mode otherwise, and
-    `differs` where xgrammar's format is narrower than the family's recorded outputs."""
+    `differs` where xgrammar's format is narrower than the family's recorded outputs, `between` what
+    separates two forced calls where xgrammar's format would let text in (`calls_only`)."""
 
     xgrammar: str
     think_opener: str = "<think>"
     closed: str = AUTO
     differs: str = ""
+    between: str = r"[ \t\n]{0,8}"
 
 
 def _version(text: str | None) -> tuple[int, ...]:
@@ -104,7 +118,10 @@ def request_text(
         if choice == "required" or t["function"]["name"] == choice  # a named choice guides that tool alone
     ]
     tool_choice: Any = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
-    body = {"format": syntax.xgrammar, "tools": slim, "tool_choice": tool_choice, "parallel_tool_calls": parallel, "reasoning": reasoning}
+    body = {
+        "format": syntax.xgrammar, "tools": slim, "tool_choice": tool_choice, "parallel_tool_calls": parallel,
+        "reasoning": reasoning, "between": syntax.between,
+    }
     if whitespace == COMPACT:
         body["max_whitespace"] = 1
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
@@ -133,4 +150,22 @@ def build(text: str, engine: str) -> tuple[str, tuple[str, ...]]:
         body["format"], tools=tools, tool_choice=body["tool_choice"], reasoning=body["reasoning"],
         parallel_tool_calls=bool(body["parallel_tool_calls"]), max_whitespace_cnt=body.get("max_whitespace"),
     )
-    return tag.model_dump_json(), tuple(notes)
+    tag_json = calls_only(json.loads(tag.model_dump_json()), body.get("between", "\n"))
+    return json.dumps(tag_json, separators=(",", ":"), ensure_ascii=False), tuple(notes)
+
+
+def calls_only(node: Any, between: str) -> Any:
+    """The structural tag `node` (xgrammar's JSON form) with each `triggered_tags` that must match at
+    least one tag (a forced choice's calls) made a run of those tags separated by what matches the
+    regex `between`: calls and nothing else, ending after any complete call (module docstring)."""
+    if isinstance(node, list):
+        return [calls_only(item, between) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "triggered_tags" and node.get("at_least_one"):
+        call = {"type": "or", "elements": calls_only(node["tags"], between)}
+        if node.get("stop_after_first"):
+            return call
+        more = {"type": "star", "content": {"type": "sequence", "elements": [{"type": "regex", "pattern": between}, call]}}
+        return {"type": "sequence", "elements": [call, more]}
+    return {key: calls_only(value, between) for key, value in node.items()}

@@ -71,6 +71,12 @@ def backend_setting_problems(
                 " every decode step and has no such setting (it is TensorRT-LLM's LLM API option: runtime.backend"
                 " llmapi); remove it"
             )
+        if runtime.event_buffer_max_size:
+            problems.append(
+                "model_metadata.trt_llm.runtime.event_buffer_max_size: NVIDIA's C++ backend (tensorrtllm) takes no"
+                " KV event buffer setting and sends no KV cache events through Triton (a KV-aware router runs it in"
+                " its approximate, event-free mode); set runtime.backend: llmapi for events, or remove it"
+            )
         if _explicit(runtime, "max_num_sequences"):
             problems.append(
                 "model_metadata.trt_llm.runtime.max_num_sequences: NVIDIA's tensorrtllm backend has no such setting"

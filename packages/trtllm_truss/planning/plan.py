@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trtllm_truss.guides.engines import engine_guide_types, guide_engine, guided_decoding_off, guided_decoding_problems
 from trtllm_truss.guides.tool_syntax import forced_syntax_off
 from trtllm_truss.planning import lora
+from trtllm_truss.planning.architectures import CheckpointArchitecture, architecture_problems
 from trtllm_truss.planning.backend_settings import backend_setting_problems
 from trtllm_truss.planning.probe import RuntimeFacts, version_tuple
 from trtllm_truss.planning.speculation import engine_build, speculation_problems
@@ -83,6 +84,10 @@ class ArtifactRequest:
     revision: str | None = None
 
 
+# TensorRT-LLM's KvCacheConfig.tokens_per_block default (the LLM API; model.yaml does not set it).
+LLMAPI_TOKENS_PER_BLOCK = 32
+
+
 @dataclass(frozen=True)
 class ServingPlan:
     backend: Backend
@@ -120,6 +125,10 @@ class ServingPlan:
     lora_configuration: Any = None
     # Backend llmapi where TensorRT-LLM cannot run: our llmapi model drives engine_standin/llmapi_double.py.
     llm_api_double: bool = False
+    # Tokens per KV block of the engine that runs: build.plugin_configuration.tokens_per_block for an engine build
+    # and the stand-in's block pool (engine_standin/kv_blocks.py), KvCacheConfig's default on llmapi; 64 (NVIDIA's
+    # build default) for a prebuilt engine. Reused blocks x this = a response's cached tokens.
+    tokens_per_block: int = 64
 
     @property
     def guided_decoding_off(self) -> str | None:
@@ -308,8 +317,11 @@ def make_plan(
     *,
     artifacts_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    checkpoint_architecture: CheckpointArchitecture | None = None,
 ) -> ServingPlan:
-    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds)."""
+    """Turn a validated config and the machine's facts into a frozen plan (no downloads, no builds).
+    `checkpoint_architecture`: the checkpoint's config.json, read beforehand where it is wanted (validate, init:
+    `trtllm_truss.artifacts.checkpoint_config`); checked against the deployment's TensorRT-LLM."""
     trt = resolved.trt_llm
     runtime = trt.runtime
     root = Path(artifacts_dir) if artifacts_dir is not None else artifacts_dir_from(environ)
@@ -323,6 +335,7 @@ def make_plan(
         runtime.guided_decoding_backend, backend, version_tuple(facts.trtllm_version), facts.trtllm_version
     )
     problems += lora.backend_problems(trt.build, runtime, backend, facts.trtllm_version)
+    problems += architecture_problems(trt.build, backend, facts.trtllm_version, checkpoint_architecture, trt.speculative)
     if problems:
         raise PlanError("; ".join(problems), problems)
     common: dict[str, Any] = {
@@ -365,7 +378,10 @@ def make_plan(
                 model = _request(resolved, "model", model_override, None, "checkpoint", root, "runtime.pytorch.model")
             model = dataclasses.replace(model, role="model")
             adapters = _plan_adapters(resolved, build, root, common)
-            return ServingPlan(tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters), **limits, **common)
+            return ServingPlan(
+                tokenizer_dir=model.dest, model_dir=model.dest, fetches=(model, *adapters),
+                tokens_per_block=build.plugin_configuration.tokens_per_block, **limits, **common,
+            )
         if backend == "llmapi":
             # NVIDIA's LLM API loads the checkpoint itself: fetched like the stand-in's, no engine build.
             model = dataclasses.replace(checkpoint, role="model")
@@ -380,7 +396,8 @@ def make_plan(
                 fetches += (draft,)
                 common["draft_dir"] = draft.dest
             return ServingPlan(
-                tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, build=build, **limits, **common
+                tokenizer_dir=model.dest, model_dir=model.dest, fetches=fetches, build=build,
+                tokens_per_block=LLMAPI_TOKENS_PER_BLOCK, **limits, **common,
             )
         # tensorrtllm: the tokenizer comes from the checkpoint; the weights only on a cache miss.
         tokenizer = dataclasses.replace(
@@ -392,6 +409,7 @@ def make_plan(
             fetches=(tokenizer, *adapters),
             checkpoint=checkpoint,
             build=engine_build(build, trt.speculative),
+            tokens_per_block=build.plugin_configuration.tokens_per_block,
             **limits,
             **common,
         )

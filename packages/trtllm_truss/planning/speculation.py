@@ -110,7 +110,12 @@ def speculation_problems(trt: Any, backend: str, trtllm_version: str | None) -> 
                 )
             ]
         build = trt.build
-        if mode is SpeculativeMode.MTP and build is not None and build.base_model_architecture not in MTP_ARCHITECTURES:
+        if (
+            mode is SpeculativeMode.MTP
+            and build is not None
+            and build.base_model_architecture is not None  # else the checkpoint's config.json decides (planning.architectures)
+            and build.base_model_architecture not in MTP_ARCHITECTURES
+        ):
             return [
                 (
                     f"{key}: mtp uses the checkpoint's multi-token-prediction layers, which only DeepSeek-V3/R1"

@@ -68,6 +68,8 @@ def llm_args(
     }
     if runtime.max_tokens_in_paged_kv_cache is not None:
         kv_cache["max_tokens"] = runtime.max_tokens_in_paged_kv_cache
+    if runtime.event_buffer_max_size:  # KV cache events (LLM.get_kv_cache_events); 0 is TensorRT-LLM's default
+        kv_cache["event_buffer_max_size"] = runtime.event_buffer_max_size
     if runtime.kv_cache_host_memory_bytes is not None:
         kv_cache["host_cache_size"] = runtime.kv_cache_host_memory_bytes
     if runtime.kv_cache_onboard_blocks is not None:

@@ -200,6 +200,12 @@ def pytorch_engine_config(plan: ServingPlan) -> ModelConfig:
             # build.lora_adapters: NVIDIA's lora_task_id -> adapter (engine_standin/settings.py).
             ("lora_adapters", lora.stand_in_parameter(plan.lora_adapters) if plan.lora_adapters else None),
             ("lora_max_loras", getattr(plan.lora_configuration, "max_loras", None)),
+            # The paged KV block pool and prefix reuse (engine_standin/kv_blocks.py), its events and prefill cost.
+            ("tokens_per_block", plan.tokens_per_block),
+            ("enable_kv_cache_reuse", runtime.enable_kv_cache_reuse),
+            ("max_tokens_in_paged_kv_cache", runtime.max_tokens_in_paged_kv_cache),
+            ("event_buffer_max_size", runtime.event_buffer_max_size),
+            ("synthetic_prefill_time_per_token_ms", synthetic.prefill_time_per_token_ms if synthetic is not None else None),
         ),
     )
 
@@ -244,6 +250,7 @@ def llmapi_engine_config(plan: ServingPlan) -> ModelConfig:
             ("guided_whitespace", runtime.pytorch.guided_whitespace if double else None),
             ("synthetic", True if synthetic is not None else None),
             ("synthetic_step_time_ms", synthetic.step_time_ms if synthetic is not None else None),
+            ("synthetic_prefill_time_per_token_ms", synthetic.prefill_time_per_token_ms if synthetic is not None else None),
             ("tokenizer_dir", str(plan.tokenizer_dir)),
             ("max_input_len", plan.max_input_len),
             ("max_output_len", plan.max_output_len),

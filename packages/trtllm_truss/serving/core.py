@@ -35,6 +35,7 @@ from trtllm_truss.api.sampling import UINT64_MAX, resolve_max_tokens, to_generat
 from trtllm_truss.api.tools import check_strict_tools, tool_guide
 from trtllm_truss.guides import tool_syntax
 from trtllm_truss.parsers import forced_syntax
+from trtllm_truss.serving.availability import Availability
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
@@ -129,6 +130,7 @@ class _MetricsListener:
             draft_tokens=end.draft_tokens if end is not None else 0,
             accepted_draft_tokens=end.accepted_draft_tokens if end is not None else 0,
             schema_valid=end.schema_valid if end is not None else None,
+            cached_tokens=end.cached_tokens if end is not None else 0,
         )
 
 
@@ -194,6 +196,10 @@ class RequestCore:
         self._pool: StreamPool | None = None
         self._limits: RequestLimits | None = None
         self.guide_checker: structured.GuideChecker | None = None
+        self.store: Any = None  # trtllm_truss.store.Store: what outlives a request (None: nothing is kept)
+        self.background_off: str | None = None  # why background responses are refused (no route reads them back)
+        # Refusals for an unavailable engine and requests served, which readiness follows (serving.availability).
+        self.availability = Availability()
 
     def attach(self, pool: StreamPool, limits: RequestLimits, guide_checker: structured.GuideChecker | None = None) -> None:
         """`guide_checker`: the replica's guide compile service (None: guides are checked in process)."""
@@ -376,6 +382,7 @@ class RequestCore:
         """Hand one spec to a worker and wait for its first output before any HTTP status is sent:
         a refused request is then a clean 4xx/5xx rather than a broken stream; a client that leaves
         while waiting cancels the request."""
+        sent = time.monotonic_ns()
         stream = self._submit_one(await self._submit(spec))
         try:
             while not await stream.wait_for_text(DISCONNECT_POLL_S):
@@ -388,8 +395,14 @@ class RequestCore:
         end = stream.end
         if first[0] is None and end is not None and end.error is not None:
             stream.close()
+            self._refused(end, sent)
             raise Refused(end.status or 503, end.error, counted=True)
+        self.availability.served()
         return _generation(stream, first, spec)
+
+    def _refused(self, end: Any, sent_ns: int) -> None:
+        if end.engine_down:
+            self.availability.refused(sent_ns)
 
     async def _submit(self, spec: GenerationSpec) -> ResponseStream:
         try:
@@ -424,6 +437,7 @@ class RequestCore:
         if pool.open_streams + len(specs) > pool.max_in_flight:
             raise busy
         streams: list[ResponseStream] = []
+        sent = time.monotonic_ns()
         try:
             for spec in specs:
                 try:
@@ -442,7 +456,9 @@ class RequestCore:
             if first is None and end is not None and end.error is not None:
                 for other in streams:
                     other.close()
+                self._refused(end, sent)
                 raise Refused(end.status or 503, end.error, counted=True)
+        self.availability.served()
         return [_generation(stream, first, spec) for stream, first, spec in zip(streams, firsts, specs)]
 
     async def collect(self, generations: list[Generation], http_request: Request | None) -> list[Answer]:

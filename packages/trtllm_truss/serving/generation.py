@@ -82,7 +82,9 @@ class Generation:
                 logger.warning("stream ended by an error: %s", end.error)
                 yield Failure(end.error, end.status or 503)
             else:
-                yield Finish(end.finish_reason or "stop", end.prompt_tokens, end.completion_tokens, end.stop_sequence)
+                yield Finish(
+                    end.finish_reason or "stop", end.prompt_tokens, end.completion_tokens, end.stop_sequence, end.cached_tokens
+                )
         finally:
             stream.close()
 

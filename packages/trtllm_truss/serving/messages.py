@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from trtllm_truss.api.messages import (
+    MessagesCountRequest,
     MessagesRequest,
     chat_messages,
     chat_response_format,
@@ -21,7 +22,7 @@ from trtllm_truss.api.messages import (
     parse_messages_request,
 )
 from trtllm_truss.api.messages_events import MessageEvents
-from trtllm_truss.serving import semantic_events
+from trtllm_truss.serving import semantic_events, token_count
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, answered
 from trtllm_truss.api.structured import response_format_guide
 from trtllm_truss.serving.openai_shared import SSE_HEADERS
@@ -63,3 +64,14 @@ async def _messages(core: RequestCore, body: Any, http_request: Request | None) 
         return StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS)
     await semantic_events.collect(generation, builder, http_request)
     return builder.message()
+
+
+async def count_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    """`POST /v1/messages/count_tokens`: `{"input_tokens": N}`, the `usage.input_tokens` the same
+    request would report (serving.token_count)."""
+    return await answered(_count_tokens(core, body, http_request), error_response)
+
+
+async def _count_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    req = parse_messages_request(body, MessagesCountRequest)
+    return {"input_tokens": await token_count.input_tokens(core, generation_request(req), http_request)}

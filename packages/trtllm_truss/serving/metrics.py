@@ -18,6 +18,7 @@ with vLLM's suffixes where trtllm-serve has no such metric (`inter_token_latency
 | `trtllm_e2e_request_latency_seconds` | histogram | per request, when the caller gives it |
 | `trtllm_prompt_tokens_total` | counter | prompt tokens of finished requests |
 | `trtllm_generation_tokens_total` | counter | completion tokens of finished requests |
+| `trtllm_prompt_tokens_cached_total` | counter | of the prompt tokens, those whose KV the engine reused from its cache (ours) |
 | `trtllm_num_requests_running` | gauge | requests streaming from the engine |
 | `trtllm_num_requests_waiting` | gauge | requests admitted, not yet started |
 | `trtllm_request_success_total{finished_reason}` | counter | stop, length, abort (client went away) |
@@ -121,7 +122,8 @@ _FIRST_CODE, _LAST_CODE = 100, 599
 _ERRORS = _SUCCESS + len(FINISH_REASONS)
 _OTHER_ERROR = _ERRORS + _LAST_CODE - _FIRST_CODE + 1
 _GUIDED = _OTHER_ERROR + 1
-STATE_SIZE = _GUIDED + len(GUIDED_RESULTS)  # float64 values of one ServingMetrics
+_CACHED = _GUIDED + len(GUIDED_RESULTS)  # prompt tokens the engine found in its KV cache
+STATE_SIZE = _CACHED + 1  # float64 values of one ServingMetrics
 
 
 class ServingMetrics:
@@ -193,6 +195,7 @@ class ServingMetrics:
         draft_tokens: int = 0,
         accepted_draft_tokens: int = 0,
         schema_valid: bool | None = None,
+        cached_tokens: int = 0,
     ) -> None:
         """A request ended. `status`: a finish reason (`stop`, `length`, `abort` for a client that
         went away) or the HTTP status code of an error (`"400"`, `"429"`, `"503"`). `was`: the
@@ -212,6 +215,7 @@ class ServingMetrics:
             else:
                 state[_error_index(status)] += 1
             state[_PROMPT] += max(prompt_tokens, 0)
+            state[_CACHED] += max(cached_tokens, 0)
             state[_GENERATION] += max(completion_tokens, 0)
             state[_DRAFT] += max(draft_tokens, 0)
             state[_ACCEPTED] += max(accepted_draft_tokens, 0)
@@ -250,6 +254,7 @@ class ServingMetrics:
         for name, doc, index in (
             ("prompt_tokens", "Number of prompt (input) tokens of finished requests.", _PROMPT),
             ("generation_tokens", "Number of generation (output) tokens of finished requests.", _GENERATION),
+            ("prompt_tokens_cached", "Prompt tokens of finished requests whose KV cache the engine reused.", _CACHED),
             ("spec_decode_num_draft_tokens", "Draft tokens proposed by speculative decoding.", _DRAFT),
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted by speculative decoding.", _ACCEPTED),
         ):
@@ -311,7 +316,7 @@ class _Collector:
         for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                      "time_per_output_token_seconds", "e2e_request_latency_seconds"):
             names.append(HistogramMetricFamily(PREFIX + name, ""))
-        for name in ("prompt_tokens", "generation_tokens", "spec_decode_num_draft_tokens",
+        for name in ("prompt_tokens", "generation_tokens", "prompt_tokens_cached", "spec_decode_num_draft_tokens",
                      "spec_decode_num_accepted_tokens", "request_success", "request_error", GUIDED_OUTPUTS):
             names.append(CounterMetricFamily(PREFIX + name, ""))
         for name in ("num_requests_running", "num_requests_waiting"):

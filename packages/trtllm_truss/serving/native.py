@@ -99,7 +99,7 @@ async def _predict(core: RequestCore, body: Any, http_request: Request | None) -
     (answer,) = await core.collect([generation], http_request)
     finish = answer.finish
     return with_unenforced_header(PredictResponse(
-        text=answer.text, finish_reason=finish.reason, usage=Usage.of(finish.prompt_tokens, finish.completion_tokens)
+        text=answer.text, finish_reason=finish.reason, usage=Usage.of(finish.prompt_tokens, finish.completion_tokens, finish.cached_tokens)
     ).model_dump(), prepared)
 
 

@@ -26,8 +26,11 @@ def openai_error(
 
 def usage_of(finishes: list[Finish], n: int = 1) -> Usage:
     """`finishes` in choice order (prompt-major): each prompt counted once (its first choice's
-    count), the completion tokens of every choice."""
-    return Usage.of(sum(f.prompt_tokens for f in finishes[::n]), sum(f.completion_tokens for f in finishes))
+    count, cached tokens too), the completion tokens of every choice."""
+    firsts = finishes[::n]
+    return Usage.of(
+        sum(f.prompt_tokens for f in firsts), sum(f.completion_tokens for f in finishes), sum(f.cached_tokens for f in firsts)
+    )
 
 
 def request_guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:

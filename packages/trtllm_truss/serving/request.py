@@ -100,6 +100,7 @@ class Finish:
     prompt_tokens: int
     completion_tokens: int
     stop_sequence: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV the engine reused from its cache
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
-"""`/v1/responses`: OpenAI Responses requests in (stateless), a response or its semantic event
-stream out.
+"""`/v1/responses`: OpenAI Responses requests in, a response or its semantic event stream out; stored,
+continued and run in the background by `serving.stored_responses`.
 
 The request's input items, instructions and function tools become one chat `GenerationRequest`
 (`api.responses`); the core's events feed `api.responses_events.ResponseEvents`, which makes the
@@ -13,16 +13,20 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from trtllm_truss.api.conversations import conversation_id
+from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.openai import OPENAI_DEFAULT_TOP_P
 from trtllm_truss.api.responses import (
     ResponsesRequest,
     chat_messages,
     chat_response_format,
     chat_tools,
+    input_items,
     parse_responses_request,
 )
+from trtllm_truss.api.responses_stored import stored_input_items
 from trtllm_truss.api.responses_events import ResponseEvents
-from trtllm_truss.serving import semantic_events
+from trtllm_truss.serving import conversations, semantic_events, stored_responses, token_count
 from trtllm_truss.serving.core import RequestCore, answered, with_unenforced_header
 from trtllm_truss.api.structured import response_format_guide
 from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
@@ -33,11 +37,12 @@ async def responses(core: RequestCore, body: Any, http_request: Request | None) 
     return await answered(_responses(core, body, http_request), openai_error)
 
 
-def generation_request(req: ResponsesRequest) -> GenerationRequest:
+def generation_request(req: ResponsesRequest, history: list[dict[str, Any]] | tuple = ()) -> GenerationRequest:
+    """The chat request of `req`, after `history` (the stored items of the turns it continues)."""
     tools, choice = chat_tools(req)
     return GenerationRequest(
         sampling=req,
-        messages=tuple(chat_messages(req)),
+        messages=tuple(chat_messages(req, history)),
         prompt_field="input",
         max_tokens=req.max_output_tokens,
         max_tokens_field="max_output_tokens",
@@ -50,12 +55,58 @@ def generation_request(req: ResponsesRequest) -> GenerationRequest:
     )
 
 
+async def _history(store: Any, req: ResponsesRequest, owner: str, conversation: str | None) -> list[dict[str, Any]]:
+    """The stored items a turn continues: its previous response's, or its conversation's."""
+    if req.previous_response_id is not None:
+        return await stored_responses.previous_history(store, req, owner)
+    if conversation is not None:
+        return await conversations.history(store, conversation, owner)
+    return []
+
+
 async def _responses(core: RequestCore, body: Any, http_request: Request | None) -> Any:
-    req = parse_responses_request(body)
-    prepared = await core.prepare(generation_request(req))
+    store = core.store
+    req = parse_responses_request(body, stored=store is not None)
+    keeper = None
+    history: list[dict[str, Any]] = []
+    if store is not None:
+        owner = stored_responses.request_owner(http_request)
+        conversation = None if req.conversation is None else conversation_id(req.conversation)
+        history = await _history(store, req, owner, conversation)
+        if req.store or conversation is not None:
+            keeper = stored_responses.Keeper(store, owner, stored_input_items(input_items(req)), history,
+                                             keep_response=req.store, conversation=conversation)
+    if req.background and core.background_off:
+        raise field_error("background", core.background_off)
+    prepared = await core.prepare(generation_request(req, history))
+    if req.background:
+        return with_unenforced_header(await stored_responses.start_background(core, req, prepared, keeper), prepared)
     generation = await core.open(prepared, http_request)
     builder = ResponseEvents(req, emit=req.stream)
     if req.stream:
-        return with_unenforced_header(StreamingResponse(semantic_events.stream(generation, builder), **SSE_HEADERS), prepared)
+        events = semantic_events.stream(generation, builder)
+        if keeper is not None:
+            events = keeper.stream(events, builder)
+        return with_unenforced_header(StreamingResponse(events, **SSE_HEADERS), prepared)
     await semantic_events.collect(generation, builder, http_request)
-    return with_unenforced_header(builder.response(), prepared)
+    response = builder.response()
+    if keeper is not None:
+        await keeper.keep(response)
+    return with_unenforced_header(response, prepared)
+
+
+async def input_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    """`POST /v1/responses/input_tokens`: `{"object": "response.input_tokens", "input_tokens": N}`, the
+    `usage.input_tokens` the same request would report (serving.token_count)."""
+    return await answered(_input_tokens(core, body, http_request), openai_error)
+
+
+async def _input_tokens(core: RequestCore, body: Any, http_request: Request | None) -> Any:
+    store = core.store
+    req = parse_responses_request(body, stored=store is not None)
+    history: list[dict[str, Any]] = []
+    if store is not None:  # a continued turn counts its stored history, as its generation renders it
+        conversation = None if req.conversation is None else conversation_id(req.conversation)
+        history = await _history(store, req, stored_responses.request_owner(http_request), conversation)
+    count = await token_count.input_tokens(core, generation_request(req, history), http_request)
+    return {"object": "response.input_tokens", "input_tokens": count}

@@ -37,7 +37,10 @@ class OutputBuilder(Protocol):
     def text(self, delta: str) -> Events: ...
     def tool_call(self, index: int, call_id: str, name: str) -> Events: ...
     def tool_arguments(self, index: int, delta: str) -> Events: ...
-    def finish(self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None) -> Events: ...
+    def finish(
+        self, finish_reason: str | None, prompt_tokens: int, completion_tokens: int, stop_sequence: str | None,
+        cached_tokens: int = 0,
+    ) -> Events: ...
     def failed(self, message: str, status: int) -> Events: ...
 
 
@@ -51,7 +54,7 @@ def feed(builder: OutputBuilder, event: Event) -> Events:
         events = builder.tool_call(event.index, event.id or "", event.name) if event.name is not None else []
         return events + builder.tool_arguments(event.index, event.arguments)
     if isinstance(event, Finish):
-        return builder.finish(event.reason, event.prompt_tokens, event.completion_tokens, event.stop_sequence)
+        return builder.finish(event.reason, event.prompt_tokens, event.completion_tokens, event.stop_sequence, event.cached_tokens)
     raise TypeError(f"not an output event: {event!r}")
 
 

@@ -59,6 +59,9 @@ class WorkerSettings:
     trust_remote_code: bool = False  # runtime.trust_remote_code: the tokenizer's own code may run
     # The engine speculates (model_metadata.trt_llm.speculative on tensorrtllm): ask it for its draft totals.
     draft_stats: bool = False
+    # The engine reuses prompt KV blocks of this many tokens (runtime.enable_kv_cache_reuse): ask it how many
+    # blocks each request reused (kv_cache_reused_blocks) and report them as cached tokens. 0: not asked.
+    kv_block_tokens: int = 0
     # runtime.tool_call_parser / reasoning_parser: "auto" is resolved here, from the chat template.
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
@@ -271,11 +274,13 @@ class WorkerModel:
             text = self.prompt_text(spec)
             ids = self.prompt_ids(spec, text)
             prompt_tokens = len(ids)
+            if spec.count_only:
+                return StreamEnd(prompt_tokens=prompt_tokens)
             return await self._stream(spec, text, ids, emit)
         except RequestError as exc:
             return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
         except UpstreamError as exc:
-            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
+            return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens, engine_down=exc.status == 503)
 
     async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Emit) -> StreamEnd:
         params = spec.params
@@ -289,6 +294,7 @@ class WorkerModel:
         gaps = ItlAccumulator()
         completion = 0
         draft_totals = [0, 0]  # the engine's running totals: draft tokens, accepted draft tokens
+        kv_reused = [0]  # prompt KV blocks the engine found in its cache
         if params.return_log_probs and self.ensemble is not None:
             raise RequestError("logprobs", "not available with runtime.detokenize_in: postprocessing (no token ids)")
         parser = None
@@ -302,7 +308,8 @@ class WorkerModel:
             if spec.thinking_guide is not None and tail.rstrip().endswith(spec.thinking_guide[0]):
                 params = dataclasses.replace(params, guided_decoding_guide=spec.thinking_guide[1])
         pieces = self._pieces(
-            params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None
+            params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None,
+            kv_reused=kv_reused if self.settings.kv_block_tokens else None,
         )
         release = LogProbRelease() if params.return_log_probs else None
         generated: list[str] = []  # the answer's text, validated against spec.output_schema at the end
@@ -349,10 +356,12 @@ class WorkerModel:
             finish_reason=reason, prompt_tokens=len(ids), completion_tokens=completion, itl=gaps.summary(),
             draft_tokens=draft_totals[0], accepted_draft_tokens=draft_totals[1],
             stop_sequence=stops.stopped_by, schema_valid=schema_valid,
+            cached_tokens=min(kv_reused[0] * self.settings.kv_block_tokens, len(ids)),
         )
 
     async def _pieces(
-        self, params, text: str, ids: list[int], draft_totals: list[int] | None = None, *, parsed: bool = False
+        self, params, text: str, ids: list[int], draft_totals: list[int] | None = None, *, parsed: bool = False,
+        kv_reused: list[int] | None = None,
     ) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
@@ -368,7 +377,13 @@ class WorkerModel:
         def on_draft_stats(draft: int, accepted: int) -> None:
             draft_totals[:] = (draft, accepted)  # running totals: the last response's are the request's
 
-        extra = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
+        def on_kv_reuse(blocks: int) -> None:
+            kv_reused[0] = max(blocks, 0)
+
+        extra: dict = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
+        if kv_reused is not None:
+            extra["on_kv_reuse"] = on_kv_reuse
+
         def generate_on(engine: Any) -> AsyncIterator:
             return generate_with_lora(
                 engine.generate_ids, self.lora, params.lora_task_id, ids, engine_params, bad_words=bad_words, **extra

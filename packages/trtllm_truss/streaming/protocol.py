@@ -56,6 +56,9 @@ class GenerationSpec:
     # A forced call's structural tag for a prompt that opened the model's thinking (guides.tool_syntax):
     # (what such a prompt ends with, the tag); the worker sends it instead of params' guide when it does.
     thinking_guide: tuple[str, str] | None = None
+    # Count only: the worker renders and tokenizes the prompt as for generating, and ends the request with
+    # its `StreamEnd.prompt_tokens`, sending nothing to the engine (the count routes, serving.token_count).
+    count_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class StreamEnd:
     # A completed guided JSON answer checked against the request's schema (jsonschema): True valid,
     # False not, None not checked (no schema, or cut by max_tokens or a stop string).
     schema_valid: bool | None = None
+    # Prompt tokens whose KV the engine found in its cache (its reused blocks x tokens per block), not computed again.
+    cached_tokens: int = 0
+    # The error is the engine's being unreachable (a 503 of engine.client.UpstreamError): readiness
+    # follows such refusals (serving.availability).
+    engine_down: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Benchmark targets: the engine model, the ensemble (both Triton gRPC), truss's HTTP endpoint, and the LLM
-API driven directly in one process (llm)."""
+"""Benchmark targets: the engine model, the ensemble (both Triton gRPC), truss's HTTP endpoint, the LLM
+API driven directly in one process (llm), and an OpenAI-compatible server's completions with token ids (openai)."""
 
 from trtllm_truss.bench.targets.base import BenchTarget, IgnoreEos, StreamChunk, TargetError, TargetName
 
@@ -26,8 +26,12 @@ def make_target(
         from trtllm_truss.bench.targets.ensemble import EnsembleTarget
 
         return EnsembleTarget(url, ignore_eos)
+    if name == "openai":
+        from trtllm_truss.bench.targets.openai import OpenAiTarget
+
+        return OpenAiTarget(url, ignore_eos, timeout_s)
     if name == "http":
         from trtllm_truss.bench.targets.http import HttpTarget
 
         return HttpTarget(url, ignore_eos, timeout_s)
-    raise ValueError(f"target: expected one of engine, engine_guided, ensemble, http, llm; got {name!r}")
+    raise ValueError(f"target: expected one of engine, engine_guided, ensemble, http, llm, openai; got {name!r}")

@@ -9,7 +9,8 @@ from trtllm_truss.bench.workload import BenchRequest
 
 # engine_guided: the engine model with a JSON-Schema guide per request (bench --guide-schema).
 # llm: the LLM API driven directly in one process (bench --with-llm), no Triton.
-TargetName = Literal["engine", "engine_guided", "ensemble", "http", "llm"]
+# openai: POST /v1/completions with token-id prompts (trace replay; any OpenAI-compatible server).
+TargetName = Literal["engine", "engine_guided", "ensemble", "http", "llm", "openai"]
 
 # How the generation is kept going to the requested length, so that targets emit equal token counts.
 #  min_length: the request asks for min_length = output length (the engine may not stop earlier);
@@ -29,6 +30,10 @@ class StreamChunk:
 
     token_count: int | None
     text: str | None = None
+    # From a response's usage or headers, where the target reads them (any chunk may carry them):
+    usage_output_tokens: int | None = None  # exact output tokens, overriding the chunks' counts
+    cached_tokens: int | None = None  # prompt tokens the engine found in its KV cache
+    replica: str | None = None  # which replica served the request
 
 
 class BenchTarget(Protocol):

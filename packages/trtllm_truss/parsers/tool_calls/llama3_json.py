@@ -25,7 +25,9 @@ class Llama3JsonToolParser(ToolCallParser):
     markers = (PYTHON_TAG, '{"name":', '{"type": "function"')
     at_start = ("{", PYTHON_TAG)
     keep_tokens = (PYTHON_TAG,)
-    forced = FamilySyntax("llama", differs="a bare JSON object per call (no `<|python_tag|>`)")
+    forced = FamilySyntax(
+        "llama", differs="a bare JSON object per call (no `<|python_tag|>`)", between=r"[ \t\n]{0,8}(;[ \t\n]{0,8})?"
+    )
 
     def section(self, cur: Cursor, opener: str) -> Generator[None, None, None]:
         while True:

@@ -90,7 +90,9 @@ class PendingUpdates:
     their first update arrives), and sequences that have ended. A new stream's first token, and an ended
     stream's last response, wait for one send, not behind every other stream's next response: the caller
     waits for both (a closed loop's or an agent's next request starts at the end). An error update ends its
-    row and is kept as it is, in its place, after the tokens read before it."""
+    row and is kept as it is, in its place, after the tokens read before it. An update may carry an eighth
+    element, the sequence's KV block counts (total, reused; with return_perf_metrics): the merged update keeps
+    the latest."""
 
     def __init__(self, unstarted: Callable[[tuple], bool]) -> None:
         self._unstarted = unstarted
@@ -103,7 +105,7 @@ class PendingUpdates:
 
     def add(self, updates: list[tuple]) -> None:
         for update in updates:
-            key, index, tokens, log_probs, tops, finish, error = update
+            key, index, tokens, log_probs, tops, finish, error, *kv = update
             if error is not None:
                 self._rest[(key, None, next(self._apart))] = [key, index, [], log_probs, tops, finish, error]
                 continue
@@ -112,9 +114,11 @@ class PendingUpdates:
             if entry is None or entry[5] is not None:  # new, or after its end (never merged into it)
                 queue = self._first if finish is not None or self._unstarted(update) else self._rest
                 queue[slot if entry is None else (key, index, next(self._apart))] = [
-                    key, index, list(tokens or ()), log_probs, tops, finish, None
+                    key, index, list(tokens or ()), log_probs, tops, finish, None, *kv
                 ]
                 continue
+            if kv:
+                entry[7:] = kv
             entry[2] += tokens or ()
             entry[3] = None if log_probs is None else (entry[3] or []) + log_probs
             entry[4] = None if tops is None else (entry[4] or []) + tops

@@ -41,6 +41,7 @@ from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import encode, tak
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
     LLM_API_DOUBLE,
     double_settings,
+    kv_block_counts,
     load_llm_api,
     submit,
     token_log_probs,
@@ -130,8 +131,8 @@ class LlmHost:
     def _handle(self, instance: _Instance, message: tuple) -> None:
         kind = message[0]
         if kind == "submit":
-            _, key, generation, n, streaming, triton_id = message
-            self._submit(instance, key, generation, n, streaming, triton_id)
+            _, key, generation, n, streaming, triton_id, *perf = message
+            self._submit(instance, key, generation, n, streaming, triton_id, bool(perf and perf[0]))
         elif kind == "abort":
             result = instance.results.get(message[1])
             if result is not None:
@@ -144,20 +145,26 @@ class LlmHost:
         elif kind == "shutdown":
             self.stopped.set()
 
-    def _submit(self, instance: _Instance, key: Any, generation: Any, n: int, streaming: bool, triton_id: str) -> None:
+    def _submit(
+        self, instance: _Instance, key: Any, generation: Any, n: int, streaming: bool, triton_id: str, perf: bool = False
+    ) -> None:
         try:
-            result = submit(self.llm, self.api, generation, n=n, streaming=streaming, adapters=self.adapters, decode=self._decode)
+            result = submit(
+                self.llm, self.api, generation, n=n, streaming=streaming, adapters=self.adapters, decode=self._decode, perf=perf
+            )
         except Exception as exc:  # the LLM API refused it (its own validation)
             instance.push((key, None, None, None, None, None, str(exc)))
             return
         instance.results[key] = result
         if triton_id:
             self._by_triton_id.setdefault(triton_id, set()).add((instance, key))
-        follow = self.loop.create_task(self._follow(instance, key, result, generation, n, triton_id))
+        follow = self.loop.create_task(self._follow(instance, key, result, generation, n, triton_id, perf))
         self.follows.add(follow)
         follow.add_done_callback(self.follows.discard)
 
-    async def _follow(self, instance: _Instance, key: Any, result: Any, generation: Any, n: int, triton_id: str) -> None:
+    async def _follow(
+        self, instance: _Instance, key: Any, result: Any, generation: Any, n: int, triton_id: str, perf: bool = False
+    ) -> None:
         """Every new token of the row's sequences to its instance, each sequence's end with its last tokens.
         Without log probs an update is built and appended to the instance's outbox inline, with no call: this
         loop runs once per token of every stream, in the process the LLM API itself keeps busy
@@ -167,12 +174,17 @@ class LlmHost:
         want = generation.return_log_probs
         k = generation.top_log_probs if want else 0
         sent = [0] * n  # tokens sent of each sequence; -1 once its end was sent
+        kv_sent = [not perf] * n  # each sequence's KV block counts go once, with return_perf_metrics
 
         def message(completion: Any, start: int, finish: str | None) -> tuple:
             tokens = completion.token_ids[start:]  # a new list: the LLM API's own grows on
             entries = completion.logprobs[start : start + len(tokens)] if want else None
             log_probs = token_log_probs(entries, tokens) if want else None
-            return (key, completion.index, tokens, log_probs, token_top_log_probs(entries, k) if k else None, finish, None)
+            update = (key, completion.index, tokens, log_probs, token_top_log_probs(entries, k) if k else None, finish, None)
+            if not kv_sent[completion.index] and (kv := kv_block_counts(completion)) is not None:
+                kv_sent[completion.index] = True
+                update += (kv,)
+            return update
 
         try:
             async for update in result:
@@ -185,7 +197,7 @@ class LlmHost:
                     end = len(completion.token_ids)
                     if end == start and finish is None:
                         continue
-                    if want:
+                    if want or not kv_sent[index]:
                         push(message(completion, start, finish))
                     else:  # the common case; the turn's first update schedules the flush
                         if not outbox:

@@ -33,6 +33,9 @@ def double_settings(parameters: Mapping[str, str]) -> dict[str, Any]:
     settings: dict[str, Any] = {"double_guided_whitespace": parameters.get("guided_whitespace", "").strip() or "compact"}
     if parameters.get("synthetic", "").strip().lower() == "true":
         settings["double_synthetic_step_time_ms"] = float(parameters.get("synthetic_step_time_ms", "").strip() or 0.0)
+        prefill = parameters.get("synthetic_prefill_time_per_token_ms", "").strip()
+        if prefill:
+            settings["double_synthetic_prefill_time_per_token_ms"] = float(prefill)
     return settings
 
 
@@ -90,7 +93,9 @@ def _embedding_bias(values: list[float] | None):
     return torch.tensor(values, dtype=torch.float32)
 
 
-def sampling_params(api: SimpleNamespace, generation: GenerationRequest, *, n: int, decode: Callable[[list[int]], str]):
+def sampling_params(
+    api: SimpleNamespace, generation: GenerationRequest, *, n: int, decode: Callable[[list[int]], str], perf: bool = False
+):
     """SamplingParams for one row. The tensor interface's greedy (top_k 0 or 1 with top_p 0, NVIDIA's C++
     default) is `top_k=1` in the LLM API, whose own default (all None) would sample."""
     sampling = generation.sampling
@@ -123,7 +128,17 @@ def sampling_params(api: SimpleNamespace, generation: GenerationRequest, *, n: i
         guided_decoding=guided_decoding(api, generation.guide) if generation.guide is not None else None,
         # Token ids in, token ids out: the stream workers and postprocessing detokenize.
         detokenize=False,
+        # NVIDIA's return_perf_metrics: CompletionOutput.request_perf_metrics (its KV block counts) is filled.
+        return_perf_metrics=perf,
     )
+
+
+def kv_block_counts(completion: Any) -> tuple[int, int] | None:
+    """(total, reused) prompt KV blocks of a CompletionOutput whose request_perf_metrics the LLM API filled."""
+    metrics = getattr(getattr(completion, "request_perf_metrics", None), "kv_cache_metrics", None)
+    if metrics is None:
+        return None
+    return int(metrics.num_total_allocated_blocks), int(metrics.num_reused_blocks)
 
 
 def lora_request(api: SimpleNamespace, task_id: int | None, adapters: Mapping[int, tuple[str, Path]]):
@@ -135,12 +150,12 @@ def lora_request(api: SimpleNamespace, task_id: int | None, adapters: Mapping[in
 
 
 def submit(llm: Any, api: SimpleNamespace, generation: GenerationRequest, *, n: int, streaming: bool,
-           adapters: Mapping[int, tuple[str, Path]], decode: Callable[[list[int]], str]):
+           adapters: Mapping[int, tuple[str, Path]], decode: Callable[[list[int]], str], perf: bool = False):
     """One row of a Triton request as one generate_async call (keyword arguments only: the third
     positional parameter is lora_request in every 1.x release)."""
     return llm.generate_async(
         inputs=list(generation.input_ids),
-        sampling_params=sampling_params(api, generation, n=n, decode=decode),
+        sampling_params=sampling_params(api, generation, n=n, decode=decode, perf=perf),
         lora_request=lora_request(api, generation.lora_task_id, adapters),
         streaming=streaming,
     )

@@ -51,7 +51,7 @@ import triton_python_backend_utils as pb_utils
 import trtllm_truss
 import yaml
 from trtllm_truss.engine_standin.request_inputs import STOP_WITHOUT_ID_ERROR, read_generation, read_rows, request_scalar
-from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, ResponseExtras, response_arrays
+from trtllm_truss.engine_standin.responses import ENGINE_OUTPUT_NAMES, ResponseExtras, kv_block_arrays, response_arrays
 from trtllm_truss.engine_standin.senders import accept_each, fail
 from trtllm_truss.engine_standin.settings import StandinSettings, checkpoint_eos_token_id
 from trtllm_truss.engine_standin.types import EngineLimits, GenerationRequest, RequestRejected
@@ -82,6 +82,7 @@ class Sequence:
     cum: float = 0.0
     finish: str | None = None
     started: bool = False  # a response of it was sent (streaming)
+    kv_blocks: tuple[int, int] | None = None  # its prompt's KV blocks (total, reused), with return_perf_metrics
 
 
 @dataclass
@@ -93,6 +94,7 @@ class Flight:
     streaming: bool
     exclude_input: bool
     want_log_probs: bool
+    want_perf: bool
     top_log_probs: int  # num_top_log_probs (ours): k most likely tokens per position, 0 for none
     outputs: frozenset
     prompts: list[list[int]]
@@ -194,6 +196,7 @@ class TritonPythonModel:
             streaming=first.streaming,
             exclude_input=first.exclude_input,
             want_log_probs=first.generation.return_log_probs,
+            want_perf=first.want_perf,
             top_log_probs=first.generation.top_log_probs if first.generation.return_log_probs else 0,
             outputs=frozenset(request.requested_output_names()) or ENGINE_OUTPUT_NAMES,
             prompts=[list(parsed.prompt) for parsed, _ in rows],
@@ -208,7 +211,10 @@ class TritonPythonModel:
                 self._rows[key] = (flight, row)
         try:
             self._send_to_host(
-                [("submit", key, parsed.generation, count, flight.streaming, triton_id) for key, (parsed, count) in zip(flight.keys, rows)]
+                [
+                    ("submit", key, parsed.generation, count, flight.streaming, triton_id, flight.want_perf)
+                    for key, (parsed, count) in zip(flight.keys, rows)
+                ]
             )
         except (OSError, RequestRejected) as exc:
             self._forget(flight)
@@ -263,7 +269,7 @@ class TritonPythonModel:
         return updates
 
     def _on_update(self, update: tuple) -> None:
-        key, index, tokens, log_probs, tops, finish, error = update
+        key, index, tokens, log_probs, tops, finish, error, *kv = update
         entry = self._rows.get(key)
         if entry is None:
             return  # its request already ended (failed, or its host gone)
@@ -272,6 +278,8 @@ class TritonPythonModel:
             self._end_with_error(flight, f"tensorrt_llm (LLM API): {error}")
             return
         sequence = flight.sequences[row][index]
+        if kv:
+            sequence.kv_blocks = kv[0]
         count = len(flight.sequences[row])
         if tokens:
             if flight.want_log_probs:
@@ -325,6 +333,9 @@ class TritonPythonModel:
         arrays = response_arrays(
             flight.outputs, tokens, (log_probs or []) if flight.want_log_probs else [], cum, prefix, generated, extras, tops
         )
+        kv = flight.sequences[row][index].kv_blocks
+        if flight.want_perf and kv is not None:  # the LLM API's kv_cache_metrics, as NVIDIA's perf outputs
+            arrays += kv_block_arrays(flight.outputs, *kv)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays])
 
     def _end_with_error(self, flight: Flight, message: str) -> None:

@@ -120,7 +120,9 @@ Parameters (string_value): model_dir (required unless synthetic), tokenizer_dir,
   engine_standin/stream_interval.py), lora_adapters (JSON {"<task id>": {"name", "dir"}}: peft adapters loaded at
   startup and mixed row by row in every batch), lora_max_loras (different adapters per engine step),
   guided_decoding_backend (xgrammar (default) | llguidance | none: the grammar engine of guided requests),
-  guided_whitespace (compact (default) | flexible: runtime.pytorch.guided_whitespace).
+  guided_whitespace (compact (default) | flexible: runtime.pytorch.guided_whitespace), tokens_per_block,
+  enable_kv_cache_reuse, max_tokens_in_paged_kv_cache, event_buffer_max_size (the paged KV block pool,
+  engine_standin/kv_blocks.py), synthetic_prefill_time_per_token_ms.
 
 Responses: one per generation (row x sequence) per engine step, as NVIDIA's engine sends them; the
 final flag comes with the last generation's last response; a sender that falls

@@ -1,10 +1,10 @@
 #!/bin/bash
-# Harness for issue 31 part 4 on a GPU host (not part of the product): a venv whose own site-packages
+# Harness for the direct-front study on a GPU host (not part of the product): a venv whose own site-packages
 # (carried: numpy 1.26.4, nvidia-pytriton's tritonserver 2.51, truss 0.18.35, tritonclient, uvicorn,
 # httptools, uvloop, transformers 5.23 trimmed to auto/llama, ...) come before the image's (torch),
 # then `trtllm-truss bench --compare` runs, one per step, results tarred into $OUT after each step.
-# Carried: .carry/site312.tar.xz (docs/performance/32core-direct-2ms-carry.sh) and this file as .carry/host.sh.
-# Usage: bash .carry/host.sh STEP... (steps below); BUDGET_S: stop starting steps past this.
+# Needs .carry/site312.tar.xz (docs/performance/direct-front-32core/32core-direct-2ms-carry.sh builds it).
+# Usage, from the repository root: bash docs/performance/direct-front-32core/32core-direct-2ms-host.sh STEP... (steps below); BUDGET_S: stop starting steps past this.
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
@@ -29,7 +29,7 @@ from trtllm_truss.engine_standin import SyntheticEngine, EngineBase  # the stand
 EOF
 log "setup done"
 
-# The engine: the faithful synthetic stand-in at 2 ms a step, as issue 31's table (16 instances,
+# The engine: the faithful synthetic stand-in at 2 ms a step, as the study's table (16 instances,
 # max_batch_size 512, max_queued_requests 512).
 export TRTLLM_BUILD__MAX_BATCH_SIZE=512 TRTLLM_RUNTIME__MAX_QUEUED_REQUESTS=512 TRTLLM_RUNTIME__PYTORCH__INSTANCE_COUNT=16
 export TRTLLM_RUNTIME__PYTORCH__SYNTHETIC='{"step_time_ms": 2}'

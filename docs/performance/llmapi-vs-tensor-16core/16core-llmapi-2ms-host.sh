@@ -1,11 +1,11 @@
 #!/bin/bash
-# Harness for issue 30's CPU goal on a GPU host (not part of the product): the LLM-API path (our llmapi model
+# Harness for the LLM-API path's CPU goal on a GPU host (not part of the product): the LLM-API path (our llmapi model
 # on the LLM-API double) against the tensor stand-in, both on the synthetic engine at 2 ms a step, with
 # `trtllm-truss bench --compare-backends pytorch,llmapi` (one stack per backend, alternating rounds).
-# Carried as .carry/bench-host.sh with .carry/site312.tar.xz (docs/performance/32core-direct-2ms-carry.sh
+# Needs .carry/site312.tar.xz (docs/performance/direct-front-32core/32core-direct-2ms-carry.sh
 # builds it) and, where the device tool sends another checkout than this branch's, .carry/wt-packages.tgz
 # (this branch's packages/, unpacked over the checkout's).
-# Usage: bash .carry/bench-host.sh STEP...   BUDGET_S: stop starting steps past this.
+# Usage, from the repository root: bash docs/performance/llmapi-vs-tensor-16core/16core-llmapi-2ms-host.sh STEP...   BUDGET_S: stop starting steps past this.
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}

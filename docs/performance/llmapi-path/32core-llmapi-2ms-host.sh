@@ -1,5 +1,5 @@
 #!/bin/bash
-# Harness for issue 39 on a GPU host (not part of the product): the same venv as 32core-direct-2ms-host.sh
+# Harness for the LLM-API path study on a GPU host (not part of the product): the same venv as 32core-direct-2ms-host.sh
 # (carried .carry/site312.tar.xz, built by 32core-direct-2ms-carry.sh, with pyzmq for the LLM-API double's
 # executor), then `trtllm-truss bench` per step, results tarred into $OUT after each step.
 # The engine: the synthetic stand-in behind the LLM-API double (backend llmapi: our llmapi model, its LLM host,
@@ -7,12 +7,12 @@
 # 2 cores, 16 on 32 cores: the llmapi model's and the tensor stand-in's alike); direct-front processes at their
 # default (one per 4 cores: 8 on 32 cores, 4 on 16) unless a step names them. Each step samples every process's
 # CPU once a second (scripts/process_cpu_sampler.py: <step>-cpu.jsonl) and prints its summary.
-# Usage: bash .carry/host.sh STEP... ; BUDGET_S: stop starting steps past this. LOCAL=1: small loads, for a
+# Usage, from the repository root: bash docs/performance/llmapi-path/32core-llmapi-2ms-host.sh STEP... ; BUDGET_S: stop starting steps past this. LOCAL=1: small loads, for a
 # dry run on the development machine. The *-nice steps renice bench's client processes to 10 while they run
 # (tried in docs/performance.md, "Steady state again"; no gain). STEP+NAME: the step with the files under
 # .carry/variants/NAME/ (repository paths) in place of the working tree's while it runs, its results named
 # with -NAME: a change and main side by side on one host. trace-i1 also joins the first-token trace's events
-# (scripts/first_token_trace.py) when its variant holds docs/performance/first-token-trace.patch's files.
+# (scripts/first_token_trace.py) when its variant holds docs/performance/llmapi-path/first-token-trace.patch's files.
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
@@ -128,7 +128,7 @@ case $s in
   tensor-10ms-i1) step tensor-vs-llmapi-10ms-interval1 120 "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $HIGH10 ;;
   tensor-10ms-i4) step tensor-vs-llmapi-10ms-interval4 120 "$S10" TRTLLM_RUNTIME__STREAM_INTERVAL=4 -- $BACK $HIGH10 ;;
   tensor-2ms-i1-c1) step tensor-vs-llmapi-2ms-interval1-c1 80 "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $BACK $ONE2 ;;
-  trace-i1)   # with a variant holding docs/performance/first-token-trace.patch's files: each leg of a first token
+  trace-i1)   # with a variant holding docs/performance/llmapi-path/first-token-trace.patch's files: each leg of a first token
     rm -rf /tmp/trtllm-trace && mkdir /tmp/trtllm-trace
     step 2ms-interval1-first-token-trace 90 "$L" "$S2" TRTLLM_RUNTIME__STREAM_INTERVAL=1 -- $WITH $TRACE2
     $PYRUN scripts/first_token_trace.py /tmp/trtllm-trace --json $RES/${C}core-llmapi-$LAST-legs.json | tail -25

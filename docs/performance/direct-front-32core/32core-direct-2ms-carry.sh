@@ -1,11 +1,11 @@
 #!/bin/bash
-# How the Python 3.12 environment for the 32-core GPU host run (issue 31, part 4) was assembled on the
+# How the Python 3.12 environment for the 32-core GPU host run was assembled on the
 # development machine: a harness, not part of the product. The device tool carries at most 64 MiB with
 # the working tree (~12 MB), so this is the project's .venv-py3.12 site-packages minus what the run
 # never imports, plus the direct front's httptools/uvloop and the OpenTelemetry exporter truss's server
 # imports (from the 3.11 venv, pure Python), as one xz archive (52 MB). torch and tokenizers come from
 # the host image (added after these by 32core-direct-2ms-host.sh).
-# Run from the repository root: bash docs/performance/32core-direct-2ms-carry.sh  -> .carry/site312.tar.xz
+# Run from the repository root: bash docs/performance/direct-front-32core/32core-direct-2ms-carry.sh  -> .carry/site312.tar.xz
 set -euo pipefail
 SRC=$PWD/.venv-py3.12/lib/python3.12/site-packages
 S311=$PWD/.venv/lib/python3.11/site-packages
@@ -22,7 +22,7 @@ EXCL=(bfcl_eval 'bfcl_eval-*' moto 'moto-*' cfnlint 'cfn_lint-*' sympy 'sympy-*'
   jsonschema_path pathable responses truss_transfer 'truss_transfer-*' tokenizers 'tokenizers-*'
   '__editable__*' '__pycache__' '*.pyc' 'libpython3-*.13.so*' 'geventhttpclient*' gevent 'gevent-*'
   greenlet 'greenlet-*' zope 'zope*' tests)
-# pyzmq stays: the LLM-API double's executor talks to its worker over ZMQ IPC (issue 39).
+# pyzmq stays: the LLM-API double's executor talks to its worker over ZMQ IPC.
 args=(); for e in "${EXCL[@]}"; do args+=(--exclude "$e"); done
 for v in 3.8 3.9 3.10 3.11 3.13; do args+=(--exclude "./pytriton/tritonserver/python_backend_stubs/$v"); done
 tar -C $SRC -cf - "${args[@]}" . | tar -C $DST -xf -
@@ -61,7 +61,7 @@ __attribute__((visibility("default"))) const struct icu_header icudt70_dat = {
 EOF
 gcc -shared -fPIC -O2 -Wl,-soname,libicudata-c1404396.so.70.1 -o $DST/nvidia_pytriton.libs/libicudata-c1404396.so.70.1 /tmp/icudata_stub.c
 
-# 4. BENCH_ONLY=1 (issue 39's llmapi runs, 2026-11-29: `trtllm-truss bench` with the direct front, no truss
+# 4. BENCH_ONLY=1 (the llmapi runs, 2026-11-29: `trtllm-truss bench` with the direct front, no truss
 #    server): the working tree grew to ~17 MB, so also without what only `import truss` and its CLI need
 #    (boto3, botocore, s3transfer, cryptography, setuptools, prompt_toolkit, wcwidth): 49 MB.
 if [ -n "${BENCH_ONLY:-}" ]; then
