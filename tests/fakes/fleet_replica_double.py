@@ -27,6 +27,7 @@ class _Server:
 
     def __init__(self, grpc_url: str) -> None:
         self.grpc_url = grpc_url
+        self.metrics_url = "none (no tritonserver)"
 
     def ready(self) -> bool:
         return True
