@@ -83,7 +83,9 @@ def make_fleet_plan(
     if mode is RouterMode.KV and not enable_kv_cache_reuse:
         raise FleetPlanError(
             f"{key}.router_mode: kv routes by reused KV blocks, but model_metadata.trt_llm.runtime.enable_kv_cache_reuse"
-            " is false (no block is reused, no event is sent); set it true, or router_mode: round_robin")
+            " is false (no block is reused, no event is sent); set it true (with runtime.event_buffer_max_size, e.g."
+            " TRTLLM_RUNTIME__ENABLE_KV_CACHE_REUSE=true TRTLLM_RUNTIME__EVENT_BUFFER_MAX_SIZE=10000), or router_mode:"
+            " round_robin")
     if mode is RouterMode.KV and event_buffer_max_size == 0:  # None: a runtime section without the setting
         raise FleetPlanError(
             f"{key}.router_mode: kv is fed by the engine's KV cache events, but"
