@@ -108,3 +108,19 @@ def test_validate_refuses_kv_routing_without_reuse_naming_the_key(tmp_path: Path
     root = write(tmp_path, {"replicas": 2})
     assert main(["validate", str(root)]) == 1
     assert "error: model_metadata.trt_llm.fleet.router_mode: kv" in capsys.readouterr().err
+
+
+def test_the_block_size_is_the_engines_own():
+    """The router hashes blocks of the engine's size: build.plugin_configuration.tokens_per_block for the
+    engine and the stand-in, TensorRT-LLM's KvCacheConfig default (32) for the LLM API, which our model.yaml
+    leaves as is."""
+    from types import SimpleNamespace
+
+    from trtllm_truss.planning.fleet import plan_for
+
+    runtime = SimpleNamespace(enable_kv_cache_reuse=True, event_buffer_max_size=100)
+    build = SimpleNamespace(plugin_configuration=SimpleNamespace(tokens_per_block=16))
+    resolved = SimpleNamespace(trt_llm=SimpleNamespace(world_size=1, runtime=runtime, build=build))
+    sizes = {backend: plan_for(FleetConfig(), resolved, SimpleNamespace(backend=backend), gpu_count=0).tokens_per_block
+             for backend in ("pytorch", "llmapi")}
+    assert sizes == {"pytorch": 16, "llmapi": 32}

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 from trtllm_truss.config.fleet import FleetConfig, RouterMode
 
-DEFAULT_TOKENS_PER_BLOCK = 64  # TensorRT-LLM's default tokens_per_block (trtllm-build, KvCacheConfig)
+DEFAULT_TOKENS_PER_BLOCK = 64  # trtllm-build's default tokens_per_block (the engine, and the stand-in)
+# The LLM API's: TensorRT-LLM 1.x KvCacheConfig.tokens_per_block default, which our llmapi model.yaml leaves
+# as is (repository/llmapi.py sets no tokens_per_block; engine_standin/llmapi_kv.py holds the same default).
+LLMAPI_TOKENS_PER_BLOCK = 32
 BACKENDS_WITH_KV_EVENTS = ("llmapi", "pytorch")
 
 
@@ -146,7 +149,7 @@ def plan_for(fleet: FleetConfig, resolved, plan, *, gpu_count: int, replicas: in
         gpu_count=gpu_count,
         gpus_per_replica=trt.world_size,
         enable_kv_cache_reuse=trt.runtime.enable_kv_cache_reuse,
-        tokens_per_block=tokens_per_block_of(trt.build),
+        tokens_per_block=LLMAPI_TOKENS_PER_BLOCK if plan.backend == "llmapi" else tokens_per_block_of(trt.build),
         replicas=replicas,
         event_buffer_max_size=getattr(trt.runtime, "event_buffer_max_size", None),
     )
