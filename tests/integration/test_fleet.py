@@ -57,7 +57,7 @@ def _truss(work: Path, router_mode: str) -> Path:
     return truss
 
 
-def _start(work: Path, router_mode: str) -> TrussServer:
+def _start(work: Path, router_mode: str, extra_env: dict[str, str] | None = None) -> TrussServer:
     import os
     import subprocess
     import sys
@@ -65,7 +65,8 @@ def _start(work: Path, router_mode: str) -> TrussServer:
     from trtllm_truss.fronts.direct import PACKAGES_DIR
 
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRUSS_SECRET_hf_access_token": API_KEY}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRUSS_SECRET_hf_access_token": API_KEY,
+           **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGES_DIR), env.get("PYTHONPATH", "")) if p)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     log_path = work / f"fleet-{router_mode}.log"
@@ -101,6 +102,18 @@ def kv_fleet(tmp_path_factory) -> Iterator[TrussServer]:
 @pytest.fixture(scope="module")
 def rr_fleet(tmp_path_factory) -> Iterator[TrussServer]:
     server = _start(tmp_path_factory.mktemp("fleet_rr"), "round_robin")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def llmapi_fleet(tmp_path_factory) -> Iterator[TrussServer]:
+    """The LLM-API path (our llmapi Triton model over the LLM-API double): events from LLM.get_kv_cache_events."""
+    if not HAS_KV_EVENTS:
+        pytest.skip("no KV events on this tree")
+    server = _start(tmp_path_factory.mktemp("fleet_llmapi"), "kv", {"TRTLLM_RUNTIME__BACKEND": "llmapi"})
     try:
         yield server
     finally:
@@ -249,6 +262,16 @@ def test_kv_router_keeps_a_repeated_prompt_on_one_replica_and_its_cache(kv_fleet
     assert prompt > 400
     for usage in usages[1:]:
         assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.75 * prompt, usages
+
+
+def test_kv_routing_on_the_llm_api_path(llmapi_fleet):
+    """TensorRT-LLM's LLM API gives its events in blocks of its own size (KvCacheConfig's default 32 here)."""
+    before = _counts(llmapi_fleet)
+    usages = [_chat(llmapi_fleet, LONG_PROMPT)["usage"] for _ in range(4)]
+    after = _counts(llmapi_fleet)
+    assert sorted(after[i] - before[i] for i in after) == [0, 4], (before, after)
+    for usage in usages[1:]:
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.75 * usage["prompt_tokens"], usages
 
 
 def test_round_robin_spreads_the_same_prompt_over_both_replicas(rr_fleet):
