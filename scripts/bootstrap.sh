@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
 # system packages (Open MPI for TP*PP > 1 launches, git-lfs for the hub test server, PostgreSQL for the
-# store's server backend),
-# .venv with the pinned lock (CPU torch) and this package in editable mode,
+# store's server backend, etcd for the fleet's tests),
+# .venv with the pinned lock (CPU torch), NVIDIA Dynamo (requirements/fleet.txt) and this package in editable mode,
 # .venv-olah (the self-hosted HF hub used by tests; its fastapi pin clashes with truss's),
 # .venv-lint (import-linter, which checks the layers; its rich pin clashes with truss's),
 # .venv-py3.10/.venv-py3.12/.venv-py3.13 (no torch) for the suite's torch-free tests on those Pythons.
@@ -16,6 +16,7 @@ command -v git-lfs >/dev/null || need_apt+=(git-lfs)
 # PostgreSQL for the store's server backend (its tests start one with initdb/pg_ctl on a temporary folder);
 # Debian keeps its binaries in /usr/lib/postgresql/<version>/bin, off PATH.
 command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
+command -v etcd >/dev/null || need_apt+=(etcd-server)  # the fleet's discovery across hosts (tests/unit/test_fleet_routing.py)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "bootstrap: apt-get install ${need_apt[*]}"
@@ -46,7 +47,8 @@ deps_main() {
   # beside lock.txt's: xgrammar without its GPU-only `triton`, instructor (requirements/no-deps-py3.11.txt).
   pip_in .venv -r requirements/lock.txt &&
     pip_in .venv --no-deps -r requirements/corpus.txt &&
-    pip_in .venv --no-deps -r requirements/no-deps-py3.11.txt
+    pip_in .venv --no-deps -r requirements/no-deps-py3.11.txt &&
+    pip_in .venv --no-deps -r requirements/fleet.txt  # NVIDIA Dynamo (the fleet's tests): see the file for why --no-deps
 }
 # One venv per extra Python: its own lock (no torch: the CPU wheel here is for 3.11 only, and an
 # unpinned torch would pull GBs of CUDA; so no xgrammar either: there the request path checks a guide's
@@ -69,7 +71,7 @@ add() {
   local want; want=$(stamp_of "$@")
   [ "$(cat "$venv/.stamp" 2>/dev/null)" = "$want" ] || todo+=("$venv $interpreter $want")
 }
-add .venv "$PYTHON" requirements/lock.txt requirements/corpus.txt requirements/no-deps-py3.11.txt pyproject.toml
+add .venv "$PYTHON" requirements/lock.txt requirements/corpus.txt requirements/no-deps-py3.11.txt requirements/fleet.txt pyproject.toml
 add .venv-olah "$PYTHON" requirements/olah.txt         # the HF hub mirror the tests talk to
 add .venv-lint "$PYTHON" requirements/lint.txt         # import-linter: the layer contracts of pyproject.toml
 for minor in ${EXTRA_PYTHONS-3.10 3.12 3.13}; do       # SKIP_EXTRA_PYTHONS=1 leaves them out

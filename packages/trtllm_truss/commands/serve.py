@@ -4,6 +4,9 @@ Prints the gRPC / HTTP / metrics endpoints of Triton (NVIDIA's clients work agai
 runs until Ctrl-C or SIGTERM, then stops tritonserver cleanly. The supervisor restarts a tritonserver
 that dies meanwhile; if it cannot, serve exits non-zero.
 
+`--replicas N` (or a `model_metadata.trt_llm.fleet` section) serves a fleet: N replicas behind NVIDIA
+Dynamo's router with the direct front on `--port` (`trtllm_truss.commands.serve_fleet`, `fronts.fleet`).
+
 `--front direct` also serves the API (every dialect, `/v1/models`, readiness, liveness, `/metrics`) on
 `--port` from `runtime.direct_front.processes` processes (`trtllm_truss.fronts.direct`): what a truss with
 `docker_server` runs (`trtllm-truss init DIR --front direct`).
@@ -42,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " (default: none, tritonserver only)")
     parser.add_argument("--host", default="0.0.0.0", help="--front direct: address to listen on (default: 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="--front direct: port to listen on (default: 8000; 0: a free one)")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="serve a fleet of N replicas behind NVIDIA Dynamo's router (model_metadata.trt_llm.fleet;"
+                             " one per GPU set, or N stacks on CPU) with the direct front on --port")
 
 
 def requested_ports(http: int | None, grpc: int | None, metrics: int | None):
@@ -100,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     # Piped output (CI logs, tests) gets long lines instead of 80 columns of wrapped log records.
     console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
     _configure_logging(console, args.verbose)
+    if args.replicas is not None or _has_fleet_section(args.truss_dir):
+        from trtllm_truss.commands.serve_fleet import run_fleet
+
+        return run_fleet(args, console, _startup_errors(), _describe)
     if args.front == "direct":
         return _run_direct(args, console)
 
@@ -160,6 +170,17 @@ def run(args: argparse.Namespace) -> int:
             stack.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
+
+
+def _has_fleet_section(truss_dir: Path) -> bool:
+    """config.yaml has model_metadata.trt_llm.fleet (then serve runs the fleet, as --replicas does)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((Path(truss_dir) / "config.yaml").read_text()) or {}
+        return isinstance(((config.get("model_metadata") or {}).get("trt_llm") or {}).get("fleet"), dict)
+    except (OSError, yaml.YAMLError, AttributeError):
+        return False  # load_config reports it, naming the problem
 
 
 def _run_direct(args: argparse.Namespace, console) -> int:

@@ -118,6 +118,11 @@ def check_plan(resolved, trtllm_version: str | None, out, err) -> int:
 
     parser_lines, warnings, problems = parser_report(resolved, target.plan.forced_syntax_off)
     lines += parser_lines
+    from trtllm_truss.planning.fleet import fleet_report
+
+    fleet_lines, fleet_problems = fleet_report(resolved, target.plan)  # the fleet section's plan, if any
+    lines += fleet_lines
+    problems = [*problems, *fleet_problems]
     for line in lines:  # plain print: a command must stay on one line whatever the terminal width
         print(redact(line), file=out.file)
     for warning in warnings:

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from trtllm_truss.config.build import BuildConfig
 from trtllm_truss.config.enums import Backend, ParallelCount
 from trtllm_truss.config.fields import NonEmptyStr, StrictModel, field_problem
+from trtllm_truss.config.fleet import FleetConfig
 from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.config.speculative import SpeculativeConfig
 
@@ -58,6 +59,7 @@ class TrtLlmConfig(StrictModel):
     serve: ServeConfig | None = None
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     speculative: SpeculativeConfig | None = None
+    fleet: FleetConfig | None = None  # several replicas behind Dynamo's router (config.fleet)
 
     @model_validator(mode="after")
     def _exactly_one_mode(self) -> TrtLlmConfig:

@@ -172,16 +172,12 @@ class DirectFront:
         from trtllm_truss.fronts.direct_app import FrontendSettings
         from trtllm_truss.fronts.replica_state import ReplicaState
         from trtllm_truss.fronts.service import guide_service, max_in_flight
-        from trtllm_truss.runtime.stack import start_stack
         from trtllm_truss.streaming.pool import default_worker_count
 
         # The socket first: a port in use should cost a second, not an engine start.
         self._socket = _listen(self.host, self.port)
         self.port = self._socket.getsockname()[1]
-        self.stack = start_stack(
-            self.truss_dir, secrets=self._secrets, environ=self._environ, repository_dir=self._repository_dir,
-            ports=self._ports, startup_timeout_s=self._startup_timeout_s, progress=progress,
-        )
+        self.stack = self._start_stack(progress)
         if self.stack.is_worker_node:
             raise DirectFrontError("this node runs model ranks only (node_count > 1): serve the direct front on node 0")
         plan = self.stack.plan
@@ -217,7 +213,7 @@ class DirectFront:
                 plan=plan, grpc_url=server.grpc_url, stream_workers=per_frontend, api_key=api_key,
                 secret_values=known_secret_values(), http=http, loop=loop, fill_connections=fill, store_url=url,
                 log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-                guides=self._guides.settings if self._guides is not None else None,
+                guides=self._guides.settings if self._guides is not None else None, **self._frontend_extra(),
             )
             for i in range(frontends)
         ]
@@ -232,6 +228,19 @@ class DirectFront:
         logger.info("direct front on %s: %d frontends (%s, %s), %s stream workers each, up to %d requests in flight,"
                     " %s", self.url, frontends, http, loop, per_frontend or "no", self.state.max_in_flight,
                     f"each filled up to {fill} connections before the next" if fill else "connections spread by the kernel")
+
+    def _start_stack(self, progress: Callable[[str], None]) -> Any:
+        """What the frontends stream from (a fleet's front starts its replicas instead: fronts.fleet)."""
+        from trtllm_truss.runtime.stack import start_stack
+
+        return start_stack(
+            self.truss_dir, secrets=self._secrets, environ=self._environ, repository_dir=self._repository_dir,
+            ports=self._ports, startup_timeout_s=self._startup_timeout_s, progress=progress,
+        )
+
+    def _frontend_extra(self) -> dict[str, Any]:
+        """More FrontendSettings fields (a fleet's front: how to reach the fleet)."""
+        return {}
 
     def _start_probe(self, plan: Any) -> None:
         if not plan.runtime.health.enabled:

@@ -81,6 +81,7 @@ class FrontendSettings:
     log_level: str = "INFO"
     guides: Any = None  # guides.compile_service.ServiceSettings of the replica's guide compile service (None: off)
     store_url: str | None = None  # runtime.store's PostgreSQL connection string (a secret: over the pipe too)
+    fleet: Any = None  # streaming.fleet_router.FleetFrontSettings: Dynamo's router picks each request's replica
 
 
 def _json(result: Any) -> Response:
@@ -295,10 +296,17 @@ def serve(settings: FrontendSettings) -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        router = None
+        if settings.fleet is not None:
+            from trtllm_truss.streaming.fleet_router import attach_router
+
+            router = await attach_router(pool, settings.fleet)
         await pool.warm_up()  # before accepting: a frontend's first burst finds it built (streaming.generation)
         yield
         pool.stop()  # waits for the workers the exit signal killed
         await pool.close()
+        if router is not None:
+            await router.close()
 
     app = DirectApp(
         core,

@@ -152,6 +152,7 @@ class WorkerModel:
         self.engine = EngineClient(settings.grpc_url, model_name=settings.engine_model)
         self.ensemble = EnsembleClient(settings.grpc_url, model_name=settings.text_ensemble) if settings.text_ensemble else None
         self.lora = LoraTasks(settings.lora_weights) if settings.lora_weights else None
+        self.router: Any = None  # a fleet's streaming.fleet_router.FleetRouter: it picks the engine per request
 
     @property
     def chat(self) -> Any:
@@ -382,9 +383,14 @@ class WorkerModel:
         extra: dict = {} if draft_totals is None else {"on_draft_stats": on_draft_stats}
         if kv_reused is not None:
             extra["on_kv_reuse"] = on_kv_reuse
-        generate = generate_with_lora(
-            self.engine.generate_ids, self.lora, params.lora_task_id, ids, engine_params, bad_words=bad_words, **extra
-        )
+
+        def generate_on(engine: Any) -> AsyncIterator:
+            return generate_with_lora(
+                engine.generate_ids, self.lora, params.lora_task_id, ids, engine_params, bad_words=bad_words, **extra
+            )
+
+        # A fleet: the replica Dynamo's router picks (streaming/fleet_router.py).
+        generate = generate_on(self.engine) if self.router is None else self.router.stream(ids, generate_on)
         async with aclosing(generate) as responses:
             async for new_ids, log_probs in responses:
                 if log_probs is None:

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from trtllm_truss.engine_standin.settings import StandinSettings
+from trtllm_truss.runtime.kv_event_relay import relay_from_environment
 from trtllm_truss.runtime.stub_watch import exit_with_parent
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.host_link import encode, take_frame
 from trtllm_truss.triton_models.tensorrt_llm_llmapi.llm_request import (
@@ -267,6 +268,9 @@ async def _run(listener: socket.socket, model_yaml: Path, parameters: dict[str, 
         server.close()
         return 1
     host = LlmHost(llm, api, parameters)
+    # In a fleet: the LLM's KV cache events (LLM.get_kv_cache_events, TensorRT-LLM 1.x with
+    # kv_cache_config.event_buffer_max_size) to the replica's Dynamo worker (runtime/kv_event_relay.py).
+    relay = relay_from_environment(getattr(llm, "get_kv_cache_events", None), name="kv-events")
     server = await asyncio.get_running_loop().create_unix_server(host.connect, sock=listener)
     asyncio.get_running_loop().create_task(host.watch_executor())
     log.info("LLM host ready (pid %d): model.yaml %s", os.getpid(), model_yaml)
@@ -279,6 +283,8 @@ async def _run(listener: socket.socket, model_yaml: Path, parameters: dict[str, 
     for task in asyncio.all_tasks():  # the watch, rows still followed
         if task is not current:
             task.cancel()
+    if relay is not None:
+        relay.close()
     broken = getattr(getattr(llm, "executor", None), "error", None) is not None
     try:
         llm.shutdown()

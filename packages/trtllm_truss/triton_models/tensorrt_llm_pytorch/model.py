@@ -48,6 +48,7 @@ from trtllm_truss.engine_standin.senders import (
 from trtllm_truss.engine_standin.stop_relay import StopRelay
 from trtllm_truss.engine_standin.stream_interval import IntervalBuffer
 from trtllm_truss.engine_standin.world import join_world
+from trtllm_truss.runtime.kv_event_relay import relay_from_environment
 from trtllm_truss.runtime.stub_watch import watch_parent
 
 STANDIN_MODEL_INTERFACE = """
@@ -221,6 +222,10 @@ class TritonPythonModel:
         self._watcher.start()
         self._stop_relay = StopRelay(args["model_name"], self.instance_index, self.instance_count, self._stop_local)
         self._parent_watch = watch_parent(instance_name)  # ends this stub if tritonserver goes (runtime/stub_watch.py)
+        # In a fleet: the engine's KV cache events to the replica's Dynamo worker (runtime/kv_event_relay.py).
+        events = getattr(self.engine, "kv_events", None)
+        self._kv_relay = relay_from_environment(
+            events.drain if getattr(events, "enabled", False) else None, name=f"kv-events-{self.instance_index}")
         log.info(
             "PyTorch stand-in instance %d/%d ready (%s, %d sequence slots, %d sender threads, %s)",
             self.instance_index + 1,
@@ -361,6 +366,8 @@ class TritonPythonModel:
                 log.exception("updating the metrics failed")
 
     def finalize(self) -> None:
+        if self._kv_relay is not None:
+            self._kv_relay.close()
         if self._world is not None:
             self._world.close()
         self.engine.shutdown()  # ends what is left with an error response, queued on the lanes

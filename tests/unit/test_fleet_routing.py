@@ -1,0 +1,258 @@
+"""Routing in a fleet with real NVIDIA Dynamo 1.6.1 and no engine: two replica workers (the real
+`runtime.fleet_replica.ReplicaWorker` over a stack that is only a Triton address, tests/fakes/fleet_replica_double.py)
+and the front's `streaming.fleet_router.FleetRouter`, with file discovery.
+
+KV cache events in TensorRT-LLM's JSON shape (`LLM.get_kv_cache_events`) are sent through the relay that
+runs inside tritonserver (`runtime.kv_event_relay`) to one replica; Dynamo's KV router then sends that
+prompt there. Also: the conversion of the events (full blocks only, signed hashes, removed after stored),
+round robin over both, and a stopped replica leaving the fleet at once. Two workers per discovery backend:
+`file` (one host) and `etcd` (across hosts; a real etcd from Debian's etcd-server, started once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trtllm_truss.runtime.fleet_events import LiveBlocks, to_signed_i64
+
+ROOT = Path(__file__).resolve().parents[2]
+DOUBLE = ROOT / "tests" / "fakes" / "fleet_replica_double.py"
+BLOCK = 4
+URLS = ("127.0.0.1:1101", "127.0.0.1:1102")
+
+
+def stored(parent: int | None, blocks: list[tuple[int, list[int]]], event_id: int = 1) -> dict:
+    """A "stored" event as TensorRT-LLM 1.x's KVCacheEventSerializer writes it."""
+    return {"event_id": event_id, "window_size": 2048, "data": {
+        "type": "stored", "parent_hash": parent,
+        "blocks": [{"type": "stored_block", "block_hash": h, "cache_level": 0, "priority": 35,
+                    "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens]}
+                   for h, tokens in blocks]}}
+
+
+# --- the conversion (no Dynamo) -------------------------------------------------------------------
+
+
+def test_conversion_keeps_full_blocks_signs_hashes_and_forgets_on_restart():
+    live = LiveBlocks(BLOCK)
+    big = (1 << 64) - 5
+    events = [
+        {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [100, 0]}},
+        stored(None, [(big, [1, 2, 3, 4]), (7, [5, 6, 7, 8]), (9, [9, 10])]),  # the last one partial
+    ]
+    out = live.convert(events)
+    assert out == [{"type": "stored", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "num_block_tokens": [4, 4],
+                    "block_hashes": [to_signed_i64(big), 7], "parent_hash": None}]
+    assert to_signed_i64(big) == -5
+    # The partial block was never announced: its removal is not either.
+    assert live.convert([{"data": {"type": "removed", "block_hashes": [9, 7]}}]) == [
+        {"type": "removed", "block_hashes": [7]}]
+    assert live.forget_all() == {"type": "removed", "block_hashes": [-5]}
+    assert live.forget_all() is None
+
+
+# --- with Dynamo -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory) -> Iterator[str]:
+    """A real etcd (Debian's etcd-server) on free loopback ports, for the module."""
+    import shutil
+
+    from trtllm_truss.fronts.truss_server import free_port
+
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("no etcd (apt-get install etcd-server)")
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    process = subprocess.Popen(
+        [binary, "--data-dir", str(tmp_path_factory.mktemp("etcd")), "--listen-client-urls", url,
+         "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "etcd did not start"
+            time.sleep(0.1)  # polling etcd's health endpoint
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@pytest.fixture(scope="module", params=["file", "etcd"])
+def fleet(request, tmp_path_factory) -> Iterator[dict]:
+    """Two replica workers found through `file` discovery, or through a real etcd (the across-hosts one)."""
+    pytest.importorskip("dynamo.llm", reason="NVIDIA Dynamo not installed (requirements/fleet.txt)")
+    from trtllm_truss.runtime.fleet_replica import ReplicaSettings
+
+    discovery = request.param
+    namespace = f"fleet-unit-{discovery}"
+    if discovery == "file":
+        variables = {"DYN_FILE_KV": str(tmp_path_factory.mktemp("fleet-discovery"))}
+    else:
+        variables = {"ETCD_ENDPOINTS": request.getfixturevalue("etcd_server")}
+    env = {**os.environ, **variables, "DYN_LOG": "error",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "packages"), os.environ.get("PYTHONPATH", "")])}
+    processes, addresses = [], []
+    try:
+        for index, url in enumerate(URLS):
+            settings = ReplicaSettings(truss_dir=str(ROOT), index=index, namespace=namespace, discovery=discovery,
+                                       kv_events=True, block_size=BLOCK)
+            process = subprocess.Popen(
+                [sys.executable, str(DOUBLE), settings.to_json(), url, str(ROOT / "data" / "embedded-llama")],
+                stdout=subprocess.PIPE, env=env, start_new_session=True, text=True,
+            )
+            processes.append(process)
+            line = process.stdout.readline()  # one line once in the fleet (or "" if it died)
+            assert line, f"replica double {index} exited with {process.poll()}"
+            addresses.append(json.loads(line)["events"])
+        yield {"processes": processes, "events": addresses, "variables": variables, "discovery": discovery,
+               "namespace": namespace}
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _router(fleet: dict, mode: str):
+    from trtllm_truss.streaming.fleet_router import FleetFrontSettings, FleetRouter
+
+    settings = FleetFrontSettings(namespace=fleet["namespace"], discovery=fleet["discovery"], router_mode=mode,
+                                  block_size=BLOCK,
+                                  environment=(*fleet["variables"].items(), ("DYN_LOG", "error")))
+    return FleetRouter(settings, "tensorrt_llm")
+
+
+async def _until(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await condition()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+def test_kv_events_through_the_relay_steer_the_router(fleet):
+    from trtllm_truss.runtime.kv_event_relay import KvEventRelay
+
+    prompt = list(range(1000, 1016))  # four full blocks
+    batch = [stored(None, [(1, prompt[0:4]), (2, prompt[4:8]), (3, prompt[8:12]), (4, prompt[12:16])])]
+    pending = [batch]
+    relay = KvEventRelay(lambda timeout: pending.pop() if pending else (time.sleep(timeout) or []),
+                         fleet["events"][1]).start()  # to replica 1, as its engine's relay would
+
+    async def run() -> None:
+        router = _router(fleet, "kv")
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas in the router's view")
+
+            async def routed_to_replica_1():
+                route = await router.route(prompt + [7, 7])
+                await route.done()
+                return route.engine.grpc_url == URLS[1]
+
+            await _until(routed_to_replica_1, 20, "the prompt routed to the replica that holds its blocks")
+            for _ in range(3):  # and it stays there
+                assert await routed_to_replica_1()
+        finally:
+            await router.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        relay.close()
+    assert relay.sent == 1 and relay.dropped == 0
+
+
+async def _ready(router, count: int) -> bool:
+    return len(router.replicas()) >= count
+
+
+def test_round_robin_uses_both_replicas(fleet):
+    async def run() -> set[str]:
+        router = _router(fleet, "round_robin")
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas")
+            return {(await router.route([1, 2, 3])).engine.grpc_url for _ in range(4)}
+        finally:
+            await router.close()
+
+    assert asyncio.run(run()) == set(URLS)
+
+
+def test_approximate_mode_keeps_a_prefix_where_it_sent_it(fleet):
+    """No events: Dynamo's router remembers where it routed a prompt's blocks (update_indexer)."""
+    prompt = list(range(2000, 2016))
+
+    async def run() -> set[str]:
+        router = _router(fleet, "approximate")
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas")
+            urls = set()
+            for _ in range(4):
+                route = await router.route(prompt + [len(urls)])
+                await route.done()
+                urls.add(route.engine.grpc_url)
+            return urls
+        finally:
+            await router.close()
+
+    assert len(asyncio.run(run())) == 1
+
+
+def test_a_stopped_replica_leaves_at_once(fleet):
+    """Last in the module: it stops replica 0 (SIGTERM: it unregisters, no lease to wait out)."""
+    async def run() -> None:
+        router = _router(fleet, "kv")
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas")
+            victim = fleet["processes"][0]
+            victim.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(victim.wait, 20)
+            assert victim.returncode == 0
+            await _until(lambda: _one_left(router), 5, "the stopped replica out of the router's view")
+            for _ in range(3):
+                route = await router.route([5, 6, 7, 8, 9])
+                await route.done()
+                assert route.engine.grpc_url == URLS[1]
+        finally:
+            await router.close()
+
+    asyncio.run(run())
+
+
+async def _one_left(router) -> bool:
+    return len(router.replicas()) == 1
