@@ -50,6 +50,17 @@ def _lookup(mapping: Mapping[str, Any], name: str) -> Any:
         return None
 
 
+def secret_value(name: str, secrets: Mapping[str, Any] | None, environ: Mapping[str, str]) -> str | None:
+    """The value of the secret `name` as truss resolves it for a model (the `secrets` mapping, then
+    TRUSS_SECRET_<name>, then /secrets/<name>), surrounding whitespace stripped; None when it has none."""
+    value = _lookup(secrets, name) if secrets is not None else None
+    value = value or environ.get(SECRET_ENV_PREFIX + name)
+    path = SECRETS_MOUNT_DIR / name
+    if not value and path.is_file():
+        value = path.read_text(errors="replace")
+    return str(value).strip() if value and str(value).strip() else None
+
+
 def secret_values(
     declared: Mapping[str, Any] | Iterable[str] = (),
     *,

@@ -92,24 +92,15 @@ def resolve_api_key(secret_name: str | None, secrets: Mapping[str, Any] | None, 
     TRUSS_SECRET_<name>, then /secrets/<name>); a named secret with no value is an error."""
     if secret_name is None:
         return None
-    from trtllm_truss.config.secrets import SECRET_ENV_PREFIX, SECRETS_MOUNT_DIR
+    from trtllm_truss.config.secrets import SECRET_ENV_PREFIX, secret_value
 
-    value = None
-    if secrets is not None:
-        try:
-            value = secrets[secret_name]
-        except Exception:  # noqa: BLE001 - truss's mapping raises SecretNotFound
-            value = None
-    value = value or environ.get(SECRET_ENV_PREFIX + secret_name)
-    path = SECRETS_MOUNT_DIR / secret_name
-    if not value and path.is_file():
-        value = path.read_text(errors="replace")
-    if not value or not str(value).strip():
+    value = secret_value(secret_name, secrets, environ)
+    if value is None:
         raise DirectFrontError(
             f"model_metadata.trt_llm.runtime.direct_front.api_key_secret: the secret {secret_name!r} has no value"
             f" (set it in the deployment's secrets, or {SECRET_ENV_PREFIX}{secret_name} locally)"
         )
-    return str(value).strip()
+    return value
 
 
 class DirectFront:

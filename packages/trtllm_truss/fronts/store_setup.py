@@ -19,25 +19,15 @@ def store_url(config: StoreConfig, secrets: Mapping[str, Any] | None, environ: M
     if not config.enabled or config.backend != "postgres" or config.url_secret is None:
         return None
     from trtllm_truss.config.errors import remember_secret_values
-    from trtllm_truss.config.secrets import SECRET_ENV_PREFIX, SECRETS_MOUNT_DIR
+    from trtllm_truss.config.secrets import SECRET_ENV_PREFIX, secret_value
 
     name = config.url_secret
-    value = None
-    if secrets is not None:
-        try:
-            value = secrets[name]
-        except Exception:  # noqa: BLE001 - truss's mapping raises SecretNotFound
-            value = None
-    value = value or environ.get(SECRET_ENV_PREFIX + name)
-    path = SECRETS_MOUNT_DIR / name
-    if not value and path.is_file():
-        value = path.read_text(errors="replace")
-    if not value or not str(value).strip():
+    url = secret_value(name, secrets, environ)
+    if url is None:
         raise ConfigError([
             f"model_metadata.trt_llm.runtime.store.url_secret: the secret {name!r} has no value"
             f" (set it in the deployment's secrets, or {SECRET_ENV_PREFIX}{name} locally)"
         ])
-    url = str(value).strip()
     remember_secret_values(_secret_parts(url))
     return url
 
