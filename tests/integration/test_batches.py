@@ -11,6 +11,7 @@ One server for the module (restarted once by the restart test).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,10 +212,15 @@ def test_another_keys_batches_and_files_are_not_found(served: Served):
 
 def test_a_restart_halfway_answers_every_line_exactly_once(served: Served):
     client = served.openai()
-    count = 40
-    batch = _submit(client, "/v1/chat/completions", count)
-    halfway = poll(lambda: (b := client.batches.retrieve(batch.id)).request_counts.completed >= 8 and b, 300.0,
-                   what="8 lines answered")
+    count = 60
+    lines = [{"custom_id": f"long-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "embedded", "max_tokens": 32, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": f"Tell a story about {i}."}]}} for i in range(count)]
+    uploaded = client.files.create(file=("long.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()),
+                                   purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    halfway = poll(lambda: (b := client.batches.retrieve(batch.id)).request_counts.completed >= 6 and b, 300.0,
+                   what="6 lines answered")
     assert halfway.status == "in_progress" and halfway.request_counts.completed < count
     served.proc.stop()  # SIGTERM to the server's process group, lines on the engine
     served.start()
@@ -223,5 +229,11 @@ def test_a_restart_halfway_answers_every_line_exactly_once(served: Served):
     assert done.status == "completed", done
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (count, count, 0)
     output = _lines(client, done.output_file_id)
-    assert Counter(line["custom_id"] for line in output) == Counter(f"line-{i}" for i in range(count))
+    assert Counter(line["custom_id"] for line in output) == Counter(f"long-{i}" for i in range(count))
     assert len({line["response"]["request_id"] for line in output}) == count
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] == 32 for line in output)
+    # The restarted runner ran only what had no answer: more than none, fewer than all.
+    log = (served.work / f"direct-{served.starts}.log").read_text(errors="replace")
+    resumed = re.search(rf"batch {batch.id}: (\d+) of {count} lines to run", log)
+    assert resumed is not None, log[-3000:]
+    assert 0 < int(resumed.group(1)) <= count - halfway.request_counts.completed
