@@ -101,6 +101,17 @@ def test_each_route_needs_the_key_and_refuses_in_its_own_shape(server: TrussServ
     assert httpx.post(server.url + path, json=body, headers=_auth(), timeout=60).status_code == 200
 
 
+def test_stored_responses_need_the_key_and_belong_to_it(server: TrussServer):
+    stored = httpx.post(server.url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 4}, headers=_auth(), timeout=60)
+    assert stored.status_code == 200, stored.text
+    path = f"/v1/responses/{stored.json()['id']}"
+    for method, suffix in (("GET", ""), ("DELETE", ""), ("GET", "/input_items"), ("POST", "/cancel")):
+        refused = httpx.request(method, server.url + path + suffix, headers=_auth("wrong"), timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", (method, suffix)
+    assert httpx.get(server.url + "/v1/conversations/conv_x", timeout=30).status_code == 401
+    assert httpx.get(server.url + path, headers=_auth(), timeout=30).json()["id"] == stored.json()["id"]
+
+
 def test_sdks_send_the_key_and_health_stays_open(server: TrussServer):
     assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)

@@ -210,3 +210,54 @@ def test_the_store_size_is_on_metrics(served: Served):
     assert values["trtllm_store_objects"] >= 1 and values["trtllm_store_bytes"] > 0
     assert values["trtllm_store_max_bytes"] == 1 << 30
     assert "trtllm_store_evictions_total" in values
+
+
+def test_a_conversation_gathers_the_turns_of_its_responses(served: Served):
+    client = served.client()
+    conversation = client.conversations.create(items=[{"role": "user", "content": "My name is Ada."}],
+                                               metadata={"topic": "names"})
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "names"}
+    first = client.responses.create(model="embedded", input="What is my name?", conversation=conversation.id, **GREEDY)
+    assert first.conversation.id == conversation.id
+    seeded = [{"role": "user", "content": "My name is Ada."}, {"role": "user", "content": "What is my name?"}]
+    whole = client.responses.create(model="embedded", input=seeded, store=False, **GREEDY)
+    assert first.usage.input_tokens == whole.usage.input_tokens  # rendered after the conversation's items
+    second = client.responses.create(model="embedded", input="Again?", conversation={"id": conversation.id}, **GREEDY)
+    assert second.usage.input_tokens > first.usage.input_tokens
+    items = list(client.conversations.items.list(conversation.id, order="asc", limit=2))  # the SDK follows the pages
+    assert [item.type for item in items] == ["message"] * len(items) and len(items) == 5
+    assert [item.role for item in items] == ["user", "user", "assistant", "user", "assistant"]
+    assert items[2].content[0].text == first.output_text
+    added = client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "One more."}])
+    one = client.conversations.items.retrieve(added.data[0].id, conversation_id=conversation.id)
+    assert one.content[0].text == "One more."
+    client.conversations.items.delete(added.data[0].id, conversation_id=conversation.id)
+    assert len(list(client.conversations.items.list(conversation.id))) == 5
+    updated = client.conversations.update(conversation.id, metadata={"topic": "greetings"})
+    assert updated.metadata == {"topic": "greetings"}
+    with pytest.raises(openai.NotFoundError):
+        served.client(KEY_B).conversations.retrieve(conversation.id)  # another key's
+    with pytest.raises(openai.NotFoundError) as missing:
+        served.client(KEY_B).responses.create(model="embedded", input="hi", conversation=conversation.id, **GREEDY)
+    assert missing.value.body["param"] == "conversation"
+    with pytest.raises(openai.BadRequestError) as both:
+        client.responses.create(model="embedded", input="hi", conversation=conversation.id, previous_response_id=first.id)
+    assert "conversation" in both.value.body["message"]
+    assert client.conversations.delete(conversation.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)
+
+
+def test_turns_answered_by_several_processes_at_once_all_join_the_conversation(served: Served):
+    client = served.client()
+    conversation = client.conversations.create()
+
+    def turn(i: int):
+        return client.responses.create(model="embedded", input=f"Turn {i}.", conversation=conversation.id, store=False, **GREEDY)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(turn, range(8)))
+    items = list(client.conversations.items.list(conversation.id, limit=100, order="asc"))
+    inputs = sorted(item.content[0].text for item in items if item.role == "user")
+    assert inputs == sorted(f"Turn {i}." for i in range(8))  # none lost to another process's write
+    assert sum(item.role == "assistant" for item in items) == len(answers)

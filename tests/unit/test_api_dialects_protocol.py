@@ -79,7 +79,8 @@ def test_responses_tools_and_choices_in_chat_form():
 @pytest.mark.parametrize(
     "body, field",
     [
-        ({"conversation": "conv_1"}, "conversation"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+        ({"conversation": {"id": "conv_1"}, "background": True}, "conversation"),
         ({"background": True, "store": False}, "background"),
         ({"background": True, "stream": True}, "stream"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
@@ -94,7 +95,8 @@ def test_responses_refusals_of_the_request_name_the_field(body, field):
 
 @pytest.mark.parametrize(
     "body, field",
-    [({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"background": True}, "background")],
+    [({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"background": True}, "background"),
+     ({"conversation": "conv_1"}, "conversation")],
 )
 def test_responses_without_a_store_refuse_what_needs_one(body, field):
     error = refusal(lambda b: rsp.parse_responses_request(b, stored=False), {"input": "hi", **body})

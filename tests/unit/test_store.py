@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from postgres_server import postgres_binaries, postgres_server
 from trtllm_truss.config.store import StoreConfig
-from trtllm_truss.store import Store, StoredObject, open_store, owner_of
+from trtllm_truss.store import Store, StoredObject, TooLarge, open_store, owner_of
+from trtllm_truss.store.base import encode
 from trtllm_truss.store.postgres import PostgresStore
 from trtllm_truss.store.sqlite import SqliteStore
 
@@ -154,6 +155,44 @@ def test_processes_share_one_store_and_its_bound(backend: Backend):
     assert stats.objects == sum(
         store.get("response", f"w{w}_{i}", ALICE) is not None for w in range(4) for i in range(100)
     )
+
+
+def _append(obj: StoredObject, item: str) -> StoredObject:
+    obj.body["items"].append(item)
+    return obj
+
+
+def _appender(kind: str, where: str, worker: int, count: int) -> None:
+    store = (SqliteStore(Path(where), ttl_s=3600, max_bytes=1 << 20) if kind == "sqlite"
+             else PostgresStore(where, ttl_s=3600, max_bytes=1 << 20))
+    for i in range(count):
+        assert store.modify("conversation", "conv_1", ALICE, lambda obj: _append(obj, f"{worker}.{i}")) is not None
+
+
+def test_modify_is_atomic_across_processes(backend: Backend):
+    store = backend.open()
+    store.put(StoredObject("conversation", "conv_1", ALICE, "active", {"items": []}))
+    assert store.modify("conversation", "conv_1", BOB, lambda obj: _append(obj, "x")) is None  # not Bob's
+    assert store.modify("conversation", "conv_1", ALICE, lambda obj: None).body == {"items": []}
+    where = str(backend.tmp_path / "store.sqlite3") if backend.kind == "sqlite" else backend.url
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_appender, args=(backend.kind, where, w, 50)) for w in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    items = store.get("conversation", "conv_1", ALICE).body["items"]
+    assert sorted(items) == sorted(f"{w}.{i}" for w in range(4) for i in range(50))  # none lost to a race
+    assert store.stats().bytes == len(encode({"items": items}))
+
+
+def test_a_change_past_the_whole_bound_is_refused_and_nothing_changes(backend: Backend):
+    store = backend.open(max_bytes=2048)
+    store.put(StoredObject("conversation", "conv_2", ALICE, "active", {"items": []}))
+    with pytest.raises(TooLarge):
+        store.modify("conversation", "conv_2", ALICE, lambda obj: _append(obj, "z" * 4096))
+    assert store.get("conversation", "conv_2", ALICE).body == {"items": []}
 
 
 def test_owner_is_a_hash_never_the_key():

@@ -5,8 +5,9 @@ Input items become OpenAI chat messages: `instructions` a leading system message
 system ones, `function_call` items assistant `tool_calls` (consecutive calls one assistant turn),
 `function_call_output` items `tool` messages (each must answer an earlier call), `reasoning` items the
 next assistant turn's `reasoning_content`. A turn continued by `previous_response_id` comes after the
-stored history (the earlier turns' input and output items, `api.responses_stored`): the whole is
-rendered as a new request would be. `conversation` and `item_reference` inputs are not served.
+stored history (the earlier turns' input and output items, `api.responses_stored`), one in a
+`conversation` after its items (`api.conversations`): the whole is rendered as a new request would be.
+`item_reference` inputs are not served.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from trtllm_truss.api.sampling import INT32_MAX, SamplingFields, Text
 from trtllm_truss.api.tools import MAX_TOOLS, check_functions
 
 NOT_STORED = "this deployment keeps no state (runtime.store.enabled is false)"
-NOT_SERVED = "not served: continue by previous_response_id, or send the conversation as input items"
+NOT_SERVED = "not served: send the item itself (or continue by previous_response_id or conversation)"
 
 
 class TextFormat(EchoedModel):
@@ -73,9 +74,9 @@ def parse_responses_request(body: Any, *, stored: bool = True) -> ResponsesReque
     """The request; `stored`: whether this deployment keeps responses (else what needs a stored one is
     a 400 and `store` left out means false)."""
     req = validate_at(ResponsesRequest, body)
-    if req.conversation is not None:
-        raise field_error("conversation", NOT_SERVED)
     if not stored:
+        if req.conversation is not None:
+            raise field_error("conversation", f"{NOT_STORED}: send the whole conversation as input items instead")
         if req.previous_response_id is not None:
             raise field_error("previous_response_id", f"{NOT_STORED}: send the whole conversation as input items instead")
         if req.background:
@@ -83,6 +84,11 @@ def parse_responses_request(body: Any, *, stored: bool = True) -> ResponsesReque
         if req.store and "store" in req.model_fields_set:
             raise field_error("store", f"{NOT_STORED}: send store: false")
         req.store = False
+    if req.conversation is not None:
+        if req.previous_response_id is not None:
+            raise field_error("conversation", "continue either a conversation or a previous response, not both")
+        if req.background:
+            raise field_error("conversation", "not served with background: true (its items are added as the answer ends)")
     if req.background:
         if not req.store:
             raise field_error("background", "background responses need store: true (they are fetched by id)")
@@ -274,6 +280,10 @@ class _FunctionCallOutput(EchoedModel):
 # --- the response -------------------------------------------------------------------------------
 
 
+def conversation_ref(value: str | dict[str, Any]) -> str:
+    return value if isinstance(value, str) else str(value.get("id"))
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -316,6 +326,7 @@ def response_object(
         "reasoning": None,
         "store": req.store,
         "background": bool(req.background),
+        "conversation": None if req.conversation is None else {"id": conversation_ref(req.conversation)},
         "temperature": req.temperature,
         "text": {"format": {"type": "text"}} if req.text is None or req.text.format is None else req.text.model_dump(by_alias=True, exclude_none=True),
         "tool_choice": req.tool_choice,

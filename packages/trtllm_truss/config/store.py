@@ -39,7 +39,7 @@ class StoreConfig(StrictModel):
     )
     max_bytes: int = Field(
         1 << 30, ge=1024, le=1 << 44,
-        description="Bytes of stored objects (their JSON) kept at most; past it the oldest objects go first.",
+        description="Bytes of stored objects (their JSON) kept at most; past it the least recently written go first.",
     )
     busy_timeout_s: float = Field(
         10.0, gt=0.0, le=600.0,

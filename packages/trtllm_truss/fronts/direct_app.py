@@ -10,6 +10,7 @@ under truss's server (`serving/`); what differs is only who reads the body and r
 | `POST /v1/models/model:predict`, `POST /predict` | native (Baseten's trt_llm API) |
 | `POST /v1/completions`, `/v1/chat/completions`, `/v1/responses`, `/v1/messages` | the dialects |
 | `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel` | stored responses (`serving.stored_responses`) |
+| `/v1/conversations...` (create, read, update, delete; items: list, add, read, delete) | conversations (`serving.conversations`) |
 | `POST`, `GET /v1/files`, `GET`, `DELETE /v1/files/{id}`, `GET /v1/files/{id}/content`, `POST`, `GET /v1/batches`, `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`, `/v1/messages/batches...` | batches (`serving.batches`; run by frontend 0's `serving.batch_runner`) |
 | `GET /v1/models` | OpenAI's model list: the served name and the LoRA adapters |
 | `GET /v1/models/model`, `GET /health/ready` | readiness: 200 once tritonserver and this process's workers are up, else 503 |
@@ -48,7 +49,7 @@ from trtllm_truss.api.body import read_json_body
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.api.messages import error_response as anthropic_error
 from trtllm_truss.fronts.accept import RECHECK_SIGNAL, ConnectionFiller
-from trtllm_truss.serving import chat, completions, messages, native, responses, stored_responses
+from trtllm_truss.serving import chat, completions, conversations, messages, native, responses, stored_responses
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, use_serving_metrics
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.native import native_error
@@ -133,15 +134,46 @@ class DirectApp:
 
         return endpoint
 
-    def stored_route(self, handle: Callable[[RequestCore, str, Request], Awaitable[Any]]):
-        """A route over a stored response (`/v1/responses/{response_id}...`): the key checked, no body."""
+    def stored_route(self, handle: Callable[..., Awaitable[Any]], *params: str, body: bool = False):
+        """A route over a stored object (`/v1/responses/{response_id}...`, `/v1/conversations/...`): the key
+        checked, then `handle(core, *path params, [body,] request)`."""
+        core = self.core
 
         async def endpoint(request: Request) -> Response:
             if not self._authorized(request):
                 return _unauthorized(openai_error)
-            return _json(await handle(self.core, request.path_params["response_id"], request))
+            args: list[Any] = [request.path_params[name] for name in params]
+            if body:
+                try:
+                    args.append(await read_json_body(request, max_bytes=core.limits.max_body_bytes))
+                except Exception as exc:  # HTTPException: a 4xx of the body, or 503 while loading
+                    status = getattr(exc, "status_code", None)
+                    if status is None:
+                        raise
+                    return openai_error(status, str(exc.detail), None)
+            return _json(await handle(core, *args, request))
 
         return endpoint
+
+    def stored_routes(self) -> list[Route]:
+        """Stored responses and conversations (`serving.stored_responses`, `serving.conversations`)."""
+        r, c, item = "response_id", "conversation_id", "item_id"
+        routes = [
+            ("GET", "/v1/responses/{response_id}", stored_responses.retrieve, (r,), False),
+            ("DELETE", "/v1/responses/{response_id}", stored_responses.delete, (r,), False),
+            ("GET", "/v1/responses/{response_id}/input_items", stored_responses.input_items, (r,), False),
+            ("POST", "/v1/responses/{response_id}/cancel", stored_responses.cancel, (r,), False),
+            ("POST", "/v1/conversations", conversations.create, (), True),
+            ("GET", "/v1/conversations/{conversation_id}", conversations.retrieve, (c,), False),
+            ("POST", "/v1/conversations/{conversation_id}", conversations.update, (c,), True),
+            ("DELETE", "/v1/conversations/{conversation_id}", conversations.delete, (c,), False),
+            ("GET", "/v1/conversations/{conversation_id}/items", conversations.list_items, (c,), False),
+            ("POST", "/v1/conversations/{conversation_id}/items", conversations.add_items, (c,), True),
+            ("GET", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.retrieve_item, (c, item), False),
+            ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.delete_item, (c, item), False),
+        ]
+        return [Route(path, self.stored_route(handle, *params, body=body), methods=[method])
+                for method, path, handle, params, body in routes]
 
     async def models(self, request: Request) -> Response:
         if not self._authorized(request):
@@ -171,10 +203,7 @@ class DirectApp:
             Route("/v1/completions", self.route(completions.completions, openai_error), methods=["POST"]),
             Route("/v1/chat/completions", self.route(chat.chat_completions, openai_error), methods=["POST"]),
             Route("/v1/responses", self.route(responses.responses, openai_error), methods=["POST"]),
-            Route("/v1/responses/{response_id}", self.stored_route(stored_responses.retrieve), methods=["GET"]),
-            Route("/v1/responses/{response_id}", self.stored_route(stored_responses.delete), methods=["DELETE"]),
-            Route("/v1/responses/{response_id}/input_items", self.stored_route(stored_responses.input_items), methods=["GET"]),
-            Route("/v1/responses/{response_id}/cancel", self.stored_route(stored_responses.cancel), methods=["POST"]),
+            *self.stored_routes(),
             Route("/v1/messages", self.route(messages.messages, anthropic_error, anthropic=True), methods=["POST"]),
             *self._batch_routes(),
             Route("/v1/models", self.models, methods=["GET"]),

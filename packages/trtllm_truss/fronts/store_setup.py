@@ -18,6 +18,7 @@ def store_url(config: StoreConfig, secrets: Mapping[str, Any] | None, environ: M
     TRUSS_SECRET_<name>, then /secrets/<name>); None for the SQLite backend."""
     if not config.enabled or config.backend != "postgres" or config.url_secret is None:
         return None
+    from trtllm_truss.config.errors import remember_secret_values
     from trtllm_truss.config.secrets import SECRET_ENV_PREFIX, SECRETS_MOUNT_DIR
 
     name = config.url_secret
@@ -36,7 +37,26 @@ def store_url(config: StoreConfig, secrets: Mapping[str, Any] | None, environ: M
             f"model_metadata.trt_llm.runtime.store.url_secret: the secret {name!r} has no value"
             f" (set it in the deployment's secrets, or {SECRET_ENV_PREFIX}{name} locally)"
         ])
-    return str(value).strip()
+    url = str(value).strip()
+    remember_secret_values(_secret_parts(url))
+    return url
+
+
+def _secret_parts(url: str) -> set[str]:
+    """The connection string and its password (URL or key=value form): redacted wherever they would show."""
+    import re
+    from urllib.parse import urlsplit
+
+    parts = {url}
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        parts.add(password)
+    for quoted, bare in re.findall(r"password\s*=\s*(?:'([^']*)'|(\S+))", url):
+        parts.add(quoted or bare)
+    return parts
 
 
 def open_deployment_store(config: StoreConfig, url: str | None, *, metrics: bool = True) -> Store | None:

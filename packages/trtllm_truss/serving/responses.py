@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from trtllm_truss.api.conversations import conversation_id
 from trtllm_truss.api.errors import field_error
 from trtllm_truss.api.openai import OPENAI_DEFAULT_TOP_P
 from trtllm_truss.api.responses import (
@@ -25,7 +26,7 @@ from trtllm_truss.api.responses import (
 )
 from trtllm_truss.api.responses_stored import stored_input_items
 from trtllm_truss.api.responses_events import ResponseEvents
-from trtllm_truss.serving import semantic_events, stored_responses
+from trtllm_truss.serving import conversations, semantic_events, stored_responses
 from trtllm_truss.serving.core import RequestCore, answered, with_unenforced_header
 from trtllm_truss.api.structured import response_format_guide
 from trtllm_truss.serving.openai_shared import SSE_HEADERS, openai_error
@@ -61,10 +62,14 @@ async def _responses(core: RequestCore, body: Any, http_request: Request | None)
     history: list[dict[str, Any]] = []
     if store is not None:
         owner = stored_responses.request_owner(http_request)
+        conversation = None if req.conversation is None else conversation_id(req.conversation)
         if req.previous_response_id is not None:
             history = await stored_responses.previous_history(store, req, owner)
-        if req.store:
-            keeper = stored_responses.Keeper(store, owner, stored_input_items(input_items(req)), history)
+        elif conversation is not None:
+            history = await conversations.history(store, conversation, owner)
+        if req.store or conversation is not None:
+            keeper = stored_responses.Keeper(store, owner, stored_input_items(input_items(req)), history,
+                                             keep_response=req.store, conversation=conversation)
     if req.background and core.background_off:
         raise field_error("background", core.background_off)
     prepared = await core.prepare(generation_request(req, history))

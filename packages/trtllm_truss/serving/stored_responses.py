@@ -31,7 +31,7 @@ from trtllm_truss.api.responses_events import ResponseEvents
 from trtllm_truss.serving import semantic_events
 from trtllm_truss.serving.core import Refused, RequestCore
 from trtllm_truss.serving.openai_shared import openai_error
-from trtllm_truss.store import ANONYMOUS, Store, StoredObject, StoreError, owner_of
+from trtllm_truss.store import ANONYMOUS, Store, StoredObject, StoreError, TooLarge, owner_of
 from trtllm_truss.streaming.protocol import GenerationSpec
 
 logger = logging.getLogger(__name__)
@@ -59,9 +59,13 @@ def request_owner(http_request: Any) -> str:
     return owner_of(headers.get("x-api-key", "").strip() or None)
 
 
-async def _call(store: Store, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def call(store: Store, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`store.method(...)` off the event loop; a store that fails is a 503 (an object grown past the whole
+    bound a 400)."""
     try:
         return await asyncio.to_thread(method, *args, **kwargs)
+    except TooLarge as exc:
+        raise Refused(400, f"invalid request: {exc}") from None
     except StoreError as exc:
         logger.error("%s", exc)
         raise Refused(503, "the response store is unavailable; retry shortly", {"Retry-After": "1"}) from None
@@ -70,7 +74,7 @@ async def _call(store: Store, method: Callable[..., Any], *args: Any, **kwargs: 
 async def previous_history(store: Store, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
     """The items the turn continued by `req.previous_response_id` comes after (404 for an id this caller
     has not stored; 400 for a background response still running)."""
-    found = await _call(store, store.get, KIND, req.previous_response_id, owner)
+    found = await call(store, store.get, KIND, req.previous_response_id, owner)
     if found is None:
         raise Refused(
             404, f"invalid request: previous_response_id: no response with id {req.previous_response_id[:80]!r} is"
@@ -84,11 +88,27 @@ async def previous_history(store: Store, req: ResponsesRequest, owner: str) -> l
     return stored.continued_history(found.body)
 
 
-class Keeper:
-    """Stores one response of a request with `store: true` when it has ended."""
+CONVERSATION = "conversation"  # the kind of a stored conversation (serving.conversations)
 
-    def __init__(self, store: Store, owner: str, items: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
+
+def appended(items: list[dict[str, Any]]) -> Callable[[StoredObject], StoredObject]:
+    """A `Store.modify` change: `items` added at the end of a conversation."""
+
+    def change(obj: StoredObject) -> StoredObject:
+        obj.body["items"].extend(items)
+        return obj
+
+    return change
+
+
+class Keeper:
+    """Keeps what a request asked for once its response has ended: the response (`store: true`), its input
+    and output items added to its `conversation`."""
+
+    def __init__(self, store: Store, owner: str, items: list[dict[str, Any]], history: list[dict[str, Any]],
+                 *, keep_response: bool = True, conversation: str | None = None) -> None:
         self.store, self.owner, self.items, self.history = store, owner, items, history
+        self.keep_response, self.conversation = keep_response, conversation
 
     def object(self, response: dict[str, Any]) -> StoredObject:
         return StoredObject(KIND, response["id"], self.owner, response["status"],
@@ -97,12 +117,14 @@ class Keeper:
     async def keep(self, response: dict[str, Any]) -> None:
         """Stored; a store that fails costs the later reads, not this answer (logged)."""
         try:
-            kept = await asyncio.to_thread(self.store.put, self.object(response))
+            if self.conversation is not None:
+                added = [*self.items, *response["output"]]
+                if await asyncio.to_thread(self.store.modify, CONVERSATION, self.conversation, self.owner, appended(added)) is None:
+                    logger.warning("response %s: its conversation is gone; its items were not added", response["id"])
+            if self.keep_response and not await asyncio.to_thread(self.store.put, self.object(response)):
+                logger.warning("response %s not stored: larger than runtime.store.max_bytes", response["id"])
         except StoreError as exc:
-            logger.error("response %s not stored: %s", response["id"], exc)
-            return
-        if not kept:
-            logger.warning("response %s not stored: larger than runtime.store.max_bytes", response["id"])
+            logger.error("response %s not kept: %s", response["id"], exc)
 
     async def stream(self, events: Any, builder: ResponseEvents) -> Any:
         """`events` passed on, the last one (`response.completed`) only once the response is stored: a
@@ -125,7 +147,7 @@ async def start_background(core: RequestCore, req: ResponsesRequest, spec: Gener
     """Stored as `queued` and run detached; the queued response is the answer."""
     builder = ResponseEvents(req, emit=False)
     queued = response_object(req, builder.id, builder.created_at, status="queued", output=[])
-    await _call(keeper.store, keeper.store.put, keeper.object(queued))
+    await call(keeper.store, keeper.store.put, keeper.object(queued))
     task = asyncio.get_running_loop().create_task(_run(core, spec, builder, keeper, queued))
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
@@ -148,14 +170,18 @@ async def _run(core: RequestCore, spec: GenerationSpec, builder: ResponseEvents,
     beat = time.monotonic()
     try:
         while not (await asyncio.wait({work}, timeout=CANCEL_POLL_S))[0]:
-            current = await asyncio.to_thread(store.get, KIND, queued["id"], keeper.owner)
+            try:
+                current = await asyncio.to_thread(store.get, KIND, queued["id"], keeper.owner)
+                if time.monotonic() - beat > HEARTBEAT_S:  # this runner's view: a poll's read may predate in_progress
+                    await asyncio.to_thread(store.update, running, if_status=stored.RUNNING)
+                    beat = time.monotonic()
+            except StoreError as exc:  # the generation goes on; its end is written once the store is back
+                logger.warning("background response %s: %s", queued["id"], exc)
+                continue
             if current is None or current.status not in stored.RUNNING:  # cancelled, deleted or evicted
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
                 return
-            if time.monotonic() - beat > HEARTBEAT_S:  # this runner's view: a poll's read may predate in_progress
-                await asyncio.to_thread(store.update, running, if_status=stored.RUNNING)
-                beat = time.monotonic()
         try:
             final = work.result()
         except (Refused, HTTPException) as exc:
@@ -184,7 +210,7 @@ def _not_found(response_id: str) -> JSONResponse:
                         " this API key", param="response_id", code="not_found")
 
 
-async def _routed(core: RequestCore, work: Callable[[Store], Awaitable[Any]]) -> Any:
+async def routed(core: RequestCore, work: Callable[[Store], Awaitable[Any]]) -> Any:
     store = core.store
     if store is None:
         return openai_error(404, "this deployment keeps no responses (runtime.store.enabled is false)", param="response_id")
@@ -199,13 +225,13 @@ async def _routed(core: RequestCore, work: Callable[[Store], Awaitable[Any]]) ->
 
 async def _live(store: Store, response_id: str, owner: str) -> StoredObject | None:
     """The stored response; one still running whose process stopped (no heartbeat) is stored as failed."""
-    found = await _call(store, store.get, KIND, response_id, owner)
+    found = await call(store, store.get, KIND, response_id, owner)
     if found is not None and found.status in stored.RUNNING and time.time() - found.updated_at > STALE_S:
         response = {**found.body["response"], "status": "failed",
                     "error": {"code": "server_error", "message": "the server running it stopped before it ended"}}
         found.status, found.body = "failed", {**found.body, "response": response}
-        if not await _call(store, store.update, found, if_status=stored.RUNNING):
-            found = await _call(store, store.get, KIND, response_id, owner)
+        if not await call(store, store.update, found, if_status=stored.RUNNING):
+            found = await call(store, store.get, KIND, response_id, owner)
     return found
 
 
@@ -216,27 +242,27 @@ async def retrieve(core: RequestCore, response_id: str, http_request: Any) -> An
         found = await _live(store, response_id, request_owner(http_request))
         return _not_found(response_id) if found is None else found.body["response"]
 
-    return await _routed(core, work)
+    return await routed(core, work)
 
 
 async def delete(core: RequestCore, response_id: str, http_request: Any) -> Any:
     async def work(store: Store) -> Any:
-        if not await _call(store, store.delete, KIND, response_id, request_owner(http_request)):
+        if not await call(store, store.delete, KIND, response_id, request_owner(http_request)):
             return _not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
-    return await _routed(core, work)
+    return await routed(core, work)
 
 
 async def input_items(core: RequestCore, response_id: str, http_request: Any) -> Any:
     async def work(store: Store) -> Any:
-        found = await _call(store, store.get, KIND, response_id, request_owner(http_request))
+        found = await call(store, store.get, KIND, response_id, request_owner(http_request))
         if found is None:
             return _not_found(response_id)
         query = dict(http_request.query_params) if http_request is not None else {}
         return stored.input_item_page(found.body["input_items"], query)
 
-    return await _routed(core, work)
+    return await routed(core, work)
 
 
 async def cancel(core: RequestCore, response_id: str, http_request: Any) -> Any:
@@ -254,9 +280,9 @@ async def cancel(core: RequestCore, response_id: str, http_request: Any) -> Any:
         if found.status in stored.RUNNING:
             response = {**response, "status": "cancelled"}
             found.status, found.body = "cancelled", {**found.body, "response": response}
-            if not await _call(store, store.update, found, if_status=stored.RUNNING):
-                ended = await _call(store, store.get, KIND, response_id, owner)  # it ended meanwhile
+            if not await call(store, store.update, found, if_status=stored.RUNNING):
+                ended = await call(store, store.get, KIND, response_id, owner)  # it ended meanwhile
                 return _not_found(response_id) if ended is None else ended.body["response"]
         return response
 
-    return await _routed(core, work)
+    return await routed(core, work)

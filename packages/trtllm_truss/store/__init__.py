@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trtllm_truss.store.base import ANONYMOUS, Store, StoredObject, StoreError, StoreStats, owner_of
+from trtllm_truss.store.base import ANONYMOUS, Store, StoredObject, StoreError, StoreStats, TooLarge, owner_of
 
 if TYPE_CHECKING:
     from trtllm_truss.config.store import StoreConfig
 
-__all__ = ["ANONYMOUS", "Store", "StoreError", "StoreStats", "StoredObject", "open_store", "owner_of"]
+__all__ = ["ANONYMOUS", "Store", "StoreError", "StoreStats", "StoredObject", "TooLarge", "open_store", "owner_of"]
 
 
 def open_store(config: StoreConfig, url: str | None = None) -> Store | None:

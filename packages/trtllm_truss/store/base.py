@@ -3,8 +3,9 @@
 A stored object is JSON of one `kind` ("response"; "file", "batch" and a batch's inputs and answers) with an id, an owner
 (the hash of the API key that made it: `owner_of`), a status and its body. Every read and write names
 the owner: another owner's object is as absent as a missing one. The store is bounded: an object
-lives `ttl_s` after it was made, and past `max_bytes` of bodies the oldest objects go first (evicted
-within the write that made room). Totals (bytes, objects, evictions, expirations) are kept in the
+lives `ttl_s` after it was made, and past `max_bytes` of bodies the least recently written objects go
+first (for responses, written when made and when they end: the oldest), evicted within the write that
+needed the room. Totals (bytes, objects, evictions, expirations) are kept in the
 database beside the objects, so every process and replica reports the same numbers.
 
 `SqlStore` is the algorithm over a DB-API connection; `store.sqlite` and `store.postgres` give it
@@ -18,7 +19,7 @@ import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,10 @@ class StoreError(RuntimeError):
     """The database could not be reached or refused a write."""
 
 
+class TooLarge(StoreError):
+    """A change would make one object larger than the whole bound."""
+
+
 class Store(ABC):
     """What serving keeps between requests. Blocking calls (callers on an event loop run them in a thread)."""
 
@@ -92,6 +97,12 @@ class Store(ABC):
         of those (a cancel and the end of a run race: the first wins); with `if_updated_at`, only if no
         one wrote it since the read that saw that `updated_at` (a lease taken by one runner of several).
         False if nothing was changed."""
+
+    @abstractmethod
+    def modify(self, kind: str, id: str, owner: str, change: Callable[[StoredObject], StoredObject | None]) -> StoredObject | None:
+        """Read, change and write one object atomically (no other write between): `change` gets the owner's
+        object and returns it changed (written) or None (left as it is). The object as it is now; None if
+        there is none."""
 
     @abstractmethod
     def delete(self, kind: str, id: str, owner: str) -> bool:
@@ -259,6 +270,34 @@ class SqlStore(Store):
         obj.updated_at = now
         return True
 
+    def modify(self, kind: str, id: str, owner: str, change: Callable[[StoredObject], StoredObject | None]) -> StoredObject | None:
+        now = time.time()
+        with self._guarded(), self._write() as cur:
+            row = self._run(
+                cur,
+                "SELECT status, created_at, updated_at, body, size FROM store_objects"
+                " WHERE kind = ? AND id = ? AND owner = ? AND expires_at > ?",
+                (kind, id, owner, now),
+            ).fetchone()
+            if row is None:
+                return None
+            current = StoredObject(kind, id, owner, row[0], json.loads(bytes(row[3])), row[1], row[2])
+            changed = change(current)
+            if changed is None:
+                return current
+            data = encode(changed.body)
+            if len(data) > self.max_bytes:
+                raise TooLarge(f"the {kind} would be {len(data)} bytes, more than runtime.store.max_bytes ({self.max_bytes})")
+            self._run(
+                cur,
+                "UPDATE store_objects SET status = ?, body = ?, size = ?, updated_at = ? WHERE kind = ? AND id = ?",
+                (changed.status, data, len(data), now, kind, id),
+            )
+            self._add(cur, len(data) - int(row[4]), 0)
+            self._evict(cur)
+        changed.updated_at = now
+        return changed
+
     def delete(self, kind: str, id: str, owner: str) -> bool:
         with self._guarded(), self._write() as cur:
             row = self._run(
@@ -293,11 +332,12 @@ class SqlStore(Store):
             self._add(cur, -int(row[0]), -int(row[1]), expired=int(row[1]))
 
     def _evict(self, cur: Any) -> None:
-        """The oldest objects out until the bodies fit `max_bytes` (the write's lock is held)."""
+        """The least recently written objects out (a response is written when made and when it ends: the
+        oldest) until the bodies fit `max_bytes` (the write's lock is held)."""
         total = int(self._run(cur, "SELECT bytes FROM store_totals WHERE one = 1").fetchone()[0])
         while total > self.max_bytes:
             rows = self._run(
-                cur, "SELECT kind, id, size FROM store_objects ORDER BY created_at, seq LIMIT 64"
+                cur, "SELECT kind, id, size FROM store_objects ORDER BY updated_at, seq LIMIT 64"
             ).fetchall()
             if not rows:
                 break

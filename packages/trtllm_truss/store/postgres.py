@@ -17,7 +17,7 @@ SCHEMA = (
         created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
         expires_at DOUBLE PRECISION NOT NULL, size BIGINT NOT NULL, body BYTEA NOT NULL,
         UNIQUE (kind, id))""",
-    "CREATE INDEX IF NOT EXISTS store_objects_age ON store_objects (created_at, seq)",
+    "CREATE INDEX IF NOT EXISTS store_objects_written ON store_objects (updated_at, seq)",
     "CREATE INDEX IF NOT EXISTS store_objects_expiry ON store_objects (expires_at)",
     """CREATE TABLE IF NOT EXISTS store_totals (
         one INTEGER PRIMARY KEY CHECK (one = 1), bytes BIGINT NOT NULL, objects BIGINT NOT NULL,

@@ -19,7 +19,7 @@ SCHEMA = (
         created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL NOT NULL,
         size INTEGER NOT NULL, body BLOB NOT NULL,
         UNIQUE (kind, id))""",
-    "CREATE INDEX IF NOT EXISTS store_objects_age ON store_objects (created_at, seq)",
+    "CREATE INDEX IF NOT EXISTS store_objects_written ON store_objects (updated_at, seq)",
     "CREATE INDEX IF NOT EXISTS store_objects_expiry ON store_objects (expires_at)",
     """CREATE TABLE IF NOT EXISTS store_totals (
         one INTEGER PRIMARY KEY CHECK (one = 1), bytes INTEGER NOT NULL, objects INTEGER NOT NULL,
