@@ -248,8 +248,9 @@ class BatchRoutes:
 
     @staticmethod
     def _message_batch(request: Request, batch_id: str, status: str, record: dict[str, Any]) -> dict[str, Any]:
-        url = str(request.base_url).rstrip("/") + f"/v1/messages/batches/{batch_id}/results"
-        return shapes.anthropic_batch(batch_id, status, record, url)
+        # A path, not a URL: behind a proxy with a path prefix this server does not know its public URL, and
+        # the anthropic client joins a path to its base_url (prefix included).
+        return shapes.anthropic_batch(batch_id, status, record, f"/v1/messages/batches/{batch_id}/results")
 
     async def _owned_message_batch(self, batch_id: str, owner: str) -> StoredObject:
         found = await self._owned(BATCH, batch_id, owner, "message batch")
