@@ -1,4 +1,4 @@
-"""The batch runner over a real SQLite store, with the route handlers replaced by recorders (the runner's
+"""The batch runner over a real store (SQLite; two runners also on PostgreSQL, as two hosts), with the route handlers replaced by recorders (the runner's
 part alone: which lines run, which answers are kept, who holds a batch): every line answered once by two
 runners on one store; a halt mid-batch keeps nothing cut off and a restarted runner runs only the lines
 without an answer; a lease held by a stopped runner is taken over once it ran out; a cancel ends the batch
@@ -17,6 +17,7 @@ from trtllm_truss.serving.batch_runner import BatchRunner
 from trtllm_truss.serving.batches import ANSWER, BATCH, INPUT
 from trtllm_truss.store import StoredObject, owner_of
 from trtllm_truss.store.sqlite import SqliteStore
+from test_store import Backend, backend, postgres_url  # noqa: F401 - fixtures: each backend
 
 OWNER = owner_of("sk-test")
 ENDPOINT = "/v1/completions"
@@ -77,8 +78,9 @@ async def _until(condition, timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_two_runners_on_one_store_answer_every_line_once(tmp_path, recorder):
-    store_a, store_b = _store(tmp_path), _store(tmp_path)
+def test_two_runners_on_one_store_answer_every_line_once(backend: Backend, recorder):
+    """Two hosts' runners on one database (PostgreSQL), or two processes' on one file (SQLite)."""
+    store_a, store_b = backend.open(max_bytes=1 << 26), backend.open(max_bytes=1 << 26)
     batch_id = _batch(store_a, 30)
 
     async def main():

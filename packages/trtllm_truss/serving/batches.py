@@ -90,8 +90,15 @@ class BatchRoutes:
         return openai_error(status, message, headers, param=param)
 
     async def _json(self, request: Request) -> Any:
+        """The JSON body, read up to `runtime.batches.max_file_bytes` (an Anthropic batch carries its requests)."""
+        limit, chunks, size = self.config.max_file_bytes, [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _Answer(413, f"invalid request: body: larger than {limit} bytes (runtime.batches.max_file_bytes)")
+            chunks.append(chunk)
         try:
-            return json.loads(await request.body())
+            return json.loads(b"".join(chunks))
         except ValueError as exc:
             raise _Answer(400, f"invalid request: body: not JSON: {exc}") from None
 
