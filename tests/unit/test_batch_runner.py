@@ -67,7 +67,7 @@ def _runner(store, runner_id: str, **config) -> BatchRunner:
 
 
 def _answers(store, batch_id: str) -> list[str]:
-    return [o.body["custom_id"] for o in store.list(ANSWER, OWNER, id_prefix=batch_id + "/")]
+    return [o.body["custom_id"] for o in store.find(ANSWER, owner=OWNER, id_prefix=batch_id + "/", limit=1000)]
 
 
 async def _until(condition, timeout_s: float = 20.0) -> None:

@@ -195,6 +195,18 @@ def test_a_change_past_the_whole_bound_is_refused_and_nothing_changes(backend: B
     assert store.get("conversation", "conv_2", ALICE).body == {"items": []}
 
 
+def test_find_lists_by_kind_owner_and_status_oldest_first(backend: Backend):
+    store = backend.open()
+    for i, (owner, status) in enumerate([(ALICE, "in_progress"), (BOB, "in_progress"), (ALICE, "completed"), (ALICE, "in_progress")]):
+        store.put(StoredObject("batch", f"batch_{i}", owner, status, {"i": i}, created_at=time.time() - 10 + i))
+    store.put(_response("resp_other_kind", status="in_progress"))
+    assert [o.id for o in store.find("batch", owner=ALICE)] == ["batch_0", "batch_2", "batch_3"]
+    assert [o.id for o in store.find("batch", statuses=("in_progress",))] == ["batch_0", "batch_1", "batch_3"]
+    assert [o.owner for o in store.find("batch", statuses=("in_progress",))] == [ALICE, BOB, ALICE]
+    assert [o.id for o in store.find("batch", owner=BOB, statuses=("completed",))] == []
+    assert [o.body["i"] for o in store.find("batch", limit=2)] == [0, 1]
+
+
 def test_owner_is_a_hash_never_the_key():
     assert owner_of("sk-secret") != "sk-secret" and "sk-secret" not in owner_of("sk-secret")
     assert owner_of(None) == owner_of("") == ""

@@ -1,6 +1,6 @@
 """What batches add to the store's contract, against each backend (the fixtures of test_store): an insert
-that keeps the first of two (a batch line's answer is its done mark), listing by kind, owner, status and
-id prefix, and an update that fails if someone wrote since the read (a runner's lease)."""
+that keeps the first of two (a batch line's answer is its done mark), finding by id prefix, and an update
+that fails if someone wrote since the read (a runner's lease)."""
 
 from __future__ import annotations
 
@@ -21,19 +21,19 @@ def test_add_keeps_the_first_of_two(backend: Backend):
     assert store.stats().objects == 1
 
 
-def test_list_by_owner_status_and_prefix(backend: Backend):
+def test_find_by_id_prefix(backend: Backend):
     store = backend.open()
     for i in range(3):
         assert store.add(_line(f"batch_1/{i:07d}", status="succeeded" if i != 1 else "errored"))
     assert store.add(_line("batch_10/0000000"))  # a longer id with the same characters first: not batch_1's
     assert store.add(_line("batchX1/0000000"))  # '_' is no wildcard
     assert store.add(_line("batch_1/0000009", owner=BOB))
-    ids = [o.id for o in store.list("batch_answer", ALICE, id_prefix="batch_1/")]
+    ids = [o.id for o in store.find("batch_answer", owner=ALICE, id_prefix="batch_1/")]
     assert ids == ["batch_1/0000000", "batch_1/0000001", "batch_1/0000002"]
-    assert [o.id for o in store.list("batch_answer", ALICE, statuses=["errored"])] == ["batch_1/0000001"]
-    assert len(store.list("batch_answer", None, id_prefix="batch_1/")) == 4  # every owner's
-    assert store.list("batch_answer", ALICE, statuses=[]) == []
-    assert store.list("response", ALICE) == []
+    assert [o.id for o in store.find("batch_answer", owner=ALICE, statuses=["errored"])] == ["batch_1/0000001"]
+    assert len(store.find("batch_answer", id_prefix="batch_1/")) == 4  # every owner's
+    assert store.find("batch_answer", owner=ALICE, statuses=[]) == []
+    assert store.find("response", owner=ALICE) == []
 
 
 def test_an_update_may_be_conditional_on_no_write_since_a_read(backend: Backend):

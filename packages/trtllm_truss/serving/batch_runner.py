@@ -32,7 +32,7 @@ from starlette.responses import Response
 from trtllm_truss.api import batches as shapes
 from trtllm_truss.api.messages import error_response as anthropic_error
 from trtllm_truss.serving import chat, completions, messages, responses
-from trtllm_truss.serving.batches import ANSWER, BATCH, CONTENT, FILE, INPUT, answer_ids
+from trtllm_truss.serving.batches import ANSWER, BATCH, CONTENT, EVERY, FILE, INPUT, answer_ids
 from trtllm_truss.serving.core import RequestCore
 from trtllm_truss.serving.openai_shared import openai_error
 from trtllm_truss.store import StoredObject, StoreError
@@ -141,7 +141,7 @@ class BatchRunner:
     async def run_once(self) -> bool:
         """Run the oldest active batch this runner can hold until it ends (True) or cannot go on for now:
         lost to another runner, lines refused for a while (False, as when there is none)."""
-        for batch in await asyncio.to_thread(self.store.list, BATCH, None, statuses=shapes.ACTIVE):
+        for batch in await asyncio.to_thread(self.store.find, BATCH, statuses=shapes.ACTIVE, limit=EVERY):
             held = await self._claim(batch)
             if held is not None:
                 return await self._run(held)
@@ -167,7 +167,7 @@ class BatchRunner:
                                                       " longer in the store (runtime.store bounds)", "param": None, "line": None}])
             return True
         lines = inputs.body["lines"]
-        answers = answer_ids(batch.id, await asyncio.to_thread(store.list, ANSWER, owner, id_prefix=batch.id + "/"))
+        answers = answer_ids(batch.id, await asyncio.to_thread(store.find, ANSWER, owner=owner, id_prefix=batch.id + "/", limit=EVERY))
         run = _Run(batch, _counts_of(answers))
         if batch.status == "cancelling":
             run.halt(ending="cancelled")
@@ -283,7 +283,7 @@ class BatchRunner:
         if current is None or current.body.get("runner") != self.runner_id or current.status not in shapes.ACTIVE:
             return True
         ending = run.ending or ("cancelled" if current.status == "cancelling" else None)
-        answers = answer_ids(batch.id, await asyncio.to_thread(store.list, ANSWER, batch.owner, id_prefix=batch.id + "/"))
+        answers = answer_ids(batch.id, await asyncio.to_thread(store.find, ANSWER, owner=batch.owner, id_prefix=batch.id + "/", limit=EVERY))
         if ending is None and len(answers) < current.body["lines"]:
             return False  # answers not kept (refused for now, or the store failed): those lines run again
         await self._end(current, ending or "completed", answers=answers)

@@ -32,6 +32,7 @@ from trtllm_truss.store import Store, StoredObject, StoreError
 logger = logging.getLogger(__name__)
 
 FILE, CONTENT, BATCH, INPUT, ANSWER = "file", "file_content", "batch", "batch_input", "batch_answer"
+EVERY = 2**31 - 1  # `Store.find`'s limit where every match is wanted (the pages are cut here)
 _UNAVAILABLE = "the batch store is unavailable; retry shortly"
 
 
@@ -164,7 +165,7 @@ class BatchRoutes:
 
     async def list_files(self, request: Request, owner: str) -> Any:
         query = request.query_params
-        files = [o.body for o in await call(self.store, self.store.list, FILE, owner)]
+        files = [o.body for o in await call(self.store, self.store.find, FILE, owner=owner, limit=EVERY)]
         if query.get("purpose"):
             files = [f for f in files if f["purpose"] == query["purpose"]]
         if query.get("order", "desc") == "desc":
@@ -226,7 +227,7 @@ class BatchRoutes:
         return shapes.openai_batch(found.id, found.status, found.body)
 
     async def list_batches(self, request: Request, owner: str) -> Any:
-        found = [o for o in await call(self.store, self.store.list, BATCH, owner) if o.body["api"] == "openai"]
+        found = [o for o in await call(self.store, self.store.find, BATCH, owner=owner, limit=EVERY) if o.body["api"] == "openai"]
         items = [shapes.openai_batch(o.id, o.status, o.body) for o in reversed(found)]
         query = request.query_params
         data, more = shapes.page(items, after=query.get("after"), before=None, limit=query.get("limit"))
@@ -277,7 +278,7 @@ class BatchRoutes:
         return self._message_batch(request, found.id, found.status, found.body)
 
     async def list_message_batches(self, request: Request, owner: str) -> Any:
-        found = [o for o in await call(self.store, self.store.list, BATCH, owner) if o.body["api"] == "anthropic"]
+        found = [o for o in await call(self.store, self.store.find, BATCH, owner=owner, limit=EVERY) if o.body["api"] == "anthropic"]
         items = [self._message_batch(request, o.id, o.status, o.body) for o in reversed(found)]
         query = request.query_params
         data, more = shapes.page(items, after=query.get("after_id"), before=query.get("before_id"),
@@ -294,7 +295,7 @@ class BatchRoutes:
         if found.status not in shapes.ENDED:
             raise _Answer(400, "the batch's results are ready once its processing_status is ended")
         inputs = await self._owned(INPUT, found.id, owner, "message batch input")
-        answers = answer_ids(found.id, await call(self.store, self.store.list, ANSWER, owner, id_prefix=found.id + "/"))
+        answers = answer_ids(found.id, await call(self.store, self.store.find, ANSWER, owner=owner, id_prefix=found.id + "/", limit=EVERY))
         lines = (shapes.anthropic_result_line(line["custom_id"], answers.get(i), found.status)
                  for i, line in enumerate(inputs.body["lines"]))
         text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
@@ -304,7 +305,7 @@ class BatchRoutes:
         found = await self._owned_message_batch(request.path_params["batch_id"], owner)
         if found.status not in shapes.ENDED:
             raise _Answer(400, "the batch is still processing: cancel it and wait for it to end before deleting it")
-        for answer in await call(self.store, self.store.list, ANSWER, owner, id_prefix=found.id + "/"):
+        for answer in await call(self.store, self.store.find, ANSWER, owner=owner, id_prefix=found.id + "/", limit=EVERY):
             await call(self.store, self.store.delete, ANSWER, answer.id, owner)
         await call(self.store, self.store.delete, INPUT, found.id, owner)
         await call(self.store, self.store.delete, BATCH, found.id, owner)

@@ -85,12 +85,6 @@ class Store(ABC):
         done mark: of two runs of one line, one answer is kept."""
 
     @abstractmethod
-    def list(self, kind: str, owner: str | None, *, statuses: Sequence[str] | None = None,
-             id_prefix: str | None = None) -> list[StoredObject]:
-        """The live objects of `kind`, oldest first: the owner's (`owner` None: every owner's, for what
-        the deployment itself runs), only those in `statuses`, only ids starting with `id_prefix`."""
-
-    @abstractmethod
     def update(self, obj: StoredObject, *, if_status: Sequence[str] | None = None,
                if_updated_at: float | None = None) -> bool:
         """Replace an existing object's status and body; with `if_status`, only while its status is one
@@ -103,6 +97,13 @@ class Store(ABC):
         """Read, change and write one object atomically (no other write between): `change` gets the owner's
         object and returns it changed (written) or None (left as it is). The object as it is now; None if
         there is none."""
+
+    @abstractmethod
+    def find(self, kind: str, *, owner: str | None = None, statuses: Sequence[str] | None = None,
+             limit: int = 100, id_prefix: str | None = None) -> list[StoredObject]:
+        """Live objects of `kind`, oldest first: one owner's (a list route) or every owner's (None: what a
+        restarted server resumes), with one of `statuses` if given, ids starting with `id_prefix` if given
+        (a batch's answers)."""
 
     @abstractmethod
     def delete(self, kind: str, id: str, owner: str) -> bool:
@@ -211,27 +212,6 @@ class SqlStore(Store):
         obj.updated_at = now
         return True
 
-    def list(self, kind: str, owner: str | None, *, statuses: Sequence[str] | None = None,
-             id_prefix: str | None = None) -> list[StoredObject]:
-        where, params = ["kind = ?", "expires_at > ?"], [kind, time.time()]
-        if owner is not None:
-            where.append("owner = ?")
-            params.append(owner)
-        if statuses is not None:
-            if not statuses:
-                return []
-            where.append(f"status IN ({', '.join('?' * len(statuses))})")
-            params.extend(statuses)
-        if id_prefix:
-            where.append("substr(id, 1, ?) = ?")  # not LIKE: an id's '_' is no wildcard
-            params.extend((len(id_prefix), id_prefix))
-        with self._guarded(), self._read() as cur:
-            rows = self._run(
-                cur, "SELECT id, owner, status, created_at, updated_at, body FROM store_objects WHERE "
-                + " AND ".join(where) + " ORDER BY created_at, seq", params,
-            ).fetchall()
-        return [StoredObject(kind, row[0], row[1], row[2], json.loads(bytes(row[5])), row[3], row[4]) for row in rows]
-
     def get(self, kind: str, id: str, owner: str) -> StoredObject | None:
         with self._guarded(), self._read() as cur:
             row = self._run(
@@ -297,6 +277,26 @@ class SqlStore(Store):
             self._evict(cur)
         changed.updated_at = now
         return changed
+
+    def find(self, kind: str, *, owner: str | None = None, statuses: Sequence[str] | None = None,
+             limit: int = 100, id_prefix: str | None = None) -> list[StoredObject]:
+        where, params = ["kind = ?", "expires_at > ?"], [kind, time.time()]
+        if id_prefix:
+            where.append("substr(id, 1, ?) = ?")  # not LIKE: an id's '_' is no wildcard
+            params.extend((len(id_prefix), id_prefix))
+        if owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        if statuses is not None:
+            if not statuses:
+                return []
+            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            params.extend(statuses)
+        statement = (f"SELECT id, owner, status, created_at, updated_at, body FROM store_objects WHERE {' AND '.join(where)}"
+                     " ORDER BY created_at, seq LIMIT ?")
+        with self._guarded(), self._read() as cur:
+            rows = self._run(cur, statement, [*params, int(limit)]).fetchall()
+        return [StoredObject(kind, row[0], row[1], row[2], json.loads(bytes(row[5])), row[3], row[4]) for row in rows]
 
     def delete(self, kind: str, id: str, owner: str) -> bool:
         with self._guarded(), self._write() as cur:
