@@ -237,3 +237,17 @@ def test_a_restart_halfway_answers_every_line_exactly_once(served: Served):
     resumed = re.search(rf"batch {batch.id}: (\d+) of {count} lines to run", log)
     assert resumed is not None, log[-3000:]
     assert 0 < int(resumed.group(1)) <= count - halfway.request_counts.completed
+
+
+def test_a_responses_line_stores_its_response_as_the_batch_owners(served: Served):
+    client = served.openai()
+    line = {"custom_id": "kept", "method": "POST", "url": "/v1/responses",
+            "body": {"model": "embedded", "max_output_tokens": 4, "temperature": 0.0, "input": "Hello."}}
+    uploaded = client.files.create(file=("r.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h")
+    done = _ended(client, batch.id)
+    (output,) = _lines(client, done.output_file_id)
+    response_id = output["response"]["body"]["id"]
+    assert client.responses.retrieve(response_id).id == response_id  # stored (the default), the owner's
+    with pytest.raises(openai.NotFoundError):
+        served.openai(KEY_B).responses.retrieve(response_id)
