@@ -7,6 +7,8 @@ with the lines not yet run left out; a 503 is not kept and the line runs again."
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -119,7 +121,7 @@ def test_a_halt_keeps_nothing_cut_off_and_a_restart_runs_only_the_rest(tmp_path,
 
     async def second_run():
         recorder.gate = None
-        runner = _runner(store, "host-a")  # the same host, started again: takes its lease back at once
+        runner = _runner(store, "host-a")  # the same runner id, started again: takes its lease back at once
         runner.start()
         await _until(lambda: store.get(BATCH, batch_id, OWNER).status == "completed")
         await runner.stop()
@@ -187,3 +189,26 @@ def test_an_engine_refusal_is_not_kept_and_the_line_runs_again(tmp_path, recorde
 
     asyncio.run(main())
     assert sorted(_answers(store, batch_id)) == ["c0", "c1"]
+
+
+def test_a_lease_of_a_gone_process_of_this_host_is_taken_at_once(tmp_path, recorder):
+    import socket
+    import subprocess
+    import sys
+
+    store = _store(tmp_path)
+    batch_id = _batch(store, 2)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+
+    async def main():
+        this_host = socket.gethostname()
+        # a live process of this host (pytest's parent), a gone one, one of another host
+        for holder, taken in ((f"{this_host}:{os.getppid()}", False), (f"{this_host}:{gone.stdout.strip()}", True),
+                              ("another-host:1", False)):
+            found = store.get(BATCH, batch_id, OWNER)
+            found.body.update(runner=holder, lease_until=time.time() + 60)
+            assert store.update(found)
+            runner = BatchRunner(SimpleNamespace(store=store), BatchesConfig())
+            assert (await runner._claim(store.get(BATCH, batch_id, OWNER)) is not None) is taken, holder
+
+    asyncio.run(main())

@@ -12,8 +12,8 @@ writes; that one write is both the answer and the line's done mark. A runner (re
 answers and runs only the lines without one; a line that was on the engine when its process stopped has no
 answer and runs again, a line whose answer was written never does. A batch is held by one runner at a time
 through a lease in its record (`runner`, `lease_until`, taken with `Store.update(if_updated_at=...)`),
-renewed every `HEARTBEAT_S`; a runner that stopped without a word is replaced once its lease ran out (the
-same host's runner takes it back at once: the lease names the host).
+renewed every `HEARTBEAT_S`; a runner that stopped without a word is replaced once its lease ran out, or at
+once by a runner of the same host (the lease names the host and the process, which is seen to be gone).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class BatchRunner:
     def __init__(self, core: RequestCore, config: Any, runner_id: str | None = None) -> None:
         self.core = core
         self.config = config
-        self.runner_id = runner_id or socket.gethostname()
+        self.runner_id = runner_id or f"{socket.gethostname()}:{os.getpid()}"
         self.lines_answered = 0  # by this runner, since its start
         self._slots: asyncio.Semaphore | None = None
         self._task: asyncio.Task | None = None
@@ -147,9 +148,24 @@ class BatchRunner:
                 return await self._run(held)
         return False
 
+    def _held_by_another(self, holder: str | None, lease_until: float) -> bool:
+        """Whether another live runner holds a lease: not if it ran out, nor if its holder was a process of
+        this host that is gone (a restarted server takes its batches back at once)."""
+        if holder in (None, self.runner_id) or lease_until <= time.time():
+            return False
+        host, _, pid = holder.rpartition(":")
+        if host == socket.gethostname() and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+        return True
+
     async def _claim(self, batch: StoredObject) -> StoredObject | None:
         now = time.time()
-        if batch.body.get("runner") not in (None, self.runner_id) and batch.body.get("lease_until", 0.0) > now:
+        if self._held_by_another(batch.body.get("runner"), batch.body.get("lease_until", 0.0)):
             return None
         held = StoredObject(BATCH, batch.id, batch.owner, batch.status,
                             dict(batch.body, runner=self.runner_id, lease_until=now + LEASE_S), batch.created_at)
