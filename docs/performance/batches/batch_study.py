@@ -1,10 +1,11 @@
 """A batch behind interactive traffic, on the direct front of this checkout's default deployment.
 
-One run: interactive TTFT at `--streams` concurrent streamed chats without a batch, then with a
-`--lines`-line batch running, then without again (side by side, same server); then the server is stopped
-with SIGTERM once half the batch is answered and started again on the same store, and the batch must
-complete with every line answered exactly once (counted from its output file). Writes the raw numbers as
-JSON.
+One run: interactive TTFT at `--streams` concurrent streamed chats, in `--rounds` rounds of a phase
+without a batch then a phase with one running (a batch of `--lines` lines, cancelled after its phase),
+and a last phase without (side by side, same server: each phase with a batch is compared with the phases
+without on either side of it). Then a `--lines`-line batch runs to its end, the server stopped with
+SIGTERM once half of it is answered and started again on the same store, and every line must be answered
+exactly once (counted from its output file). Writes the raw numbers as JSON.
 
     .venv/bin/python docs/performance/batches/batch_study.py --out docs/performance/batches/run.json
 """
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--per-stream", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)
@@ -102,25 +104,47 @@ def main() -> None:
     try:
         url = proc.url
         asyncio.run(interactive(url, 2, 1, 4))  # warm up
-        report["without_before"] = summary(asyncio.run(interactive(url, args.streams, args.per_stream, args.max_tokens)))
 
-        lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": "embedded", "max_tokens": args.batch_max_tokens, "ignore_eos": True,
-                           "messages": [{"role": "user", "content": f"Summarise item {i}."}]}} for i in range(args.lines)]
-        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        uploaded = httpx.post(url + "/v1/files", headers=HEADERS, files={"file": ("in.jsonl", data)},
-                              data={"purpose": "batch"}, timeout=60).json()
-        batch = httpx.post(url + "/v1/batches", headers=HEADERS, timeout=60, json={
-            "input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+        def submit() -> dict:
+            lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "embedded", "max_tokens": args.batch_max_tokens, "ignore_eos": True,
+                               "messages": [{"role": "user", "content": f"Summarise item {i}."}]}} for i in range(args.lines)]
+            data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+            uploaded = httpx.post(url + "/v1/files", headers=HEADERS, files={"file": ("in.jsonl", data)},
+                                  data={"purpose": "batch"}, timeout=60).json()
+            made = httpx.post(url + "/v1/batches", headers=HEADERS, timeout=60, json={
+                "input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+            while batch_status(url, made["id"])["request_counts"]["completed"] < args.max_in_flight:
+                time.sleep(0.2)  # the batch is on the engine before the phase starts
+            return made
+
+        def phase() -> list[float]:
+            return asyncio.run(interactive(url, args.streams, args.per_stream, args.max_tokens))
+
+        phases: list[dict] = []
+        for _ in range(args.rounds):
+            phases.append({"batch": False} | summary(without := phase()) | {"ttft_s": without})
+            load = submit()
+            with_batch = phase()
+            during = batch_status(url, load["id"])
+            httpx.post(f"{url}/v1/batches/{load['id']}/cancel", headers=HEADERS, timeout=60)
+            while batch_status(url, load["id"])["status"] != "cancelled":
+                time.sleep(0.2)
+            phases.append({"batch": True, "batch_status_after": during["status"],
+                           "batch_lines_answered_after": during["request_counts"]["completed"]}
+                          | summary(with_batch) | {"ttft_s": with_batch})
+        phases.append({"batch": False} | summary(without := phase()) | {"ttft_s": without})
+        report["phases"] = phases
+        ratios = [p["p50_ms"] / statistics.fmean([phases[i - 1]["p50_ms"], phases[i + 1]["p50_ms"]])
+                  for i, p in enumerate(phases) if p["batch"]]
+        pooled = {kind: summary([t for p in phases if p["batch"] is kind for t in p["ttft_s"]]) for kind in (False, True)}
+        report["ttft_p50_ratio_per_round"] = ratios  # each phase with a batch against the mean of its neighbours
+        report["ttft_p50_ratio_median"] = statistics.median(ratios)
+        report["pooled_without"], report["pooled_with"] = pooled[False], pooled[True]
+        report["ttft_p50_ratio_pooled"] = pooled[True]["p50_ms"] / pooled[False]["p50_ms"]
+
+        batch = submit()
         batch_started = time.monotonic()
-        while batch_status(url, batch["id"])["request_counts"]["completed"] < args.max_in_flight:
-            time.sleep(0.2)  # the batch is on the engine before the "with" phase starts
-        with_batch = asyncio.run(interactive(url, args.streams, args.per_stream, args.max_tokens))
-        during = batch_status(url, batch["id"])
-        report["with_batch"] = summary(with_batch) | {"batch_status_after": during["status"],
-                                                       "batch_completed_after": during["request_counts"]["completed"]}
-        report["ttft_p50_ratio"] = report["with_batch"]["p50_ms"] / report["without_before"]["p50_ms"]
-
         while batch_status(url, batch["id"])["request_counts"]["completed"] < args.lines // 2:
             time.sleep(0.5)
         before_stop = batch_status(url, batch["id"])["request_counts"]["completed"]
@@ -141,9 +165,6 @@ def main() -> None:
             "answered_more_than_once": sum(1 for c in ids.values() if c > 1),
             "missing": args.lines - len(ids),
         }
-        asyncio.run(interactive(url, 2, 1, 4))  # warm up the restarted server
-        report["without_after"] = summary(asyncio.run(interactive(url, args.streams, args.per_stream, args.max_tokens)))
-        report["ttft_p50_ratio_after"] = report["with_batch"]["p50_ms"] / report["without_after"]["p50_ms"]
     finally:
         proc.stop()
     args.out.write_text(json.dumps(report, indent=2) + "\n")
