@@ -251,3 +251,9 @@ def test_a_responses_line_stores_its_response_as_the_batch_owners(served: Served
     assert client.responses.retrieve(response_id).id == response_id  # stored (the default), the owner's
     with pytest.raises(openai.NotFoundError):
         served.openai(KEY_B).responses.retrieve(response_id)
+
+
+def test_active_batches_on_metrics(served: Served):
+    text = httpx.get(served.proc.url + "/metrics", timeout=30).text
+    assert 'trtllm_batches_active{model_name="model",status="in_progress"}' in text
+    assert "trtllm_batch_lines_pending" in text

@@ -79,3 +79,19 @@ def test_off_is_404(tmp_path, store, enabled):
     client = _client(tmp_path, store=store, enabled=enabled)
     assert client.get("/v1/batches", headers=ALICE).status_code == 404
     assert client.get("/v1/messages/batches", headers=ALICE).json()["type"] == "error"
+
+
+def test_active_batches_on_metrics(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from trtllm_truss.serving.batch_metrics import BatchCollector
+
+    store = SqliteStore(tmp_path / "s.sqlite3", ttl_s=3600.0, max_bytes=1 << 24)
+    routes = BatchRoutes(store, BatchesConfig())
+    client = TestClient(Starlette(routes=[Route(p, e, methods=[m]) for p, e, m in routes.routes()]))
+    requests = [{"custom_id": f"r{i}", "params": {"max_tokens": 2, "messages": []}} for i in range(3)]
+    assert client.post("/v1/messages/batches", headers={"x-api-key": "k"}, json={"requests": requests}).status_code == 200
+    registry = CollectorRegistry()
+    registry.register(BatchCollector(store))
+    text = generate_latest(registry).decode()
+    assert 'trtllm_batches_active{model_name="model",status="in_progress"} 1.0' in text
+    assert 'trtllm_batch_lines_pending{model_name="model"} 3.0' in text

@@ -320,6 +320,12 @@ def serve(settings: FrontendSettings) -> None:
     # Frontend 0 runs the host's batches: it has a request core and stream workers of its own (the launcher
     # has neither), and one runner per host keeps the lines in flight within runtime.batches.max_in_flight.
     runner = BatchRunner(core, batches) if core.store is not None and batches.enabled and settings.index == 0 else None
+    if core.store is not None and batches.enabled:
+        from prometheus_client import REGISTRY
+
+        from trtllm_truss.serving.batch_metrics import BatchCollector
+
+        REGISTRY.register(BatchCollector(core.store, model_name=SERVED_MODEL_NAME))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
