@@ -112,6 +112,17 @@ def test_stored_responses_need_the_key_and_belong_to_it(server: TrussServer):
     assert httpx.get(server.url + path, headers=_auth(), timeout=30).json()["id"] == stored.json()["id"]
 
 
+def test_batch_routes_need_the_key(server: TrussServer):
+    for method, path in (("GET", "/v1/files"), ("POST", "/v1/files"), ("GET", "/v1/batches"), ("POST", "/v1/batches"),
+                         ("GET", "/v1/batches/batch_x"), ("POST", "/v1/batches/batch_x/cancel")):
+        refused = httpx.request(method, server.url + path, headers=_auth("wrong"), timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", (method, path)
+    refused = httpx.get(server.url + "/v1/messages/batches", headers={"x-api-key": "wrong"}, timeout=30)
+    assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(server.url + "/v1/messages/batches", headers={"x-api-key": API_KEY}, timeout=30).status_code == 200
+    assert httpx.get(server.url + "/v1/batches", headers=_auth(), timeout=30).json()["object"] == "list"
+
+
 def test_sdks_send_the_key_and_health_stays_open(server: TrussServer):
     assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)

@@ -70,7 +70,7 @@ DIRECT_START_COMMAND = (
 # pinned as in requirements/lock.txt.
 DIRECT_REQUIREMENTS = (
     "fastapi==0.124.4", "uvicorn==0.54.0", "httptools==0.9.0", "uvloop==0.23.0", "prometheus_client==0.26.0",
-    "rich==13.9.4",
+    "rich==13.9.4", "python-multipart==0.0.34",  # /v1/files: the batch input files' multipart uploads
 )
 
 

@@ -18,6 +18,7 @@ from trtllm_truss.config.enums import (
     SchedulerPolicyName,
 )
 from trtllm_truss.config.fields import NonEmptyStr, StrictModel, field_problem
+from trtllm_truss.config.batches import BatchesConfig
 from trtllm_truss.config.store import StoreConfig
 
 
@@ -322,6 +323,7 @@ class RuntimeConfig(StrictModel):
     direct_front: DirectFrontConfig = Field(default_factory=lambda: DirectFrontConfig())
     guides: GuidesConfig = Field(default_factory=lambda: GuidesConfig())
     store: StoreConfig = Field(default_factory=lambda: StoreConfig())
+    batches: BatchesConfig = Field(default_factory=lambda: BatchesConfig())
 
     @model_validator(mode="after")
     def _lora_cache_sizes(self) -> RuntimeConfig:

@@ -12,6 +12,7 @@ under truss's server (`serving/`); what differs is only who reads the body and r
 | `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel` | stored responses (`serving.stored_responses`) |
 | `/v1/conversations...` (create, read, update, delete; items: list, add, read, delete) | conversations (`serving.conversations`) |
 | `POST /v1/messages/count_tokens`, `/v1/responses/input_tokens` | a request's input tokens (serving.token_count) |
+| `POST`, `GET /v1/files`, `GET`, `DELETE /v1/files/{id}`, `GET /v1/files/{id}/content`, `POST`, `GET /v1/batches`, `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`, `/v1/messages/batches...` | batches (`serving.batches`; run by frontend 0's `serving.batch_runner`) |
 | `GET /v1/models` | OpenAI's model list: the served name and the LoRA adapters |
 | `GET /v1/models/model`, `GET /health/ready` | readiness: 200 once tritonserver and this process's workers are up, else 503 |
 | `GET /health/live` | liveness: 503 once tritonserver died for good (the container should be replaced) |
@@ -100,8 +101,9 @@ class DirectApp:
     """The routes of one frontend over its request core."""
 
     def __init__(self, core: RequestCore, is_ready: Callable[[], bool], is_live: Callable[[], bool],
-                 api_key: str | None) -> None:
+                 api_key: str | None, batches: Any = None) -> None:
         self.core = core
+        self.batches = batches  # serving.batches.BatchRoutes (None: no batch routes)
         self._is_ready = is_ready
         self._is_live = is_live
         self._api_key = api_key.encode() if api_key else None
@@ -207,6 +209,7 @@ class DirectApp:
             Route("/v1/messages", self.route(messages.messages, anthropic_error, anthropic=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", self.route(messages.count_tokens, anthropic_error, anthropic=True), methods=["POST"]),
             Route("/v1/responses/input_tokens", self.route(responses.input_tokens, openai_error), methods=["POST"]),
+            *self._batch_routes(),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/model", self.ready, methods=["GET"]),
             Route("/health/ready", self.ready, methods=["GET"]),
@@ -214,6 +217,27 @@ class DirectApp:
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
+
+
+    def _batch_routes(self) -> list[Route]:
+        """The batch routes, each behind the key check (Anthropic's also take `x-api-key`)."""
+        if self.batches is None:
+            return []
+        routes = []
+        for path, endpoint, method in self.batches.routes():
+            anthropic = path.startswith("/v1/messages/")
+            routes.append(Route(path, self._keyed(endpoint, anthropic_error if anthropic else openai_error, anthropic),
+                                methods=[method]))
+        return routes
+
+    def _keyed(self, endpoint: Callable[[Request], Awaitable[Response]], render_error: ErrorRenderer,
+               anthropic: bool) -> Callable[[Request], Awaitable[Response]]:
+        async def keyed(request: Request) -> Response:
+            if not self._authorized(request, anthropic):
+                return _unauthorized(render_error)
+            return await endpoint(request)
+
+        return keyed
 
 
 def _unauthorized(render_error: ErrorRenderer) -> Response:
@@ -294,6 +318,20 @@ def serve(settings: FrontendSettings) -> None:
     core.attach(pool, RequestLimits.from_plan(
         plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes), checker)
 
+    from trtllm_truss.serving.batch_runner import BatchRunner
+    from trtllm_truss.serving.batches import BatchRoutes
+
+    batches = plan.runtime.batches
+    # Frontend 0 runs the host's batches: it has a request core and stream workers of its own (the launcher
+    # has neither), and one runner per host keeps the lines in flight within runtime.batches.max_in_flight.
+    runner = BatchRunner(core, batches) if core.store is not None and batches.enabled and settings.index == 0 else None
+    if core.store is not None and batches.enabled:
+        from prometheus_client import REGISTRY
+
+        from trtllm_truss.serving.batch_metrics import BatchCollector
+
+        REGISTRY.register(BatchCollector(core.store, model_name=SERVED_MODEL_NAME))
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         router = None
@@ -302,7 +340,11 @@ def serve(settings: FrontendSettings) -> None:
 
             router = await attach_router(pool, settings.fleet)
         await pool.warm_up()  # before accepting: a frontend's first burst finds it built (streaming.generation)
+        if runner is not None:
+            runner.start()
         yield
+        if runner is not None:
+            await runner.stop()  # lines on the engine are not answered: they run again at the next start
         pool.stop()  # waits for the workers the exit signal killed
         await pool.close()
         if router is not None:
@@ -313,6 +355,7 @@ def serve(settings: FrontendSettings) -> None:
         is_ready=lambda: state.stack_ready and pool.alive() and not core.availability.refusing(),
         is_live=lambda: not state.stack_failed,
         api_key=settings.api_key,
+        batches=BatchRoutes(core.store, batches),
     ).starlette(lifespan)
     config = uvicorn.Config(
         app, http=settings.http, loop=settings.loop, lifespan="on", access_log=False, log_level="warning",
@@ -323,7 +366,12 @@ def serve(settings: FrontendSettings) -> None:
     if settings.fill_connections > 0:
         filler = ConnectionFiller(listener, state, settings.index, settings.fill_connections)
         signal.signal(RECHECK_SIGNAL, signal.SIG_IGN)  # before the pid is published: peers signal it
-    server = _Server(config, on_exit=lambda: pool.stop(wait=False), filler=filler)
+    def on_exit() -> None:
+        if runner is not None:
+            runner.halt()  # first: a batch line cut off by the workers' stop must not be kept as answered
+        pool.stop(wait=False)
+
+    server = _Server(config, on_exit=on_exit, filler=filler)
     import gc
 
     gc.freeze()  # what is loaded lives as long as the process (as LLMService.load)

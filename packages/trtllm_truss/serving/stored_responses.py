@@ -48,6 +48,9 @@ def request_owner(http_request: Any) -> str:
     <key>` or any other scheme, or Anthropic's `x-api-key`); no key at all is the anonymous owner."""
     if http_request is None:
         return ANONYMOUS
+    owner = getattr(http_request, "store_owner", None)  # a batch line: its batch's owner (serving.batch_runner)
+    if isinstance(owner, str):
+        return owner
     headers = http_request.headers
     given = headers.get("authorization", "").strip()
     if given:

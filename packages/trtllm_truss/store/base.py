@@ -1,6 +1,6 @@
 """The store's one interface and the SQL both database dialects share.
 
-A stored object is JSON of one `kind` ("response" today; batches and files later) with an id, an owner
+A stored object is JSON of one `kind` ("response"; "file", "batch" and a batch's inputs and answers) with an id, an owner
 (the hash of the API key that made it: `owner_of`), a status and its body. Every read and write names
 the owner: another owner's object is as absent as a missing one. The store is bounded: an object
 lives `ttl_s` after it was made, and past `max_bytes` of bodies the least recently written objects go
@@ -79,9 +79,18 @@ class Store(ABC):
         """The owner's live object, or None (missing, expired or another owner's)."""
 
     @abstractmethod
-    def update(self, obj: StoredObject, *, if_status: Sequence[str] | None = None) -> bool:
+    def add(self, obj: StoredObject) -> bool:
+        """Insert `obj` only if no live object of its kind and id exists (whoever's); False if one does
+        (or `obj` is larger than the whole bound). The write that records a batch line's answer is also its
+        done mark: of two runs of one line, one answer is kept."""
+
+    @abstractmethod
+    def update(self, obj: StoredObject, *, if_status: Sequence[str] | None = None,
+               if_updated_at: float | None = None) -> bool:
         """Replace an existing object's status and body; with `if_status`, only while its status is one
-        of those (a cancel and the end of a run race: the first wins). False if nothing was changed."""
+        of those (a cancel and the end of a run race: the first wins); with `if_updated_at`, only if no
+        one wrote it since the read that saw that `updated_at` (a lease taken by one runner of several).
+        False if nothing was changed."""
 
     @abstractmethod
     def modify(self, kind: str, id: str, owner: str, change: Callable[[StoredObject], StoredObject | None]) -> StoredObject | None:
@@ -91,9 +100,10 @@ class Store(ABC):
 
     @abstractmethod
     def find(self, kind: str, *, owner: str | None = None, statuses: Sequence[str] | None = None,
-             limit: int = 100) -> list[StoredObject]:
+             limit: int = 100, id_prefix: str | None = None) -> list[StoredObject]:
         """Live objects of `kind`, oldest first: one owner's (a list route) or every owner's (None: what a
-        restarted server resumes), with one of `statuses` if given."""
+        restarted server resumes), with one of `statuses` if given, ids starting with `id_prefix` if given
+        (a batch's answers)."""
 
     @abstractmethod
     def delete(self, kind: str, id: str, owner: str) -> bool:
@@ -182,6 +192,26 @@ class SqlStore(Store):
             self._evict(cur)
         return True
 
+    def add(self, obj: StoredObject) -> bool:
+        data = encode(obj.body)
+        if len(data) > self.max_bytes:
+            return False
+        now = time.time()
+        with self._guarded(), self._write() as cur:
+            self._expire(cur, now)
+            if self._run(cur, "SELECT 1 FROM store_objects WHERE kind = ? AND id = ?", (obj.kind, obj.id)).fetchone():
+                return False
+            self._run(
+                cur,
+                "INSERT INTO store_objects (kind, id, owner, status, created_at, updated_at, expires_at, size, body)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (obj.kind, obj.id, obj.owner, obj.status, obj.created_at, now, obj.created_at + self.ttl_s, len(data), data),
+            )
+            self._add(cur, len(data), 1)
+            self._evict(cur)
+        obj.updated_at = now
+        return True
+
     def get(self, kind: str, id: str, owner: str) -> StoredObject | None:
         with self._guarded(), self._read() as cur:
             row = self._run(
@@ -194,16 +224,19 @@ class SqlStore(Store):
             return None
         return StoredObject(kind, id, owner, row[0], json.loads(bytes(row[3])), row[1], row[2])
 
-    def update(self, obj: StoredObject, *, if_status: Sequence[str] | None = None) -> bool:
+    def update(self, obj: StoredObject, *, if_status: Sequence[str] | None = None,
+               if_updated_at: float | None = None) -> bool:
         data = encode(obj.body)
         now = time.time()
         with self._guarded(), self._write() as cur:
             row = self._run(
                 cur,
-                "SELECT status, size FROM store_objects WHERE kind = ? AND id = ? AND owner = ? AND expires_at > ?",
+                "SELECT status, size, updated_at FROM store_objects WHERE kind = ? AND id = ? AND owner = ? AND expires_at > ?",
                 (obj.kind, obj.id, obj.owner, now),
             ).fetchone()
             if row is None or (if_status is not None and row[0] not in if_status):
+                return False
+            if if_updated_at is not None and float(row[2]) != if_updated_at:
                 return False
             if len(data) > self.max_bytes:
                 return False
@@ -246,8 +279,11 @@ class SqlStore(Store):
         return changed
 
     def find(self, kind: str, *, owner: str | None = None, statuses: Sequence[str] | None = None,
-             limit: int = 100) -> list[StoredObject]:
+             limit: int = 100, id_prefix: str | None = None) -> list[StoredObject]:
         where, params = ["kind = ?", "expires_at > ?"], [kind, time.time()]
+        if id_prefix:
+            where.append("substr(id, 1, ?) = ?")  # not LIKE: an id's '_' is no wildcard
+            params.extend((len(id_prefix), id_prefix))
         if owner is not None:
             where.append("owner = ?")
             params.append(owner)
