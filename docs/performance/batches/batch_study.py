@@ -7,7 +7,7 @@ without on either side of it). Then a `--lines`-line batch runs to its end, the 
 SIGTERM once half of it is answered and started again on the same store, and every line must be answered
 exactly once (counted from its output file). Writes the raw numbers as JSON.
 
-    .venv/bin/python docs/performance/batches/batch_study.py --out docs/performance/batches/run.json
+    .venv/bin/python docs/performance/batches/batch_study.py --out docs/performance/batches/embedded-1000-lines.json
 """
 
 from __future__ import annotations
