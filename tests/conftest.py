@@ -21,6 +21,9 @@ TORCH_MODULES = sorted(
 # Modules whose clients (the `anthropic`, `openai-agents` and `langchain-openai` SDKs; pydantic-ai, instructor and
 # langgraph) are pinned for Python 3.11 only: their tests talk to the embedded model, which needs torch anyway.
 SDK_MODULES = [
+    "integration/test_batches.py",
+    "integration/test_count_tokens.py",
+    "integration/test_forced_calls_only.py",
     "integration/test_truss_server_agent_apis.py",
     "integration/test_truss_server_agent_frameworks.py",
     "integration/test_truss_server_structured.py",
