@@ -6,8 +6,8 @@
 #   lane 2: the unit tests on 3.11, then the tests that need no torch on each extra Python (.venv-py3.X), then
 #           the NVIDIA image environments (-m image_env);
 # then, with the machine to themselves, the tests marked `alone` on 3.11 (timing bounds that must hold on a
-# quiet machine: a compile refused within its budget, a bad body within a second, 64 streams open at a kill; all
-# of them need torch, so the extra Pythons skip them anyway). Each suite writes its own log, printed whole, in
+# quiet machine: a compile refused within its budget, a bad body within a second, 64 streams open at a kill;
+# timing bounds are checked on 3.11 only, the extra Pythons deselect them). Each suite writes its own log, printed whole, in
 # order, once all have ended.
 # Usage: scripts/test_suites.sh "PYTEST_ARGS" MINOR...
 set -u

@@ -40,9 +40,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         requested = set(getattr(item, "fixturenames", ())) | {v for v in params.values() if isinstance(v, str)}
         if TORCH_FIXTURES & requested:
             item.add_marker(pytest.mark.torch)
-        if item.get_closest_marker("alone") and not item.get_closest_marker("torch"):
-            # `make test` runs `alone` tests on 3.11 only (scripts/test_suites.sh): the others' would run nowhere.
-            raise pytest.UsageError(f"{item.nodeid}: marked alone but not torch")
         if not HAS_TORCH and item.get_closest_marker("torch"):
             item.add_marker(pytest.mark.skip(reason="needs torch, which is installed for Python 3.11 only"))
         elif not HAS_TRITONSERVER and item.get_closest_marker("triton"):

@@ -359,10 +359,19 @@ def test_a_killed_replica_ends_its_open_streams_and_the_others_serve(rr_fleet):
     assert served == 4
 
 
+def _command(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:  # ZombieProcess included: ended, not yet reaped by its parent
+        return ""
+
+
 def test_stop_leaves_no_process(rr_fleet):
+    # The killed replica of the test before may still be a zombie awaiting its restart: wait for both to run.
+    poll(lambda: len(_replica_processes(rr_fleet)) == 2, STARTUP_TIMEOUT_S, what="both replicas running")
     launcher = psutil.Process(rr_fleet.process.pid)
     everything = launcher.children(recursive=True)
-    commands = [" ".join(p.cmdline()) for p in everything]
+    commands = [_command(p) for p in everything]
     assert sum("fleet_replica" in c for c in commands) == 2 and any("tritonserver" in c for c in commands), commands
     launcher.send_signal(signal.SIGTERM)
     assert rr_fleet.process.wait(timeout=120) == 0, rr_fleet.log_tail()
