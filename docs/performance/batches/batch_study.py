@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--no-restart", action="store_true",
+                        help="only the side-by-side TTFT phases, not the batch stopped and resumed (step 2)")
     parser.add_argument("--work-dir", type=Path, help="where the store and the servers' logs go (default: a new temporary folder)")
     args = parser.parse_args()
 
@@ -157,6 +159,8 @@ def main() -> None:
         report["ttft_p50_ratio_pooled"] = pooled[True]["p50_ms"] / pooled[False]["p50_ms"]
         answered = sum(p["batch_lines_answered_during"] for p in phases if p["batch"])
         report["batch_lines_per_s_beside_interactive"] = answered / sum(p["wall_s"] for p in phases if p["batch"])
+        if args.no_restart:
+            return
 
         batch_started = time.monotonic()  # before the upload: submit() returns once a few lines are answered
         batch = submit()
@@ -185,9 +189,9 @@ def main() -> None:
         }
     finally:
         proc.stop()
-    report["load_average_at_end"] = os.getloadavg()
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+        report["load_average_at_end"] = os.getloadavg()
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

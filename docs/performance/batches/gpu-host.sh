@@ -4,8 +4,9 @@
 # development machine, so the host's cores are what the front, Triton, the stand-in and the client share;
 # nvidia-smi is hidden so that the plan is the same embedded default and not a TensorRT-LLM engine.
 #   carry DEST     (development machine) copy into DEST (the sent checkout's ignored .carry/batches): this
-#                  script, batch_study.py, this checkout's packages/ and python-multipart from .venv-py3.12
-#   setup          (call 1, carrying .carry/site312.part-aa and .carry/batches) keep part aa under /tmp
+#                  script, batch_study.py, this checkout's packages/ (xz) and python-multipart from .venv-py3.12;
+#                  with SITE=archive also that site-packages archive (one call carries it all: see README.md)
+#   setup          (call 1 of 2, carrying .carry/site312.part-aa and .carry/batches) keep part aa under /tmp
 #   mifN           (call 2..) the study at runtime.batches.max_in_flight N, side by side with and without
 #                  a batch in one run; the stand-in's device as the deployment's default (auto: cuda where
 #                  torch sees a GPU); several steps run one after another on the same machine
@@ -16,11 +17,12 @@ T0=$(date +%s); BUDGET_S=${BUDGET_S:-570}
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; RES=${RES:-/tmp/res-batches}; mkdir -p $RES
 STUDY=docs/performance/batches; CARRY=.carry/batches
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-pack() { tar -czf $OUT/results.tgz -C $RES . 2>/dev/null; }
+pack() { tar -czf $OUT/results.tmp -C $RES . 2>/dev/null && mv $OUT/results.tmp $OUT/results.tgz; }
 if [ "${1:-}" = carry ]; then
   DEST=$2; rm -rf "$DEST" && mkdir -p "$DEST/site"
   cp $STUDY/gpu-host.sh $STUDY/batch_study.py "$DEST/"
-  tar -C . -cf - --exclude __pycache__ packages | tar -C "$DEST" -xf -
+  tar -C . -cf - --exclude __pycache__ packages | xz -T2 -6 > "$DEST/packages.tar.xz"
+  [ -n "${SITE:-}" ] && cp "$SITE" "$DEST/site312.tar.xz"
   SRC312=${SRC312:-/work/main/.venv-py3.12/lib/python3.12/site-packages}
   cp -a $SRC312/multipart $SRC312/python_multipart $SRC312/python_multipart-0.0.34.dist-info "$DEST/site/"
   find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
@@ -35,11 +37,13 @@ if [ -z "${LOCAL:-}" ]; then
     $PY -m venv --without-pip /tmp/v || { log "venv failed"; exit 1; }
     SP=$(/tmp/v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     IMG=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    cat /tmp/site312.part-aa .carry/site312.part-ab | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }
+    if [ -f $CARRY/site312.tar.xz ]; then tar -xJf $CARRY/site312.tar.xz -C "$SP" || { log "site extract failed"; exit 1; }
+    else cat /tmp/site312.part-aa .carry/site312.part-ab | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }; fi
     cp -a $CARRY/site/. "$SP/"
     echo "import site; site.addsitedir('$IMG')" > "$SP/zz_image_site.pth"   # the image's torch and tokenizers, after ours
     # The package and the study as committed on the study's branch (the device gets another checkout's tree).
-    mkdir -p /tmp/pkg && cp -a $CARRY/packages/. /tmp/pkg/ && echo /tmp/pkg > "$SP/trtllm_truss_src.pth"
+    mkdir -p /tmp/pkg && tar -xJf $CARRY/packages.tar.xz -C /tmp/pkg && echo /tmp/pkg/packages > "$SP/trtllm_truss_src.pth"
+    log "site ready: $(du -sh $SP | cut -f1)"
   fi
   cp $CARRY/batch_study.py $STUDY/batch_study.py
   export PATH=/tmp/v/bin:$PATH; PYRUN=python
@@ -62,7 +66,7 @@ for s in "$@"; do case $s in
         [ $left -lt ${MIN_LEFT_S:-200} ] && { log "SKIP $s (${left}s left)"; continue; }
         if [ ${s%%-*} = cpu ]; then dev=cpu; export TRTLLM_RUNTIME__PYTORCH__DEVICE=cpu; else dev=$CUDA; unset TRTLLM_RUNTIME__PYTORCH__DEVICE; fi
         name=${C}core-$dev-max-in-flight-$n; log "START $name"
-        timeout $(( left - 10 )) $PYRUN $STUDY/batch_study.py --max-in-flight $n "${SIZE[@]}" --out $RES/$name.json \
+        timeout $(( left - 10 )) $PYRUN $STUDY/batch_study.py --max-in-flight $n "${SIZE[@]}" ${STUDY_ARGS:-} --out $RES/$name.json \
           --work-dir /tmp/work-$dev-$n > $RES/$name-study.log 2>&1
         log "$name rc=$?"
         for f in /tmp/work-$dev-$n/direct-*.log; do [ -f $f ] && tail -c 200000 $f > $RES/$name-$(basename $f); done
@@ -74,9 +78,10 @@ for p in r["phases"]:
           + (f"  lines during {p['batch_lines_answered_during']} ({p['batch_lines_per_s_during']:.1f}/s)" if p["batch"] else ""))
 print("  ratios per round", [round(x, 2) for x in r["ttft_p50_ratio_per_round"]], "pooled",
       round(r["ttft_p50_ratio_pooled"], 3), f"({r['pooled_without']['p50_ms']:.1f} -> {r['pooled_with']['p50_ms']:.1f} ms)")
-print("  batch lines/s beside interactive", round(r["batch_lines_per_s_beside_interactive"], 2), "alone",
-      round(r["batch_lines_per_s_alone"], 2), "batch_s", round(r["batch_s"], 1), "load", r["load_average_at_start"], r["load_average_at_end"])
-print("  batch", r["batch"])
+print("  batch lines/s beside interactive", round(r["batch_lines_per_s_beside_interactive"], 2),
+      "load", r["load_average_at_start"], r["load_average_at_end"])
+if "batch" in r:
+    print("  alone", round(r["batch_lines_per_s_alone"], 2), "batch_s", round(r["batch_s"], 1), "batch", r["batch"])
 EOF
         pack ;;
   *) log "unknown step $s";;
