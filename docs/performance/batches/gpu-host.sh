@@ -4,8 +4,11 @@
 # development machine, so the host's cores are what the front, Triton, the stand-in and the client share;
 # nvidia-smi is hidden so that the plan is the same embedded default and not a TensorRT-LLM engine.
 #   carry DEST     (development machine) copy into DEST (the sent checkout's ignored .carry/batches): this
-#                  script, batch_study.py, this checkout's packages/ (xz) and python-multipart from .venv-py3.12;
-#                  with SITE=archive also that site-packages archive (one call carries it all: see README.md)
+#                  script, batch_study.py, this checkout's packages/ (xz) and, as site.tar.xz, what the carried
+#                  site-packages (site312 parts) lack for the embedded model: python-multipart, peft and
+#                  accelerate (pure Python, the lock's versions) and transformers' bloom and encoder_decoder
+#                  (peft and AutoTokenizer import them; the archive keeps only auto and llama); with
+#                  SITE=archive also a one-piece site-packages archive
 #   setup          (call 1 of 2, carrying .carry/site312.part-aa and .carry/batches) keep part aa under /tmp
 #   mifN           (call 2..) the study at runtime.batches.max_in_flight N, side by side with and without
 #                  a batch in one run; the stand-in's device as the deployment's default (auto: cuda where
@@ -19,13 +22,17 @@ STUDY=docs/performance/batches; CARRY=.carry/batches
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 pack() { tar -czf $OUT/results.tmp -C $RES . 2>/dev/null && mv $OUT/results.tmp $OUT/results.tgz; }
 if [ "${1:-}" = carry ]; then
-  DEST=$2; rm -rf "$DEST" && mkdir -p "$DEST/site"
+  DEST=$2; rm -rf "$DEST" /tmp/batches-site && mkdir -p "$DEST" /tmp/batches-site/transformers/models
   cp $STUDY/gpu-host.sh $STUDY/batch_study.py "$DEST/"
   tar -C . -cf - --exclude __pycache__ packages | xz -T2 -6 > "$DEST/packages.tar.xz"
   [ -n "${SITE:-}" ] && cp "$SITE" "$DEST/site312.tar.xz"
   SRC312=${SRC312:-/work/main/.venv-py3.12/lib/python3.12/site-packages}
-  cp -a $SRC312/multipart $SRC312/python_multipart $SRC312/python_multipart-0.0.34.dist-info "$DEST/site/"
-  find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
+  SRC311=${SRC311:-$PWD/.venv/lib/python3.11/site-packages}
+  cp -a $SRC312/multipart $SRC312/python_multipart $SRC312/python_multipart-0.0.34.dist-info /tmp/batches-site/
+  cp -a $SRC311/peft $SRC311/peft-0.21.2.dist-info $SRC311/accelerate $SRC311/accelerate-1.15.0.dist-info /tmp/batches-site/
+  cp -a $SRC312/transformers/models/bloom $SRC312/transformers/models/encoder_decoder /tmp/batches-site/transformers/models/
+  find /tmp/batches-site -name __pycache__ -prune -exec rm -rf {} +
+  tar -C /tmp/batches-site -cf - . | xz -T2 -6 > "$DEST/site.tar.xz"
   du -sh "$DEST"; exit
 fi
 if [ -z "${LOCAL:-}" ]; then
@@ -39,8 +46,16 @@ if [ -z "${LOCAL:-}" ]; then
     IMG=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     if [ -f $CARRY/site312.tar.xz ]; then tar -xJf $CARRY/site312.tar.xz -C "$SP" || { log "site extract failed"; exit 1; }
     else cat /tmp/site312.part-aa .carry/site312.part-ab | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }; fi
-    cp -a $CARRY/site/. "$SP/"
-    echo "import site; site.addsitedir('$IMG')" > "$SP/zz_image_site.pth"   # the image's torch and tokenizers, after ours
+    tar -xJf $CARRY/site.tar.xz -C "$SP" || { log "extras extract failed"; exit 1; }
+    # From the image only torch (with what it imports) and tokenizers, after ours: the image's other packages
+    # are built for numpy 2 (scipy uses np.long, which numpy 1.26 lacks) and Triton 2.51's python backend
+    # stub needs numpy < 2, so the carried numpy 1.26 stays and the rest of the image stays out of sight.
+    mkdir -p /tmp/img
+    for p in torch torch-* torchgen functorch nvidia nvidia_* triton triton-* cuda cuda_* cuda-* sympy sympy-* \
+             networkx networkx-* mpmath mpmath-* tokenizers tokenizers-*; do
+      for f in "$IMG"/$p; do [ -e "$f" ] && ln -sfn "$f" /tmp/img/; done
+    done
+    echo "import site; site.addsitedir('/tmp/img')" > "$SP/zz_image_site.pth"
     # The package and the study as committed on the study's branch (the device gets another checkout's tree).
     mkdir -p /tmp/pkg && tar -xJf $CARRY/packages.tar.xz -C /tmp/pkg && echo /tmp/pkg/packages > "$SP/trtllm_truss_src.pth"
     log "site ready: $(du -sh $SP | cut -f1)"
@@ -56,7 +71,7 @@ else
   SIZE=(--lines 40 --rounds 1 --streams 4 --per-stream 1)
 fi
 export PYTHONUNBUFFERED=1
-$PYRUN -c "import torch, transformers, tokenizers, numpy, multipart, trtllm_truss.fronts.direct_app as d; print('imports ok: torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__, 'package at', d.__file__)" || { log "imports failed"; exit 1; }
+$PYRUN -c "import torch, transformers, tokenizers, numpy, multipart, peft, trtllm_truss.fronts.direct_app as d; from transformers import AutoTokenizer, LlamaForCausalLM; print('imports ok: torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__, 'package at', d.__file__)" || { log "imports failed"; exit 1; }
 C=$(nproc)
 CUDA=$($PYRUN -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")
 # Which processes hold the GPU while the studies run (the stand-in's stub does where its device is cuda).
