@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -91,14 +92,20 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--no-restart", action="store_true",
+                        help="only the side-by-side TTFT phases, not the batch stopped and resumed (step 2)")
+    parser.add_argument("--work-dir", type=Path, help="where the store and the servers' logs go (default: a new temporary folder)")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="batch-study-"))
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="batch-study-"))
+    work.mkdir(parents=True, exist_ok=True)
     env = {"TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": str(args.processes),
            "TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3"),
            "TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT": str(args.max_in_flight),
            "TRTLLM_RUNTIME__BATCHES__POLL_S": "0.2"}
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.platform(),
+                    "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_at_start": os.getloadavg(),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     proc = start(work, env, 1)
     try:
@@ -118,22 +125,30 @@ def main() -> None:
                 time.sleep(0.2)  # the batch is on the engine before the phase starts
             return made
 
-        def phase() -> list[float]:
-            return asyncio.run(interactive(url, args.streams, args.per_stream, args.max_tokens))
+        def phase() -> tuple[list[float], float]:
+            started = time.monotonic()
+            ttfts = asyncio.run(interactive(url, args.streams, args.per_stream, args.max_tokens))
+            return ttfts, time.monotonic() - started
 
         phases: list[dict] = []
         for _ in range(args.rounds):
-            phases.append({"batch": False} | summary(without := phase()) | {"ttft_s": without})
+            without, wall_s = phase()
+            phases.append({"batch": False, "wall_s": wall_s} | summary(without) | {"ttft_s": without})
             load = submit()
-            with_batch = phase()
+            at_start = batch_status(url, load["id"])["request_counts"]["completed"]
+            with_batch, wall_s = phase()
             during = batch_status(url, load["id"])
+            # lines answered while the interactive phase ran (the status is read right before and after it)
+            answered = during["request_counts"]["completed"] - at_start
             httpx.post(f"{url}/v1/batches/{load['id']}/cancel", headers=HEADERS, timeout=60)
             while batch_status(url, load["id"])["status"] != "cancelled":
                 time.sleep(0.2)
-            phases.append({"batch": True, "batch_status_after": during["status"],
-                           "batch_lines_answered_after": during["request_counts"]["completed"]}
+            phases.append({"batch": True, "wall_s": wall_s, "batch_status_after": during["status"],
+                           "batch_lines_answered_after": during["request_counts"]["completed"],
+                           "batch_lines_answered_during": answered, "batch_lines_per_s_during": answered / wall_s}
                           | summary(with_batch) | {"ttft_s": with_batch})
-        phases.append({"batch": False} | summary(without := phase()) | {"ttft_s": without})
+        without, wall_s = phase()
+        phases.append({"batch": False, "wall_s": wall_s} | summary(without) | {"ttft_s": without})
         report["phases"] = phases
         ratios = [p["p50_ms"] / statistics.fmean([phases[i - 1]["p50_ms"], phases[i + 1]["p50_ms"]])
                   for i, p in enumerate(phases) if p["batch"]]
@@ -142,18 +157,25 @@ def main() -> None:
         report["ttft_p50_ratio_median"] = statistics.median(ratios)
         report["pooled_without"], report["pooled_with"] = pooled[False], pooled[True]
         report["ttft_p50_ratio_pooled"] = pooled[True]["p50_ms"] / pooled[False]["p50_ms"]
+        answered = sum(p["batch_lines_answered_during"] for p in phases if p["batch"])
+        report["batch_lines_per_s_beside_interactive"] = answered / sum(p["wall_s"] for p in phases if p["batch"])
+        if args.no_restart:
+            return
 
+        batch_started = time.monotonic()  # before the upload: submit() returns once a few lines are answered
         batch = submit()
-        batch_started = time.monotonic()
         while batch_status(url, batch["id"])["request_counts"]["completed"] < args.lines // 2:
             time.sleep(0.5)
         before_stop = batch_status(url, batch["id"])["request_counts"]["completed"]
+        first_half_s = time.monotonic() - batch_started
         proc.stop()  # SIGTERM halfway
         proc = start(work, env, 2)
         url = proc.url
         while (status := batch_status(url, batch["id"]))["status"] not in ("completed", "failed", "cancelled", "expired"):
             time.sleep(1.0)
         report["batch_s"] = time.monotonic() - batch_started
+        # alone on the engine: the lines answered before the SIGTERM over the time they took (restart excluded)
+        report["batch_lines_per_s_alone"] = before_stop / first_half_s
         output = httpx.get(f"{url}/v1/files/{status['output_file_id']}/content", headers=HEADERS, timeout=60).text
         ids = Counter(json.loads(line)["custom_id"] for line in output.splitlines())
         log = (work / "direct-2.log").read_text(errors="replace")
@@ -167,8 +189,9 @@ def main() -> None:
         }
     finally:
         proc.stop()
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+        report["load_average_at_end"] = os.getloadavg()
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
