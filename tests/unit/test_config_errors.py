@@ -319,6 +319,20 @@ CASES = [
         env={"TRTLLM_RUNTIME__PYTORCH__DEVICE": "gpu"},
     ),
     Case(
+        "batches-under-load-above-idle",
+        build(),
+        f"{S}.runtime.batches.max_in_flight_under_load",
+        "more than max_in_flight (4)",
+        env={"TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT_UNDER_LOAD": "8"},
+    ),
+    Case(
+        "batches-under-load-negative",
+        build(),
+        f"{S}.runtime.batches.max_in_flight_under_load",
+        "greater than or equal to 0",
+        env={"TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT_UNDER_LOAD": "-1"},
+    ),
+    Case(
         "env-serve-into-build",
         build(),
         f"{S}:",

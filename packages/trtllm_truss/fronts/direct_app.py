@@ -324,7 +324,10 @@ def serve(settings: FrontendSettings) -> None:
     batches = plan.runtime.batches
     # Frontend 0 runs the host's batches: it has a request core and stream workers of its own (the launcher
     # has neither), and one runner per host keeps the lines in flight within runtime.batches.max_in_flight.
-    runner = BatchRunner(core, batches) if core.store is not None and batches.enabled and settings.index == 0 else None
+    # Its share follows the host's interactive requests: every frontend's admitted ones less its lines' own.
+    runner = None
+    if core.store is not None and batches.enabled and settings.index == 0:
+        runner = BatchRunner(core, batches, interactive_in_flight=lambda: state.admitted() - pool.background_streams)
     if core.store is not None and batches.enabled:
         from prometheus_client import REGISTRY
 

@@ -3,9 +3,14 @@ frontend 0, truss's server process). It finds batches in the store, runs their l
 dialect modules as interactive requests (their non-streamed path, on this process's request core), keeps
 each line's answer in the store, and ends the batch.
 
-Behind interactive traffic: at most `runtime.batches.max_in_flight` lines are on the engine at once (the
-engine takes no request priority on our paths: TensorRT-LLM 1.2's `generate_async` has none, nor has
-Triton's tensorrtllm backend), so interactive requests always find the rest of its capacity.
+Behind interactive traffic: the engine takes no request priority on our paths (TensorRT-LLM 1.2's
+`generate_async` has none, nor has Triton's tensorrtllm backend), so the runner bounds its own share. While
+the host has interactive requests in flight (`interactive_in_flight`: what every front process admitted,
+less the batch lines' own streams), it starts a line only while fewer than
+`runtime.batches.max_in_flight_under_load` are on the engine; with none, up to `max_in_flight`. Lines
+already on the engine when interactive requests come finish (nothing is cancelled), and the host counts as
+under load for `LOAD_HOLD_S` after the last interactive request seen: a closed-loop client between two
+requests is still traffic, and a line started in that gap would hold the engine for its whole length.
 
 Exactly once, across restarts: a line's answer is written with `Store.add`, which keeps the first of two
 writes; that one write is both the answer and the line's done mark. A runner (re)starting a batch lists its
@@ -37,12 +42,15 @@ from trtllm_truss.serving.batches import ANSWER, BATCH, CONTENT, EVERY, FILE, IN
 from trtllm_truss.serving.core import RequestCore
 from trtllm_truss.serving.openai_shared import openai_error
 from trtllm_truss.store import StoredObject, StoreError
+from trtllm_truss.streaming.pool import background_request
 
 logger = logging.getLogger(__name__)
 
 LEASE_S = 30.0
 RETRIED = (429, 503)  # answers not kept: the line runs again later
 HEARTBEAT_S = 1.0
+LOAD_HOLD_S = 0.5  # under load this long after the last interactive request seen
+LOAD_POLL_S = 0.02  # how often a line waiting for its share reads the load (a shared counter: cheap)
 _HANDLERS: dict[str, Callable[..., Any]] = {
     "/v1/chat/completions": chat.chat_completions,
     "/v1/completions": completions.completions,
@@ -89,15 +97,62 @@ def _error_body(endpoint: str, status: int, message: str, param: str | None = No
     return json.loads(rendered.body)
 
 
-class BatchRunner:
-    """Runs the host's batches; `start()` on the owning process's event loop, `stop()` before it ends."""
+class LineShare:
+    """How many batch lines may be on the engine now: `max_in_flight` on an idle host,
+    `max_in_flight_under_load` while interactive requests are in flight (and `LOAD_HOLD_S` after).
+    Without a load signal (`interactive_in_flight` None), always `max_in_flight`."""
 
-    def __init__(self, core: RequestCore, config: Any, runner_id: str | None = None) -> None:
+    def __init__(self, config: Any, interactive_in_flight: Callable[[], int] | None) -> None:
+        self.idle = config.max_in_flight
+        self.under_load = config.max_in_flight_under_load
+        self._interactive = interactive_in_flight
+        self._load_seen_at = float("-inf")
+        self.in_flight = 0  # this runner's lines on the engine
+        self._freed = asyncio.Event()
+
+    def allowed(self) -> int:
+        if self._interactive is None:
+            return self.idle
+        now = time.monotonic()
+        if self._interactive() > 0:
+            self._load_seen_at = now
+            return self.under_load
+        return self.under_load if now - self._load_seen_at < LOAD_HOLD_S else self.idle
+
+    async def acquire(self, run: _Run) -> bool:
+        """Wait for a line's place (False if the run stopped meanwhile): woken by a line's end, and every
+        LOAD_POLL_S to read the load again."""
+        while self.in_flight >= self.allowed():
+            if run.stopped:
+                return False
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), LOAD_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+        if run.stopped:
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._freed.set()
+
+
+class BatchRunner:
+    """Runs the host's batches; `start()` on the owning process's event loop, `stop()` before it ends.
+    `interactive_in_flight`: the host's interactive requests in flight now (every front process's, not the
+    batch lines'); None runs `max_in_flight` lines whatever the load."""
+
+    def __init__(self, core: RequestCore, config: Any, runner_id: str | None = None,
+                 interactive_in_flight: Callable[[], int] | None = None) -> None:
         self.core = core
         self.config = config
         self.runner_id = runner_id or f"{socket.gethostname()}:{os.getpid()}"
         self.lines_answered = 0  # by this runner, since its start
-        self._slots: asyncio.Semaphore | None = None
+        self.interactive_in_flight = interactive_in_flight
+        self.share: LineShare | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._runs: set[_Run] = set()
@@ -107,9 +162,11 @@ class BatchRunner:
         return self.core.store
 
     def start(self) -> None:
-        self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        self.share = LineShare(self.config, self.interactive_in_flight)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch runner")
-        logger.info("batch runner %s started (%d lines at once)", self.runner_id, self.config.max_in_flight)
+        logger.info("batch runner %s started (%d lines at once, %d under interactive load)", self.runner_id,
+                    self.config.max_in_flight, self.config.max_in_flight_under_load if self.interactive_in_flight
+                    else self.config.max_in_flight)
 
     def halt(self) -> None:
         """At once, from the exit signal's handler, before the stream workers stop: nothing answered from
@@ -200,19 +257,17 @@ class BatchRunner:
         return not run.lost and not self._stopping and await self._finish(run)
 
     async def _run_lines(self, run: _Run, lines: list[dict[str, Any]], pending: list[int]) -> None:
-        assert self._slots is not None
-        slots = self._slots
+        assert self.share is not None
+        share = self.share
         watcher = asyncio.create_task(self._watch(run))
         caller = BatchCaller(run.batch.owner)
         try:
             for i in pending:
-                await slots.acquire()
-                if run.stopped:
-                    slots.release()
+                if not await share.acquire(run):
                     break
                 task = asyncio.create_task(self._line(run, i, lines[i], caller))
                 run.tasks.add(task)
-                task.add_done_callback(lambda t: (run.tasks.discard(t), slots.release()))
+                task.add_done_callback(lambda t: (run.tasks.discard(t), share.release()))
             while run.tasks:
                 await asyncio.wait(set(run.tasks))
         finally:
@@ -223,6 +278,7 @@ class BatchRunner:
 
     async def _line(self, run: _Run, index: int, line: dict[str, Any], caller: BatchCaller) -> None:
         endpoint = run.batch.body["endpoint"]
+        background_request.set(True)  # this task's streams are not interactive load (its own context)
         status_code, body = await self.answer(endpoint, line["body"], caller)
         if self._stopping or run.lost:
             return  # cut off by the stop, or no longer this runner's: run again by whoever holds it next

@@ -66,8 +66,9 @@ class InProcessPool(BoundedPool):
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
         if self._model is None or self._stopping:
             raise PoolUnavailable("the server is stopping")
-        self.claim()
+        background = self.claim()
         stream = ResponseStream(next(self._rids), self)  # type: ignore[arg-type]  # the pool is its own worker
+        stream.background = background
         task = asyncio.get_running_loop().create_task(self._run(stream, spec))
         self._running[stream.rid] = (stream, task)
         return stream

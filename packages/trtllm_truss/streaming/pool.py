@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import asdict
 from typing import Protocol
 
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 WORKER_START_TIMEOUT_S = 120.0
 WORKER_RESTART_BACKOFF_S = 1.0
+
+# True in a batch line's task (`serving.batch_runner`): the streams it submits are counted apart
+# (`BoundedPool.background_streams`), so that what the host admitted less them is its interactive load.
+background_request: ContextVar[bool] = ContextVar("background_request", default=False)
 
 
 class PoolBusy(Exception):
@@ -74,7 +79,7 @@ class ResponseStream:
 
     __slots__ = (
         "rid", "_worker", "_parts", "_log_probs", "_read_log_probs", "end", "_waiter", "_closed", "_last_text_at",
-        "opened_at", "first_text_at", "listener", "spec",
+        "opened_at", "first_text_at", "listener", "spec", "background",
     )
 
     def __init__(self, rid: int, worker: _Worker, spec: GenerationSpec | None = None) -> None:
@@ -93,6 +98,7 @@ class ResponseStream:
         self.opened_at = time.monotonic()
         self.first_text_at: float | None = None
         self.listener: StreamListener | None = None
+        self.background = False  # a batch line's stream (`background_request`), as `claim` counted it
 
     def _deliver(self, text: str | list, log_probs: list | None, end: StreamEnd | None) -> None:
         self.spec = None
@@ -174,7 +180,7 @@ class ResponseStream:
         if self._closed:
             return
         self._closed = True
-        self._worker.pool.release()
+        self._worker.pool.release(self.background)
         self._worker.forget(self)
         if self.listener is not None:
             self.listener.stream_closed(self)
@@ -337,6 +343,7 @@ class BoundedPool:
         self.max_in_flight = max_in_flight
         self.chunk_rate = chunk_rate
         self.open_streams = 0  # streams the HTTP side still reads (submitted, not closed)
+        self.background_streams = 0  # of them, batch lines' (`background_request`)
 
     async def warm_up(self) -> None:
         """Before serving, on the serving loop: what a first request would build (stream workers warm
@@ -347,18 +354,23 @@ class BoundedPool:
         chunk), open streams / chunk_rate when that many streams would exceed the rate."""
         return self.open_streams / self.chunk_rate
 
-    def claim(self) -> None:
+    def claim(self) -> bool:
         """A slot for one more request (counted in open_streams), or PoolBusy. Held until the HTTP side
-        closes the stream (`release`): a request is admitted until its answer is out."""
+        closes the stream (`release`): a request is admitted until its answer is out. True for a batch
+        line's request (counted in background_streams too: `release` must be told)."""
         if self.admission is None:
             if self.open_streams >= self.max_in_flight:
                 raise PoolBusy(f"{self.open_streams} requests in flight, the limit is {self.max_in_flight}")
         elif not self.admission.take():
             raise PoolBusy(f"the replica's {self.max_in_flight} requests in flight are taken")
         self.open_streams += 1
+        background = background_request.get()
+        self.background_streams += background
+        return background
 
-    def release(self) -> None:
+    def release(self, background: bool = False) -> None:
         self.open_streams -= 1
+        self.background_streams -= background
         if self.admission is not None:
             self.admission.give_back()
 
@@ -437,7 +449,7 @@ class StreamPool(BoundedPool):
 
     async def submit(self, spec: GenerationSpec) -> ResponseStream:
         # Claimed before the first await: requests arriving meanwhile see the slot taken.
-        self.claim()
+        background = self.claim()
         try:
             running = []
             for worker in self._workers:
@@ -449,10 +461,11 @@ class StreamPool(BoundedPool):
                 if not worker.connected:  # no coroutine per worker per request once all are attached
                     await worker.attach()
             stream = ResponseStream(0, None, spec)  # type: ignore[arg-type]  # `_start` gives it its worker
+            stream.background = background
             if not self._start(stream):
                 raise PoolUnavailable("no stream worker is running")
         except BaseException:
-            self.release()
+            self.release(background)
             raise
         return stream
 
