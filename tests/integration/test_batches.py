@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,6 +252,55 @@ def test_a_responses_line_stores_its_response_as_the_batch_owners(served: Served
     assert client.responses.retrieve(response_id).id == response_id  # stored (the default), the owner's
     with pytest.raises(openai.NotFoundError):
         served.openai(KEY_B).responses.retrieve(response_id)
+
+
+def _requests_in_flight(url: str) -> int:
+    """Requests on the engine (running and waiting, every frontend's: batch lines count too), from /metrics."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return round(sum(float(m.group(1)) for m in re.finditer(
+        r"^trtllm_num_requests_(?:running|waiting)\{[^}]*\} ([0-9.e+]+)$", text, re.MULTILINE)))
+
+
+def test_the_batch_takes_one_line_at_a_time_beside_an_interactive_request(served: Served):
+    """The module's server runs 2 batch lines on an idle host (max_in_flight 2) and 1 while interactive
+    requests are in flight (max_in_flight_under_load's default): with one long interactive stream open, the
+    engine settles at that stream and one batch line."""
+    client, url = served.openai(), served.proc.url
+    lines = [{"custom_id": f"share-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "embedded", "max_tokens": 16, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": f"Describe {i}."}]}} for i in range(400)]
+    uploaded = client.files.create(file=("share.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()),
+                                   purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    poll(lambda: _requests_in_flight(url) == 2, 120.0, what="the idle share: 2 batch lines on the engine")
+    ended = threading.Event()
+
+    def interactive() -> None:
+        body = {"model": "embedded", "stream": True, "max_tokens": 500, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Tell a long story."}]}
+        try:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300,
+                              headers={"Authorization": f"Bearer {KEY_A}"}) as response:
+                for _ in response.iter_lines():
+                    pass
+        finally:
+            ended.set()
+
+    stream = threading.Thread(target=interactive)
+    stream.start()
+    try:
+        settled = []  # consecutive scrapes reading the stream and one batch line
+
+        def one_line_beside_the_stream() -> bool:
+            settled.append(_requests_in_flight(url) == 2 and not ended.is_set())
+            return settled[-5:] == [True] * 5
+
+        poll(lambda: ended.is_set() or one_line_beside_the_stream(), 240.0, what="one batch line beside the stream")
+        assert settled[-5:] == [True] * 5, "the interactive stream ended before the batch's share settled at 1 line"
+    finally:
+        stream.join(timeout=300)
+        client.batches.cancel(batch.id)
+        _ended(client, batch.id)
 
 
 def test_active_batches_on_metrics(served: Served):

@@ -3,7 +3,8 @@
 One run: interactive TTFT at `--streams` concurrent streamed chats, in `--rounds` rounds of a phase
 without a batch then a phase with one running (a batch of `--lines` lines, cancelled after its phase),
 and a last phase without (side by side, same server: each phase with a batch is compared with the phases
-without on either side of it). Then a `--lines`-line batch runs to its end, the server stopped with
+without on either side of it). Then a batch runs `--alone-s` seconds with no interactive request (its
+lines per second on an idle host, against those beside interactive traffic), and a `--lines`-line batch runs to its end, the server stopped with
 SIGTERM once half of it is answered and started again on the same store, and every line must be answered
 exactly once (counted from its output file). Writes the raw numbers as JSON.
 
@@ -91,6 +92,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--max-in-flight", type=int, default=4)
+    parser.add_argument("--max-in-flight-under-load", type=int, default=1,
+                        help="runtime.batches.max_in_flight_under_load: the batch lines started while interactive requests run")
+    parser.add_argument("--alone-s", type=float, default=20.0,
+                        help="seconds a batch runs with no interactive request (its lines/s on an idle host; 0: skipped)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--no-restart", action="store_true",
                         help="only the side-by-side TTFT phases, not the batch stopped and resumed (step 2)")
@@ -102,6 +107,7 @@ def main() -> None:
     env = {"TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": str(args.processes),
            "TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3"),
            "TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT": str(args.max_in_flight),
+           "TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT_UNDER_LOAD": str(args.max_in_flight_under_load),
            "TRTLLM_RUNTIME__BATCHES__POLL_S": "0.2"}
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.platform(),
                     "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -159,6 +165,15 @@ def main() -> None:
         report["ttft_p50_ratio_pooled"] = pooled[True]["p50_ms"] / pooled[False]["p50_ms"]
         answered = sum(p["batch_lines_answered_during"] for p in phases if p["batch"])
         report["batch_lines_per_s_beside_interactive"] = answered / sum(p["wall_s"] for p in phases if p["batch"])
+        if args.alone_s > 0:  # the same batch on an idle host: what the share under load costs the batch
+            load = submit()
+            at_start, started = batch_status(url, load["id"])["request_counts"]["completed"], time.monotonic()
+            time.sleep(args.alone_s)
+            answered = batch_status(url, load["id"])["request_counts"]["completed"] - at_start
+            report["batch_lines_per_s_idle_host"] = answered / (time.monotonic() - started)
+            httpx.post(f"{url}/v1/batches/{load['id']}/cancel", headers=HEADERS, timeout=60)
+            while batch_status(url, load["id"])["status"] != "cancelled":
+                time.sleep(0.2)
         if args.no_restart:
             return
 
