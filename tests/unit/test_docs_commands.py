@@ -30,6 +30,9 @@ from pathlib import Path
 
 import pytest
 
+# The docs' commands run as users type them, a process each (about 40 s): their text, not the Python, is what changes.
+pytestmark = pytest.mark.one_python
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md"] + sorted(
     p for p in (REPO / "docs").glob("*.md") if p.name != "performance.md"

@@ -86,6 +86,7 @@ def test_an_update_may_be_conditional_on_the_status(backend: Backend):
     assert store.get("response", "resp_bg", ALICE).status == "cancelled"
 
 
+@pytest.mark.one_python  # 10,000 writes: the bound is the store's, not the Python's
 def test_ten_thousand_responses_at_a_1_mb_bound_keep_within_it_oldest_first_out(backend: Backend):
     bound = 1_000_000
     store = backend.open(max_bytes=bound)

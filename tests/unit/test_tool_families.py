@@ -193,6 +193,7 @@ def _long_answer(family: str, size: int) -> str:
     }[family]
 
 
+@pytest.mark.one_python  # the parsers' cost grows with what is fed on every Python alike
 @pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "gemma4", "minimax_m3", "pythonic"])
 def test_a_feed_costs_what_it_adds_not_the_whole_call(family):
     """The parsers run per token in the stream workers: a call four times longer (fed a few characters
@@ -202,13 +203,15 @@ def test_a_feed_costs_what_it_adds_not_the_whole_call(family):
     def seconds(size: int) -> float:
         answer = _long_answer(family, size)
         best = float("inf")
-        for _ in range(3):
+        for _ in range(5):
             parser = OutputParser.create(None, family, None, "", LONG_TOOLS)
-            start = time.perf_counter()
+            # this process's CPU time, not the wall clock: other processes on a busy machine (CI's other lane)
+            # take the cores, not this loop's operations
+            start = time.process_time()
             for at in range(0, len(answer), 4):
                 parser.feed(answer[at:at + 4])
             parser.finish()
-            best = min(best, time.perf_counter() - start)
+            best = min(best, time.process_time() - start)
         return best
 
     assert seconds(24_000) / seconds(6_000) < 9
