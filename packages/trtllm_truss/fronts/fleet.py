@@ -97,6 +97,8 @@ class FleetFront(DirectFront):
             raise DirectFrontError(str(exc)) from None
         for line in self.fleet_plan.describe():
             logger.info("%s", line.lstrip("# "))
+        for warning in self.fleet_plan.warnings:
+            logger.warning("%s", warning)
         self.replicas = FleetReplicas(self.truss_dir, self.fleet_plan, fleet, environ=self._environ,
                                       startup_timeout_s=self._startup_timeout_s,
                                       advertise_host=self._advertise_host or advertise_host(fleet, self._environ),
