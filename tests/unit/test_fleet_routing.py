@@ -179,6 +179,8 @@ def test_kv_events_through_the_relay_steer_the_router(fleet):
             async def routed_to_replica_1():
                 route = await router.route(prompt + [7, 7])
                 await route.done()
+                # Named by the Dynamo instance the router chose (the front's x-replica header).
+                assert route.replica == str(route.worker_id) and route.worker_id in router.replicas()
                 return route.engine.grpc_url == URLS[1]
 
             await _until(routed_to_replica_1, 20, "the prompt routed to the replica that holds its blocks")
@@ -198,17 +200,29 @@ async def _ready(router, count: int) -> bool:
     return len(router.replicas()) >= count
 
 
-def test_round_robin_uses_both_replicas(fleet):
-    async def run() -> set[str]:
+def test_round_robin_uses_both_replicas_and_names_each(fleet):
+    """Each stream is told the replica that serves it: its Dynamo instance id, one per replica."""
+    async def served_by(engine):  # in place of an engine's stream: which Triton the route reached
+        yield engine.grpc_url
+
+    async def run() -> tuple[set[tuple[str, str]], set[str]]:
         router = _router(fleet, "round_robin")
         await router.start()
         try:
             await _until(lambda: _ready(router, 2), 20, "both replicas")
-            return {(await router.route([1, 2, 3])).engine.grpc_url for _ in range(4)}
+            seen = set()
+            for _ in range(4):
+                told: list[str] = []
+                async for url in router.stream([1, 2, 3], served_by, on_replica=told.append):
+                    assert len(told) == 1, told  # told before the stream's first item
+                    seen.add((url, told[0]))
+            return seen, {str(i) for i in router.replicas()}
         finally:
             await router.close()
 
-    assert asyncio.run(run()) == set(URLS)
+    seen, instances = asyncio.run(run())
+    assert {url for url, _ in seen} == set(URLS)
+    assert {name for _, name in seen} == instances and len(seen) == 2, (seen, instances)  # one name per replica
 
 
 def test_approximate_mode_keeps_a_prefix_where_it_sent_it(fleet):
