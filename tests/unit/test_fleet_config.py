@@ -48,6 +48,9 @@ def write(root: Path, fleet: dict | None, runtime: dict | None = None, **top) ->
         ({"etcd": {"endpoints": ["http://10.0.0.5:2379"]}}, "fleet.etcd"),
         ({"replica": 2}, "fleet.replica"),
         ({"namespace": "Has Spaces"}, "fleet.namespace"),
+        ({"overlap_score_credit": -1}, "fleet.overlap_score_credit"),
+        ({"prefill_load_scale": float("inf")}, "fleet.prefill_load_scale"),
+        ({"router_temperature": float("nan")}, "fleet.router_temperature"),
     ],
 )
 def test_a_bad_setting_names_its_key(tmp_path: Path, fleet: dict, key: str):
@@ -199,3 +202,32 @@ def test_the_replicas_get_the_plans_engine_instances_as_a_config_override(tmp_pa
         assert "TRTLLM_RUNTIME__PYTORCH__INSTANCE_COUNT" not in replicas._env(replicas._replicas[0])
     finally:
         replicas.stop()
+
+
+# --- Dynamo's router weights ------------------------------------------------------------------------------
+
+
+def test_the_router_weights_reach_the_frontends_router_settings():
+    """Dynamo 1.6.1's KvRouterConfig names (overlap_score_credit, prefill_load_scale, router_temperature), from
+    the section through the plan to what each frontend builds its KvRouterConfig from."""
+    from trtllm_truss.fronts.fleet import front_settings
+
+    fleet = FleetConfig(overlap_score_credit=2.5, prefill_load_scale=3.0, router_temperature=0.25)
+    plan = make_fleet_plan(fleet, backend="pytorch", gpu_count=0, gpus_per_replica=1, enable_kv_cache_reuse=True)
+    assert "(overlap_score_credit 2.5, prefill_load_scale 3, router_temperature 0.25)" in plan.describe()[2]
+    settings = front_settings(plan, {"DYN_FILE_KV": "/tmp/x"})
+    assert (settings.overlap_score_credit, settings.prefill_load_scale, settings.router_temperature) == (2.5, 3.0, 0.25)
+    assert settings.environment == (("DYN_FILE_KV", "/tmp/x"),)
+    defaults = front_settings(make_fleet_plan(FleetConfig(), backend="pytorch", gpu_count=0, gpus_per_replica=1,
+                                              enable_kv_cache_reuse=True), {})
+    assert (defaults.overlap_score_credit, defaults.prefill_load_scale, defaults.router_temperature) == (1.0, 1.0, 0.0)
+
+
+def test_router_weights_set_for_round_robin_are_warned_about_naming_the_key():
+    fleet = FleetConfig(router_mode="round_robin", overlap_score_credit=2.0)
+    plan = make_fleet_plan(fleet, backend="pytorch", gpu_count=0, gpus_per_replica=1, enable_kv_cache_reuse=True)
+    assert [w.split(":")[0] for w in plan.warnings] == ["model_metadata.trt_llm.fleet.overlap_score_credit"]
+    assert "overlap_score_credit" not in plan.describe()[2]
+    quiet = make_fleet_plan(FleetConfig(router_mode="round_robin"), backend="pytorch", gpu_count=0,
+                            gpus_per_replica=1, enable_kv_cache_reuse=True)
+    assert not quiet.warnings

@@ -142,12 +142,12 @@ def fleet(request, tmp_path_factory) -> Iterator[dict]:
                 process.wait()
 
 
-def _router(fleet: dict, mode: str):
+def _router(fleet: dict, mode: str, **weights):
     from trtllm_truss.streaming.fleet_router import FleetFrontSettings, FleetRouter
 
     settings = FleetFrontSettings(namespace=fleet["namespace"], discovery=fleet["discovery"], router_mode=mode,
                                   block_size=BLOCK,
-                                  environment=(*fleet["variables"].items(), ("DYN_LOG", "error")))
+                                  environment=(*fleet["variables"].items(), ("DYN_LOG", "error")), **weights)
     return FleetRouter(settings, "tensorrt_llm")
 
 
@@ -244,6 +244,25 @@ def test_approximate_mode_keeps_a_prefix_where_it_sent_it(fleet):
             await router.close()
 
     assert len(asyncio.run(run())) == 1
+
+
+def test_the_router_is_built_with_the_fleets_weights(fleet):
+    """fleet.overlap_score_credit / prefill_load_scale / router_temperature reach Dynamo's KvRouterConfig (read
+    back through Dynamo's own getters), and that router routes."""
+    async def run() -> tuple[float, float]:
+        router = _router(fleet, "kv", overlap_score_credit=2.5, prefill_load_scale=3.0, router_temperature=0.5)
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas")
+            route = await router.route([11, 12, 13, 14, 15])
+            await route.done()
+            assert route.engine.grpc_url in URLS
+            config = router.kv_router_config
+            return config.overlap_score_credit, config.prefill_load_scale
+        finally:
+            await router.close()
+
+    assert asyncio.run(run()) == (2.5, 3.0)
 
 
 def test_a_stopped_replica_leaves_at_once(fleet):

@@ -30,6 +30,7 @@ LLMAPI_TOKENS_PER_BLOCK = 32
 BACKENDS_WITH_KV_EVENTS = ("llmapi", "pytorch")
 KV_ROUTED = (RouterMode.KV, RouterMode.APPROXIMATE)
 INSTANCE_COUNT_KEY = "model_metadata.trt_llm.runtime.pytorch.instance_count"
+ROUTER_COST_KEYS = frozenset({"router_temperature", "overlap_score_credit", "prefill_load_scale"})  # kv, approximate
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class FleetPlan:
     backend: str
     tokens_per_block: int
     router_temperature: float = 0.0
+    overlap_score_credit: float = 1.0
+    prefill_load_scale: float = 1.0
     approximate_ttl_s: float = 120.0
     replica_join_timeout_s: float = 600.0
     # Backend pytorch: the stand-in's engine instances each replica gets from the fleet (1 for KV routing, where
@@ -62,10 +65,16 @@ class FleetPlan:
         return [
             f"# fleet: {self.replicas} replica(s) on this host, {where}",
             f"#   Dynamo namespace {self.namespace}, discovery {self.discovery} ({self.discovery_detail})",
-            f"#   router: Dynamo's {self.router_mode} router; KV block size {self.tokens_per_block} tokens;"
-            f" KV events: {events}",
+            f"#   router: Dynamo's {self.router_mode} router{self._weights()}; KV block size {self.tokens_per_block}"
+            f" tokens; KV events: {events}",
             *self._engine_line(),
         ]
+
+    def _weights(self) -> str:
+        if self.router_mode not in {m.value for m in KV_ROUTED}:
+            return ""
+        return (f" (overlap_score_credit {self.overlap_score_credit:g}, prefill_load_scale {self.prefill_load_scale:g},"
+                f" router_temperature {self.router_temperature:g})")
 
     def _engine_line(self) -> list[str]:
         if self.backend != "pytorch":
@@ -144,6 +153,10 @@ def make_fleet_plan(
                 " instance of the stand-in has its own block pool and Triton picks the instance, while Dynamo's router"
                 " sees one replica), so prefixes the router sends to a replica are often not found there; remove the"
                 " setting (a KV-routed fleet gives each replica 1, as TensorRT-LLM's one executor) or set 1",)
+    if mode not in KV_ROUTED:
+        unused = sorted(ROUTER_COST_KEYS & fleet.model_fields_set)
+        warnings += tuple(f"{key}.{name}: set, but router_mode {mode.value} weighs no cost (only kv and approximate"
+                          " do); remove it or choose one of those" for name in unused)
     if fleet.discovery.value == "file":
         detail = f"directory {fleet.file.directory}" if fleet.file.directory else "a directory of this run"
     elif fleet.discovery.value == "etcd":
@@ -162,6 +175,8 @@ def make_fleet_plan(
         backend=backend,
         tokens_per_block=tokens_per_block,
         router_temperature=fleet.router_temperature,
+        overlap_score_credit=fleet.overlap_score_credit,
+        prefill_load_scale=fleet.prefill_load_scale,
         approximate_ttl_s=fleet.approximate_ttl_s,
         replica_join_timeout_s=fleet.replica_join_timeout_s,
         engine_instances=engine_instances,

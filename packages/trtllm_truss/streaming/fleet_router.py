@@ -55,6 +55,8 @@ class FleetFrontSettings:
     router_mode: str  # kv | approximate | round_robin
     block_size: int
     router_temperature: float = 0.0
+    overlap_score_credit: float = 1.0  # KvRouterConfig's names and defaults (Dynamo 1.6.1), as config.fleet's
+    prefill_load_scale: float = 1.0
     approximate_ttl_s: float = 120.0
     environment: tuple[tuple[str, str], ...] = ()  # Dynamo's discovery variables (DYN_FILE_KV, ETCD_ENDPOINTS)
 
@@ -101,6 +103,7 @@ class FleetRouter:
         self.runtime: Any = None
         self.client: Any = None
         self.kv_router: Any = None
+        self.kv_router_config: Any = None  # the KvRouterConfig the router was built with
         self._engines_by_url: dict[str, Any] = {}
         self._urls_by_worker: dict[int, tuple[str, str | None]] = {}  # instance id -> (Triton gRPC, its name)
         self._ids = itertools.count(1)
@@ -120,8 +123,10 @@ class FleetRouter:
         self.client = await endpoint.client()
         mode = self.settings.router_mode
         if mode in ("kv", "approximate"):
-            config = KvRouterConfig(
+            config = self.kv_router_config = KvRouterConfig(
                 router_temperature=self.settings.router_temperature,
+                overlap_score_credit=self.settings.overlap_score_credit,
+                prefill_load_scale=self.settings.prefill_load_scale,
                 use_kv_events=mode == "kv",
                 router_ttl_secs=self.settings.approximate_ttl_s,
             )
