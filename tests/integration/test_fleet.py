@@ -6,6 +6,7 @@ tritonservers, the stand-in engine).
 - KV routing: the same long prompt sent 5 times lands on one replica and comes back with `cached_tokens`
   >= 75 % of the prompt each time after the first (the router is fed by the replicas' KV events);
 - round robin: the same prompt is spread over both replicas (so it is the KV router that keeps it on one);
+- each response, streamed or not, names the replica that took it (`x-replica`: its Dynamo instance id);
 - faults: a replica stopped leaves the fleet (requests go to the other), comes back when started; a replica
   killed mid-stream ends its open stream with an error; a stop leaves no process, Dynamo's included.
 
@@ -134,6 +135,15 @@ def _replicas(server: TrussServer, what: str = "grpc") -> dict[int, str]:
     return found
 
 
+def _instances(server: TrussServer) -> dict[int, str]:
+    """Replica index -> its Dynamo instance id now (what the fleet names it by in the x-replica header)."""
+    found = {}
+    for match in re.finditer(r"replica (\d+) in the fleet \(Dynamo instance (\d+)\)",
+                             server.log_path.read_text(errors="replace")):
+        found[int(match.group(1))] = match.group(2)
+    return found
+
+
 def _metric(server: TrussServer, name: str) -> float:
     """The sum of a Triton metric over the replicas (the stand-in's own series)."""
     total = 0.0
@@ -199,9 +209,16 @@ def _chat(server: TrussServer, content: str, max_tokens: int = 4, model: str = "
     ],
 )
 def test_every_dialect_is_served_through_the_fleet(kv_fleet, path, body, answered):
+    instances = set(_instances(kv_fleet).values())
     response = _post(kv_fleet, path, body)
     assert response.status_code == 200, response.text
     assert answered(response.json()), response.text
+    assert response.headers["x-replica"] in instances, (response.headers, instances)  # the replica that took it
+    with httpx.stream("POST", kv_fleet.url + path, json={**body, "stream": True}, timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as streamed:
+        assert streamed.status_code == 200
+        assert streamed.headers["x-replica"] in instances, (streamed.headers, instances)
+        assert "".join(streamed.iter_text())
 
 
 def test_api_key_lora_structured_output_and_streaming_through_the_fleet(kv_fleet):
@@ -277,11 +294,19 @@ def test_kv_routing_on_the_llm_api_path(llmapi_fleet):
 
 def test_round_robin_spreads_the_same_prompt_over_both_replicas(rr_fleet):
     before = _counts(rr_fleet)
+    named = []
     for _ in range(4):
-        _chat(rr_fleet, LONG_PROMPT)
+        response = _post(rr_fleet, "/v1/chat/completions", {"model": "embedded", "max_tokens": 4,
+                                                            "messages": [{"role": "user", "content": LONG_PROMPT}]})
+        assert response.status_code == 200, response.text
+        named.append(response.headers["x-replica"])
     after = _counts(rr_fleet)
     grew = {i: after[i] - before[i] for i in after}
     assert len(grew) == 2 and all(n >= 1 for n in grew.values()), grew
+    # Each response names the replica that took it: both appear, none more often than its engine served.
+    instances = _instances(rr_fleet)
+    assert set(named) == {instances[i] for i in grew}, (named, instances)
+    assert all(named.count(instances[i]) <= grew[i] for i in grew), (named, instances, grew)
 
 
 # --- faults ------------------------------------------------------------------------------------------

@@ -142,12 +142,12 @@ def fleet(request, tmp_path_factory) -> Iterator[dict]:
                 process.wait()
 
 
-def _router(fleet: dict, mode: str):
+def _router(fleet: dict, mode: str, **weights):
     from trtllm_truss.streaming.fleet_router import FleetFrontSettings, FleetRouter
 
     settings = FleetFrontSettings(namespace=fleet["namespace"], discovery=fleet["discovery"], router_mode=mode,
                                   block_size=BLOCK,
-                                  environment=(*fleet["variables"].items(), ("DYN_LOG", "error")))
+                                  environment=(*fleet["variables"].items(), ("DYN_LOG", "error")), **weights)
     return FleetRouter(settings, "tensorrt_llm")
 
 
@@ -179,6 +179,8 @@ def test_kv_events_through_the_relay_steer_the_router(fleet):
             async def routed_to_replica_1():
                 route = await router.route(prompt + [7, 7])
                 await route.done()
+                # Named by the Dynamo instance the router chose (the front's x-replica header).
+                assert route.replica == str(route.worker_id) and route.worker_id in router.replicas()
                 return route.engine.grpc_url == URLS[1]
 
             await _until(routed_to_replica_1, 20, "the prompt routed to the replica that holds its blocks")
@@ -198,17 +200,29 @@ async def _ready(router, count: int) -> bool:
     return len(router.replicas()) >= count
 
 
-def test_round_robin_uses_both_replicas(fleet):
-    async def run() -> set[str]:
+def test_round_robin_uses_both_replicas_and_names_each(fleet):
+    """Each stream is told the replica that serves it: its Dynamo instance id, one per replica."""
+    async def served_by(engine):  # in place of an engine's stream: which Triton the route reached
+        yield engine.grpc_url
+
+    async def run() -> tuple[set[tuple[str, str]], set[str]]:
         router = _router(fleet, "round_robin")
         await router.start()
         try:
             await _until(lambda: _ready(router, 2), 20, "both replicas")
-            return {(await router.route([1, 2, 3])).engine.grpc_url for _ in range(4)}
+            seen = set()
+            for _ in range(4):
+                told: list[str] = []
+                async for url in router.stream([1, 2, 3], served_by, on_replica=told.append):
+                    assert len(told) == 1, told  # told before the stream's first item
+                    seen.add((url, told[0]))
+            return seen, {str(i) for i in router.replicas()}
         finally:
             await router.close()
 
-    assert asyncio.run(run()) == set(URLS)
+    seen, instances = asyncio.run(run())
+    assert {url for url, _ in seen} == set(URLS)
+    assert {name for _, name in seen} == instances and len(seen) == 2, (seen, instances)  # one name per replica
 
 
 def test_approximate_mode_keeps_a_prefix_where_it_sent_it(fleet):
@@ -230,6 +244,25 @@ def test_approximate_mode_keeps_a_prefix_where_it_sent_it(fleet):
             await router.close()
 
     assert len(asyncio.run(run())) == 1
+
+
+def test_the_router_is_built_with_the_fleets_weights(fleet):
+    """fleet.overlap_score_credit / prefill_load_scale / router_temperature reach Dynamo's KvRouterConfig (read
+    back through Dynamo's own getters), and that router routes."""
+    async def run() -> tuple[float, float]:
+        router = _router(fleet, "kv", overlap_score_credit=2.5, prefill_load_scale=3.0, router_temperature=0.5)
+        await router.start()
+        try:
+            await _until(lambda: _ready(router, 2), 20, "both replicas")
+            route = await router.route([11, 12, 13, 14, 15])
+            await route.done()
+            assert route.engine.grpc_url in URLS
+            config = router.kv_router_config
+            return config.overlap_score_credit, config.prefill_load_scale
+        finally:
+            await router.close()
+
+    assert asyncio.run(run()) == (2.5, 3.0)
 
 
 def test_a_stopped_replica_leaves_at_once(fleet):

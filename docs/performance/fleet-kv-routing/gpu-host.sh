@@ -7,9 +7,11 @@
 #   mocker         Dynamo's mocker fleet (harness.py) on the same slice, replicas, block size and pools
 #   direct1-cN / fleet1-cN   one replica served directly vs a 1-replica fleet, N streams back to back
 # Usage, from the repository root: bash gpu-host.sh STEP...  LOCAL=1: the development machine's .venv, small loads.
+# RES (default /tmp/res), PORT (default 8000): where results go and where the fleet listens. Dynamo's router
+# weights come from the environment as any fleet setting (e.g. TRTLLM_FLEET__OVERLAP_SCORE_CREDIT=4).
 set -u
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-560}
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; RES=/tmp/res; mkdir -p $RES
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT; RES=${RES:-/tmp/res}; mkdir -p $RES; PORT=${PORT:-8000}
 STUDY=docs/performance/fleet-kv-routing
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 pack() { tar -czf $OUT/results.tgz -C $RES . 2>/dev/null; }
@@ -60,11 +62,11 @@ served_bench() {
   local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   local left=$(( BUDGET_S - ($(date +%s) - T0) )); [ $left -lt 90 ] && { log "SKIP $name (${left}s left)"; return; }
   local s=$(date +%s); log "START $name: ${envs[*]} serve $*"
-  setsid env "${ENGINE[@]}" "${envs[@]}" $PYRUN -m trtllm_truss.cli serve . --port 8000 "$@" > $RES/$name-serve.log 2>&1 &
+  setsid env "${ENGINE[@]}" "${envs[@]}" $PYRUN -m trtllm_truss.cli serve . --port $PORT "$@" > $RES/$name-serve.log 2>&1 &
   local pid=$!
-  if ! wait_up http://127.0.0.1:8000 $pid 240 $RES/$name-serve.log; then log "$name: not up"; tail -30 $RES/$name-serve.log; stop $pid; pack; return; fi
+  if ! wait_up http://127.0.0.1:$PORT $pid 240 $RES/$name-serve.log; then log "$name: not up"; tail -30 $RES/$name-serve.log; stop $pid; pack; return; fi
   log "$name: up in $(( $(date +%s) - s ))s"
-  timeout $(( left - 30 )) $PYRUN -m trtllm_truss.cli bench . --url http://127.0.0.1:8000 "${BENCH[@]}" --json $RES/${C}core-$name.json > $RES/$name.log 2>&1
+  timeout $(( left - 30 )) $PYRUN -m trtllm_truss.cli bench . --url http://127.0.0.1:$PORT "${BENCH[@]}" --json $RES/${C}core-$name.json > $RES/$name.log 2>&1
   log "$name bench rc=$? in $(( $(date +%s) - s ))s"; tail -${TAILN:-14} $RES/$name.log
   stop $pid; pack
 }

@@ -120,8 +120,9 @@ def check_plan(resolved, trtllm_version: str | None, out, err) -> int:
     lines += parser_lines
     from trtllm_truss.planning.fleet import fleet_report
 
-    fleet_lines, fleet_problems = fleet_report(resolved, target.plan)  # the fleet section's plan, if any
+    fleet_lines, fleet_warnings, fleet_problems = fleet_report(resolved, target.plan)  # the fleet's plan, if any
     lines += fleet_lines
+    warnings = [*warnings, *fleet_warnings]
     problems = [*problems, *fleet_problems]
     for line in lines:  # plain print: a command must stay on one line whatever the terminal width
         print(redact(line), file=out.file)

@@ -5,8 +5,10 @@ how Dynamo's router chooses among them); which processes it takes is `runtime.fl
 that asks the router is `fronts.fleet_router`. Names here are Dynamo 1.6.1's: the discovery backends of
 `dynamo.runtime.DistributedRuntime` ("file", "etcd", "kubernetes"), the router modes of
 `dynamo.llm.RouterMode` (KV with KV events, KV without them: `KvRouterConfig(use_kv_events=False)`,
-which Dynamo calls approximate; round robin), and `KvRouterConfig`'s `router_temperature` /
-`router_ttl_secs`.
+which Dynamo calls approximate; round robin), and `KvRouterConfig`'s `router_temperature`,
+`overlap_score_credit`, `prefill_load_scale` and `router_ttl_secs` (Dynamo 1.6.1's router cost: a replica's
+prefill blocks less `overlap_score_credit` x its cached prefix blocks, floored at 0, times
+`prefill_load_scale`, plus its decode blocks; the lowest cost wins, or a softmax at `router_temperature`).
 """
 
 from __future__ import annotations
@@ -90,7 +92,20 @@ class FleetConfig(StrictModel):
         " round_robin: no KV awareness.",
     )
     router_temperature: float = Field(
-        0.0, ge=0.0, description="Dynamo's KvRouterConfig.router_temperature: 0 always picks the best replica."
+        0.0, ge=0.0, allow_inf_nan=False,
+        description="Dynamo's KvRouterConfig.router_temperature: 0 always picks the best replica.",
+    )
+    overlap_score_credit: float = Field(
+        1.0, ge=0.0, allow_inf_nan=False,
+        description="router_mode kv / approximate: Dynamo's KvRouterConfig.overlap_score_credit, how many prefill"
+        " blocks each cached prefix block takes off a replica's cost; above 1 favours the replica holding the prefix"
+        " over a less loaded one, 0 routes by load alone (Dynamo's frontend: --router-kv-overlap-score-credit).",
+    )
+    prefill_load_scale: float = Field(
+        1.0, ge=0.0, allow_inf_nan=False,
+        description="router_mode kv / approximate: Dynamo's KvRouterConfig.prefill_load_scale, the weight of a"
+        " replica's prefill blocks left after the overlap credit against its decode blocks (Dynamo's frontend:"
+        " --router-prefill-load-scale).",
     )
     approximate_ttl_s: float = Field(
         120.0, gt=0.0, description="router_mode approximate: how long the router assumes a routed prefix stays cached"

@@ -54,7 +54,8 @@ class PytorchEngineConfig(StrictModel):
         ge=1,
         le=64,
         description="Engine instances (Triton stub processes, each with its own engine and a share of "
-        "max_batch_size). None: 1 for a model; for the synthetic engine one per 2 CPU cores (1..16).",
+        "max_batch_size, and its own KV block pool). None: 1 for a model; for the synthetic engine one per 2 CPU cores"
+        " (1..16); 1 in a fleet routed by KV (`fleet.router_mode` kv, approximate), one KV cache a replica.",
     )
     sender_threads: int = Field(
         1,

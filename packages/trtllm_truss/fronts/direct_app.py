@@ -52,6 +52,7 @@ from trtllm_truss.api.messages import error_response as anthropic_error
 from trtllm_truss.fronts.accept import RECHECK_SIGNAL, ConnectionFiller
 from trtllm_truss.serving import chat, completions, conversations, messages, native, responses, stored_responses
 from trtllm_truss.serving.core import SERVED_MODEL_NAME, RequestCore, use_serving_metrics
+from trtllm_truss.serving.replica_header import replica_header
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.native import native_error
 from trtllm_truss.serving.openai_shared import openai_error
@@ -132,7 +133,9 @@ class DirectApp:
                 if status is None:
                     raise
                 return render_error(status, str(exc.detail), None)
-            return _json(await handle(core, body, request))
+            response = _json(await handle(core, body, request))
+            response.headers.update(replica_header(request))  # a fleet: the replica(s) that took it
+            return response
 
         return endpoint
 

@@ -84,7 +84,6 @@ class FleetFront(DirectFront):
         from trtllm_truss.planning.plan import make_plan
         from trtllm_truss.planning.probe import probe_facts
         from trtllm_truss.runtime.fleet import FleetReplicas
-        from trtllm_truss.streaming.fleet_router import FleetFrontSettings
 
         _require_dynamo()
         resolved = load_config(self.truss_dir, self._environ)
@@ -97,6 +96,8 @@ class FleetFront(DirectFront):
             raise DirectFrontError(str(exc)) from None
         for line in self.fleet_plan.describe():
             logger.info("%s", line.lstrip("# "))
+        for warning in self.fleet_plan.warnings:
+            logger.warning("%s", warning)
         self.replicas = FleetReplicas(self.truss_dir, self.fleet_plan, fleet, environ=self._environ,
                                       startup_timeout_s=self._startup_timeout_s,
                                       advertise_host=self._advertise_host or advertise_host(fleet, self._environ),
@@ -106,13 +107,8 @@ class FleetFront(DirectFront):
         progress(f"starting {self.fleet_plan.replicas} replica(s)")
         self.replicas.start()
         self.replicas.wait_ready(self._startup_timeout_s or fleet.replica_join_timeout_s)
-        self._front_settings = FleetFrontSettings(
-            namespace=self.fleet_plan.namespace, discovery=self.fleet_plan.discovery,
-            router_mode=self.fleet_plan.router_mode, block_size=self.fleet_plan.tokens_per_block,
-            router_temperature=self.fleet_plan.router_temperature, approximate_ttl_s=self.fleet_plan.approximate_ttl_s,
-            environment=tuple(sorted({**self.replicas.discovery_env,
-                                      "DYN_LOG": self._environ.get("DYN_LOG", "warn")}.items())),
-        )
+        self._front_settings = front_settings(
+            self.fleet_plan, {**self.replicas.discovery_env, "DYN_LOG": self._environ.get("DYN_LOG", "warn")})
         return stack
 
     def _frontend_extra(self) -> dict[str, Any]:
@@ -125,6 +121,19 @@ class FleetFront(DirectFront):
         if self.replicas is not None:
             self.replicas.check()
         return super().check()
+
+
+def front_settings(plan: Any, environment: dict[str, str]) -> Any:
+    """What each frontend's router is built from (`streaming.fleet_router.FleetFrontSettings`): the fleet's plan
+    (discovery, router mode and Dynamo's router weights, the engine's KV block size) and Dynamo's variables."""
+    from trtllm_truss.streaming.fleet_router import FleetFrontSettings
+
+    return FleetFrontSettings(
+        namespace=plan.namespace, discovery=plan.discovery, router_mode=plan.router_mode,
+        block_size=plan.tokens_per_block, router_temperature=plan.router_temperature,
+        overlap_score_credit=plan.overlap_score_credit, prefill_load_scale=plan.prefill_load_scale,
+        approximate_ttl_s=plan.approximate_ttl_s, environment=tuple(sorted(environment.items())),
+    )
 
 
 def _fleet_front_plan(plan: Any) -> Any:

@@ -8,6 +8,13 @@ Which backends give KV cache events: NVIDIA's LLM API (`LLM.get_kv_cache_events_
 worker reads, `dynamo/trtllm/publisher.py`) and the stand-in, which gives them in the same shape. NVIDIA's
 C++ backend (`tensorrtllm` through Triton) exposes none to its clients, so it is routed by Dynamo's KV router
 without events (approximate: the router remembers where it sent each prefix).
+
+A replica has one KV cache: TensorRT-LLM runs one executor (one block pool) per replica, whatever the
+number of Triton instances in front of it, and so does our llmapi model (its instances are clients of one
+LLM). The stand-in (backend pytorch) is different: each of its Triton instances is an engine with its own
+block pool, and Triton, not Dynamo's router, picks the instance. So a KV-routed fleet of the stand-in gives
+each replica one engine instance unless `runtime.pytorch.instance_count` is set, and warns where it is set
+above 1 (the instances split the replica's cache: the router's view of what it holds is wrong).
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ DEFAULT_TOKENS_PER_BLOCK = 64  # trtllm-build's default tokens_per_block (the en
 # as is (repository/llmapi.py sets no tokens_per_block; engine_standin/llmapi_kv.py holds the same default).
 LLMAPI_TOKENS_PER_BLOCK = 32
 BACKENDS_WITH_KV_EVENTS = ("llmapi", "pytorch")
+KV_ROUTED = (RouterMode.KV, RouterMode.APPROXIMATE)
+INSTANCE_COUNT_KEY = "model_metadata.trt_llm.runtime.pytorch.instance_count"
+ROUTER_COST_KEYS = frozenset({"router_temperature", "overlap_score_credit", "prefill_load_scale"})  # kv, approximate
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,15 @@ class FleetPlan:
     backend: str
     tokens_per_block: int
     router_temperature: float = 0.0
+    overlap_score_credit: float = 1.0
+    prefill_load_scale: float = 1.0
     approximate_ttl_s: float = 120.0
     replica_join_timeout_s: float = 600.0
+    # Backend pytorch: the stand-in's engine instances each replica gets from the fleet (1 for KV routing, where
+    # runtime.pytorch.instance_count is not set), else None (the replica's own plan decides).
+    engine_instances: int | None = None
+    configured_engine_instances: int | None = None  # runtime.pytorch.instance_count as set
+    warnings: tuple[str, ...] = ()
 
     def describe(self) -> list[str]:
         where = (f"{self.gpus_per_replica} GPU(s) each: " + "; ".join(",".join(map(str, s)) for s in self.gpu_sets)
@@ -48,9 +65,29 @@ class FleetPlan:
         return [
             f"# fleet: {self.replicas} replica(s) on this host, {where}",
             f"#   Dynamo namespace {self.namespace}, discovery {self.discovery} ({self.discovery_detail})",
-            f"#   router: Dynamo's {self.router_mode} router; KV block size {self.tokens_per_block} tokens;"
-            f" KV events: {events}",
+            f"#   router: Dynamo's {self.router_mode} router{self._weights()}; KV block size {self.tokens_per_block}"
+            f" tokens; KV events: {events}",
+            *self._engine_line(),
         ]
+
+    def _weights(self) -> str:
+        if self.router_mode not in {m.value for m in KV_ROUTED}:
+            return ""
+        return (f" (overlap_score_credit {self.overlap_score_credit:g}, prefill_load_scale {self.prefill_load_scale:g},"
+                f" router_temperature {self.router_temperature:g})")
+
+    def _engine_line(self) -> list[str]:
+        if self.backend != "pytorch":
+            return []
+        if self.engine_instances is not None:
+            how = "one KV block pool a replica, as TensorRT-LLM's one executor"
+            return [f"#   engine instances per replica: {self.engine_instances} ({how})"]
+        if self.configured_engine_instances is not None:
+            split = (", each with its own KV block pool: they split the replica's cache"
+                     if self.configured_engine_instances > 1 and self.router_mode in {m.value for m in KV_ROUTED} else "")
+            return [f"#   engine instances per replica: {self.configured_engine_instances}"
+                    f" (runtime.pytorch.instance_count{split})"]
+        return ["#   engine instances per replica: the stand-in's default (runtime.pytorch.instance_count)"]
 
 
 class FleetPlanError(ValueError):
@@ -72,8 +109,10 @@ def make_fleet_plan(
     tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
     replicas: int | None = None,
     event_buffer_max_size: int | None = None,
+    engine_instance_count: int | None = None,
 ) -> FleetPlan:
-    """`replicas` (from `serve --replicas`) overrides the section's. Raises FleetPlanError naming the key."""
+    """`replicas` (from `serve --replicas`) overrides the section's; `engine_instance_count`:
+    runtime.pytorch.instance_count as set (None: not set). Raises FleetPlanError naming the key."""
     key = "model_metadata.trt_llm.fleet"
     count = replicas if replicas is not None else fleet.replicas
     if count < 1:
@@ -103,6 +142,21 @@ def make_fleet_plan(
                 f"{key}.replicas: {count} replica(s) x {per} GPU(s) each need {count * per} GPUs; this host has"
                 f" {gpu_count}")
         gpu_sets = tuple(tuple(range(i * per, (i + 1) * per)) for i in range(count))
+    engine_instances = None
+    warnings: tuple[str, ...] = ()
+    if backend == "pytorch" and mode in KV_ROUTED:
+        if engine_instance_count is None:
+            engine_instances = 1
+        elif engine_instance_count > 1:
+            warnings = (
+                f"{INSTANCE_COUNT_KEY}: {engine_instance_count} engine instances split each replica's KV cache (each"
+                " instance of the stand-in has its own block pool and Triton picks the instance, while Dynamo's router"
+                " sees one replica), so prefixes the router sends to a replica are often not found there; remove the"
+                " setting (a KV-routed fleet gives each replica 1, as TensorRT-LLM's one executor) or set 1",)
+    if mode not in KV_ROUTED:
+        unused = sorted(ROUTER_COST_KEYS & fleet.model_fields_set)
+        warnings += tuple(f"{key}.{name}: set, but router_mode {mode.value} weighs no cost (only kv and approximate"
+                          " do); remove it or choose one of those" for name in unused)
     if fleet.discovery.value == "file":
         detail = f"directory {fleet.file.directory}" if fleet.file.directory else "a directory of this run"
     elif fleet.discovery.value == "etcd":
@@ -121,24 +175,30 @@ def make_fleet_plan(
         backend=backend,
         tokens_per_block=tokens_per_block,
         router_temperature=fleet.router_temperature,
+        overlap_score_credit=fleet.overlap_score_credit,
+        prefill_load_scale=fleet.prefill_load_scale,
         approximate_ttl_s=fleet.approximate_ttl_s,
         replica_join_timeout_s=fleet.replica_join_timeout_s,
+        engine_instances=engine_instances,
+        configured_engine_instances=engine_instance_count,
+        warnings=warnings,
     )
 
 
-def fleet_report(resolved, plan, replicas: int | None = None) -> tuple[list[str], list[str]]:
-    """What `validate` prints of the fleet (lines, problems); nothing without a fleet section or --replicas."""
+def fleet_report(resolved, plan, replicas: int | None = None) -> tuple[list[str], list[str], list[str]]:
+    """What `validate` prints of the fleet (lines, warnings, problems); nothing without a fleet section or
+    --replicas."""
     fleet = resolved.trt_llm.fleet
     if fleet is None and replicas is None:
-        return [], []
+        return [], [], []
     fleet = fleet or FleetConfig()
     accelerator = resolved.accelerator
     try:
         fleet_plan = plan_for(fleet, resolved, plan, replicas=replicas,
                               gpu_count=accelerator.count if accelerator is not None else 0)
     except FleetPlanError as exc:
-        return [], [str(exc)]
-    return fleet_plan.describe(), []
+        return [], [], [str(exc)]
+    return fleet_plan.describe(), list(fleet_plan.warnings), []
 
 
 def plan_for(fleet: FleetConfig, resolved, plan, *, gpu_count: int, replicas: int | None = None) -> FleetPlan:
@@ -152,4 +212,5 @@ def plan_for(fleet: FleetConfig, resolved, plan, *, gpu_count: int, replicas: in
         tokens_per_block=LLMAPI_TOKENS_PER_BLOCK if plan.backend == "llmapi" else tokens_per_block_of(trt.build),
         replicas=replicas,
         event_buffer_max_size=getattr(trt.runtime, "event_buffer_max_size", None),
+        engine_instance_count=trt.runtime.pytorch.instance_count,
     )

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtllm_truss.config.sources import env_name
 from trtllm_truss.planning.fleet import FleetPlan
 from trtllm_truss.runtime.fleet_replica import ReplicaSettings
 
 logger = logging.getLogger(__name__)
 
 REPLICA_STOP_S = 30.0
+INSTANCE_COUNT_PATH = ("runtime", "pytorch", "instance_count")  # the stand-in's engine instances (config.runtime)
 PACKAGES_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -103,6 +105,8 @@ class FleetReplicas:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGES_DIR), env.get("PYTHONPATH", "")) if p)
         # Triton's python stub embeds the first python3 on PATH: this interpreter's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        if self.plan.engine_instances is not None:  # the plan's engine instances (planning.fleet: one KV pool a replica)
+            env[env_name(INSTANCE_COUNT_PATH)] = str(self.plan.engine_instances)
         if replica.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, replica.gpus))
         env.setdefault("DYN_LOG", "warn")

@@ -98,8 +98,10 @@ class ReplicaWorker:
         return f"{self.settings.advertise_host}:{port}"
 
     async def handle(self, request: Any, context: Any = None):
-        """The endpoint: who this replica is (the fronts cache it per instance)."""
-        yield {"grpc_url": self.grpc_url, "replica": self.settings.index, "pid": os.getpid()}
+        """The endpoint: who this replica is (the fronts cache it per instance). `instance`: its Dynamo
+        instance id, what the fronts name it by (the `x-replica` response header; Dynamo's own `worker_id`)."""
+        yield {"grpc_url": self.grpc_url, "replica": self.settings.index, "instance": self.endpoint.connection_id(),
+               "pid": os.getpid()}
 
     async def run(self) -> None:
         from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model

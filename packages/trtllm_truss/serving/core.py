@@ -38,6 +38,7 @@ from trtllm_truss.parsers import forced_syntax
 from trtllm_truss.serving.availability import Availability
 from trtllm_truss.serving.metrics import ServingMetrics
 from trtllm_truss.serving.generation import Generation, GenerationFailed
+from trtllm_truss.serving.replica_header import name_replicas
 from trtllm_truss.serving.request import Answer, GenerationRequest, Guide
 from trtllm_truss.streaming.pool import PoolBusy, PoolUnavailable, ResponseStream, StreamPool
 from trtllm_truss.streaming.protocol import GenerationSpec
@@ -398,6 +399,7 @@ class RequestCore:
             self._refused(end, sent)
             raise Refused(end.status or 503, end.error, counted=True)
         self.availability.served()
+        name_replicas(http_request, [stream])
         return _generation(stream, first, spec)
 
     def _refused(self, end: Any, sent_ns: int) -> None:
@@ -459,6 +461,7 @@ class RequestCore:
                 self._refused(end, sent)
                 raise Refused(end.status or 503, end.error, counted=True)
         self.availability.served()
+        name_replicas(http_request, streams)
         return [_generation(stream, first, spec) for stream, first, spec in zip(streams, firsts, specs)]
 
     async def collect(self, generations: list[Generation], http_request: Request | None) -> list[Answer]:

@@ -14,7 +14,9 @@ loop: a Dynamo `DistributedRuntime` with the fleet's discovery, a client of the 
 The stream itself goes from this process to the chosen replica's Triton gRPC (`engine.EngineClient`), as
 with one replica: every dialect, parser, guide, LoRA, cancellation and usage works as it does there. A
 replica's Triton address comes from its instance once (a describe call through Dynamo's request plane,
-cached per instance id). The tokens the router hashes are the engine's prompt ids, in blocks of the
+cached per instance id). The replica that takes a request is named by its Dynamo instance id (the id
+Dynamo's router returns, and the one the replica's describe answer gives for round robin), which the
+front sends back in the `x-replica` response header. The tokens the router hashes are the engine's prompt ids, in blocks of the
 engine's tokens_per_block, so its view matches the events' blocks.
 """
 
@@ -53,6 +55,8 @@ class FleetFrontSettings:
     router_mode: str  # kv | approximate | round_robin
     block_size: int
     router_temperature: float = 0.0
+    overlap_score_credit: float = 1.0  # KvRouterConfig's names and defaults (Dynamo 1.6.1), as config.fleet's
+    prefill_load_scale: float = 1.0
     approximate_ttl_s: float = 120.0
     environment: tuple[tuple[str, str], ...] = ()  # Dynamo's discovery variables (DYN_FILE_KV, ETCD_ENDPOINTS)
 
@@ -63,6 +67,7 @@ class Route:
     def __init__(self, router: FleetRouter, engine: Any, worker_id: int | None, request_id: str | None) -> None:
         self.engine = engine
         self.worker_id = worker_id
+        self.replica: str | None = None if worker_id is None else str(worker_id)  # its Dynamo instance id
         self._router = router
         self._request_id = request_id
         self._prefilled = False
@@ -98,8 +103,9 @@ class FleetRouter:
         self.runtime: Any = None
         self.client: Any = None
         self.kv_router: Any = None
+        self.kv_router_config: Any = None  # the KvRouterConfig the router was built with
         self._engines_by_url: dict[str, Any] = {}
-        self._urls_by_worker: dict[int, str] = {}
+        self._urls_by_worker: dict[int, tuple[str, str | None]] = {}  # instance id -> (Triton gRPC, its name)
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-"
         self.routed: dict[int, int] = {}  # worker id -> requests routed there (for logs and tests)
@@ -117,8 +123,10 @@ class FleetRouter:
         self.client = await endpoint.client()
         mode = self.settings.router_mode
         if mode in ("kv", "approximate"):
-            config = KvRouterConfig(
+            config = self.kv_router_config = KvRouterConfig(
                 router_temperature=self.settings.router_temperature,
+                overlap_score_credit=self.settings.overlap_score_credit,
+                prefill_load_scale=self.settings.prefill_load_scale,
                 use_kv_events=mode == "kv",
                 router_ttl_secs=self.settings.approximate_ttl_s,
             )
@@ -137,8 +145,9 @@ class FleetRouter:
         except asyncio.TimeoutError:
             raise NoReplica("no replica of the fleet is ready; try again shortly") from None
 
-    async def _describe(self, worker_id: int | None) -> str:
-        """The Triton gRPC address of `worker_id` (round robin: of the replica Dynamo's client picks)."""
+    async def _describe(self, worker_id: int | None) -> tuple[str, str | None]:
+        """The Triton gRPC address and the name (Dynamo instance id) of `worker_id` (round robin: of the
+        replica Dynamo's client picks)."""
         if worker_id is not None and worker_id in self._urls_by_worker:
             return self._urls_by_worker[worker_id]
         try:
@@ -153,10 +162,11 @@ class FleetRouter:
             raise NoReplica(f"the chosen replica did not answer ({type(exc).__name__}: {exc})") from None
         if not isinstance(answer, dict) or "grpc_url" not in answer:
             raise NoReplica("the chosen replica did not say where its engine is")
-        url = answer["grpc_url"]
+        instance = answer.get("instance")
+        found = answer["grpc_url"], None if instance is None else str(instance)
         if worker_id is not None:
-            self._urls_by_worker[worker_id] = url
-        return url
+            self._urls_by_worker[worker_id] = found
+        return found
 
     def _engine(self, url: str) -> Any:
         engine = self._engines_by_url.get(url)
@@ -205,7 +215,7 @@ class FleetRouter:
             route = Route(self, None, best["worker_id"], None)
         self.routed[route.worker_id] = self.routed.get(route.worker_id, 0) + 1
         try:
-            route.engine = self._engine(await self._describe(route.worker_id))
+            route.engine = self._engine((await self._describe(route.worker_id))[0])
         except BaseException:
             self._failed_on(route)
             await route.done()
@@ -217,17 +227,24 @@ class FleetRouter:
         failure: Exception | None = None
         for _ in range(max(1, len(self.replicas()))):
             try:
-                return Route(self, self._engine(await self._describe(None)), None, None)
+                url, name = await self._describe(None)
+                route = Route(self, self._engine(url), None, None)
+                route.replica = name
+                return route
             except NoReplica as exc:
                 failure = exc
         raise failure or NoReplica("no replica of the fleet is ready; try again shortly")
 
-    async def stream(self, token_ids: list[int], generate_on: Callable[[Any], Any]) -> Any:
+    async def stream(self, token_ids: list[int], generate_on: Callable[[Any], Any],
+                     on_replica: Callable[[str], None] | None = None) -> Any:
         """`generate_on(engine)`'s responses from the replica the router picks. A replica that fails before
         its first response (gone, or going: its gRPC is down) is avoided and the request routed once more;
-        after a first response, its failure is the client's (the stream ends with the error)."""
+        after a first response, its failure is the client's (the stream ends with the error). `on_replica`
+        is told each route's replica before its stream starts (the last one told is the one that served)."""
         for attempt in (1, 2):
             route = await self.route(token_ids)
+            if on_replica is not None and route.replica is not None:
+                on_replica(route.replica)
             started = False
             try:
                 async with aclosing(route.follow(generate_on(route.engine))) as responses:

@@ -266,7 +266,8 @@ class WorkerModel:
 
     # --- one request ----------------------------------------------------------------------------
 
-    async def run(self, spec: GenerationSpec, emit: Emit) -> StreamEnd:
+    async def run(self, spec: GenerationSpec, emit: Emit, on_replica: Callable[[str], None] | None = None) -> StreamEnd:
+        """`on_replica`: told the name of the fleet's replica that takes the request (a fleet's front only)."""
         prompt_tokens = 0
         try:
             if spec.messages is not None and self._chat is None:
@@ -276,13 +277,14 @@ class WorkerModel:
             prompt_tokens = len(ids)
             if spec.count_only:
                 return StreamEnd(prompt_tokens=prompt_tokens)
-            return await self._stream(spec, text, ids, emit)
+            return await self._stream(spec, text, ids, emit, on_replica)
         except RequestError as exc:
             return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens)
         except UpstreamError as exc:
             return StreamEnd(error=str(exc), status=exc.status, prompt_tokens=prompt_tokens, engine_down=exc.status == 503)
 
-    async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Emit) -> StreamEnd:
+    async def _stream(self, spec: GenerationSpec, text: str, ids: list[int], emit: Emit,
+                      on_replica: Callable[[str], None] | None = None) -> StreamEnd:
         params = spec.params
         tokenizer = self.tokenizer
         if params.end_id is None:  # what NVIDIA's preprocessing sends when the client does not say
@@ -309,7 +311,7 @@ class WorkerModel:
                 params = dataclasses.replace(params, guided_decoding_guide=spec.thinking_guide[1])
         pieces = self._pieces(
             params, text, ids, draft_totals if self.settings.draft_stats else None, parsed=parser is not None,
-            kv_reused=kv_reused if self.settings.kv_block_tokens else None,
+            kv_reused=kv_reused if self.settings.kv_block_tokens else None, on_replica=on_replica,
         )
         release = LogProbRelease() if params.return_log_probs else None
         generated: list[str] = []  # the answer's text, validated against spec.output_schema at the end
@@ -361,7 +363,7 @@ class WorkerModel:
 
     async def _pieces(
         self, params, text: str, ids: list[int], draft_totals: list[int] | None = None, *, parsed: bool = False,
-        kv_reused: list[int] | None = None,
+        kv_reused: list[int] | None = None, on_replica: Callable[[str], None] | None = None,
     ) -> AsyncIterator[tuple[str, int, list | None]]:
         """(text, tokens, [(token text, log prob)] or None) per engine response."""
         engine_params = dataclasses.replace(params, stop_words=(), bad_words=(), exclude_input_in_output=True)
@@ -390,7 +392,8 @@ class WorkerModel:
             )
 
         # A fleet: the replica Dynamo's router picks (streaming/fleet_router.py).
-        generate = generate_on(self.engine) if self.router is None else self.router.stream(ids, generate_on)
+        generate = (generate_on(self.engine) if self.router is None
+                    else self.router.stream(ids, generate_on, on_replica=on_replica))
         async with aclosing(generate) as responses:
             async for new_ids, log_probs in responses:
                 if log_probs is None:

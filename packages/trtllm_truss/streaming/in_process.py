@@ -76,7 +76,8 @@ class InProcessPool(BoundedPool):
     async def _run(self, stream: ResponseStream, spec: GenerationSpec) -> None:
         assert self._model is not None
         try:
-            end = await self._model.run(spec, lambda text, log_probs: stream._deliver(text, log_probs, None))
+            end = await self._model.run(spec, lambda text, log_probs: stream._deliver(text, log_probs, None),
+                                        on_replica=lambda name: setattr(stream, "replica", name))
         except asyncio.CancelledError:
             return  # closed by the HTTP side, or the server is stopping (which ended the stream)
         except Exception as exc:  # a bug must end its own request visibly, never the process

@@ -79,7 +79,7 @@ class ResponseStream:
 
     __slots__ = (
         "rid", "_worker", "_parts", "_log_probs", "_read_log_probs", "end", "_waiter", "_closed", "_last_text_at",
-        "opened_at", "first_text_at", "listener", "spec", "background",
+        "opened_at", "first_text_at", "listener", "spec", "background", "replica",
     )
 
     def __init__(self, rid: int, worker: _Worker, spec: GenerationSpec | None = None) -> None:
@@ -99,6 +99,7 @@ class ResponseStream:
         self.first_text_at: float | None = None
         self.listener: StreamListener | None = None
         self.background = False  # a batch line's stream (`background_request`), as `claim` counted it
+        self.replica: str | None = None  # the fleet's replica that takes the request, where a fleet's router told
 
     def _deliver(self, text: str | list, log_probs: list | None, end: StreamEnd | None) -> None:
         self.spec = None
