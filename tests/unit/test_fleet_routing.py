@@ -184,7 +184,12 @@ def test_kv_events_through_the_relay_steer_the_router(fleet):
                 return route.engine.grpc_url == URLS[1]
 
             await _until(routed_to_replica_1, 20, "the prompt routed to the replica that holds its blocks")
-            for _ in range(3):  # and it stays there
+            async def no_request_active() -> bool:  # Dynamo's router applies a `free` after it returns
+                loads = await router.kv_router.get_potential_loads(prompt + [7, 7])
+                return all(row["active_requests"] == 0 for row in loads)
+
+            for _ in range(3):  # and it stays there, each time the last one's load is off the router's view
+                await _until(no_request_active, 20, "the router's view of the last request freed")
                 assert await routed_to_replica_1()
         finally:
             await router.close()
