@@ -17,13 +17,13 @@ args=$1; shift
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# The integration modules lane 2 runs after its own suites (chosen by their time in CI's logs).
+# The integration modules lane 2 runs after its own suites (chosen by their time in a local CI run: lane 1 912 s,
+# lane 2 1,074 s with test_forced_calls_only here too, which went back to lane 1).
 SECOND_LANE_MODULES=(
   tests/integration/test_stack_shutdown.py
   tests/integration/test_truss_server_agent_apis.py
   tests/integration/test_truss_server_lora.py
   tests/integration/test_stored_responses.py
-  tests/integration/test_forced_calls_only.py
 )
 not_second=()
 for module in "${SECOND_LANE_MODULES[@]}"; do not_second+=(--ignore "$module"); done
