@@ -23,7 +23,7 @@ import openai
 import pytest
 from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
+from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, front_ready, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -55,7 +55,7 @@ class Served:
         self.starts += 1
         proc = start_direct_server(REPO_ROOT, self.work / f"direct-{self.starts}.log", env=self.env)
         self.proc = proc
-        poll(lambda: proc.process.poll() is not None or _ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
+        poll(lambda: proc.process.poll() is not None or front_ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
         assert proc.process.poll() is None, proc.log_tail()
 
     def openai(self, key: str = KEY_A) -> openai.OpenAI:
@@ -63,13 +63,6 @@ class Served:
 
     def anthropic(self, key: str = KEY_A) -> anthropic.Anthropic:
         return anthropic.Anthropic(base_url=self.proc.url, api_key=key, max_retries=0, timeout=60)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import yaml
 from trtllm_truss.cli import main
 from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import TrussServer, free_port
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
+from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, front_ready, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -49,18 +49,11 @@ def server(tmp_path_factory) -> Iterator[TrussServer]:
            "TRTLLM_RUNTIME__DIRECT_FRONT__API_KEY_SECRET": "hf_access_token"}
     proc = start_direct_server(REPO_ROOT, work / "direct.log", env=env)
     try:
-        poll(lambda: proc.process.poll() is not None or _ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
+        poll(lambda: proc.process.poll() is not None or front_ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
         assert proc.process.poll() is None, proc.log_tail()
         yield proc
     finally:
         proc.stop()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _auth(key: str = API_KEY) -> dict[str, str]:
@@ -186,7 +179,7 @@ def test_readiness_is_503_in_every_process_while_tritonserver_is_down(server: Tr
     statuses = [answer.status_code for answer in from_every_frontend(server, lambda c: c.get("/health/ready", timeout=5))]
     assert set(statuses) <= {503}, statuses  # none may say ready
     assert httpx.get(server.url + "/health/live", timeout=5).status_code == 200  # restarting, not dead
-    poll(lambda: _ready(server.url), STARTUP_TIMEOUT_S, 0.2, "ready again after the restart")
+    poll(lambda: front_ready(server.url), STARTUP_TIMEOUT_S, 0.2, "ready again after the restart")
     answer = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=_auth(), timeout=60)
     assert answer.status_code == 200
 
@@ -267,7 +260,7 @@ def test_init_front_direct_start_command_serves_the_truss(tmp_path: Path):
     url = f"http://127.0.0.1:{port}"
     try:
         assert server["readiness_endpoint"] == "/health/ready"
-        poll(lambda: process.poll() is not None or _ready(url), STARTUP_TIMEOUT_S, what="start_command serving")
+        poll(lambda: process.poll() is not None or front_ready(url), STARTUP_TIMEOUT_S, what="start_command serving")
         assert process.poll() is None, log.read_text()[-3000:]
         assert httpx.get(url + server["liveness_endpoint"], timeout=5).status_code == 200
         answer = httpx.post(url + server["predict_endpoint"], json={"prompt": "Hi", "max_tokens": 4, "stream": False},

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.fronts.truss_server import TrussServer, free_port
-from truss_serving import REPO_ROOT, poll
+from truss_serving import REPO_ROOT, front_ready, poll
 
 pytest.importorskip("dynamo.llm", reason="NVIDIA Dynamo not installed (requirements/fleet.txt; scripts/bootstrap.sh)")
 
@@ -78,17 +78,10 @@ def _start(work: Path, router_mode: str, extra_env: dict[str, str] | None = None
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     server = TrussServer(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
-    poll(lambda: process.poll() is not None or _ready(server.url), STARTUP_TIMEOUT_S, interval_s=1.0,
+    poll(lambda: process.poll() is not None or front_ready(server.url), STARTUP_TIMEOUT_S, interval_s=1.0,
          what=f"fleet ({router_mode}) ready")
     assert process.poll() is None, server.log_tail()
     return server
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -345,12 +338,6 @@ def _replica_pids(server: TrussServer) -> dict[int, int]:
     return found
 
 
-def _active(server: TrussServer, index: int) -> float:
-    url = _replicas(server, "metrics")[index]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url, timeout=5).text.splitlines()
-               if line.startswith("trtllm_standin_active_requests"))
-
-
 def test_a_killed_replica_ends_its_open_streams_and_the_others_serve(rr_fleet):
     assert len(_replica_processes(rr_fleet)) == 2
     body = {"model": "embedded", "stream": True, "max_tokens": 400, "ignore_eos": True,
@@ -363,8 +350,11 @@ def test_a_killed_replica_ends_its_open_streams_and_the_others_serve(rr_fleet):
             streams = [first.iter_lines(), second.iter_lines()]
             for lines in streams:
                 assert next(line for line in lines if line.startswith("data: "))
-            on = {i: _active(rr_fleet, i) for i in (0, 1)}
-            victim_index = max(on, key=on.get)
+            # The replica each stream is on, as the fleet names it (x-replica); the first stream's is killed.
+            named = [first.headers["x-replica"], second.headers["x-replica"]]
+            by_instance = {instance: index for index, instance in _instances(rr_fleet).items()}
+            victim_index = by_instance[named[0]]
+            on = {victim_index: named.count(named[0])}
             victim = psutil.Process(_replica_pids(rr_fleet)[victim_index])
             doomed = victim.children(recursive=True)
             victim.kill()  # a crash: no goodbye to the fleet
@@ -374,7 +364,7 @@ def test_a_killed_replica_ends_its_open_streams_and_the_others_serve(rr_fleet):
     errors = [rest for rest in rests if any('"error"' in line for line in rest)]
     done = [rest for rest in rests if rest and rest[-1] == "data: [DONE]" and not any('"error"' in l for l in rest)]
     # The killed replica's streams were told; any on the other replica finished.
-    assert (len(errors), len(done)) == (on[victim_index], 2 - on[victim_index]), (on, rests)
+    assert (len(errors), len(done)) == (on[victim_index], 2 - on[victim_index]), (named, rests)
     # New requests are served by the other replica (the router drops the dead one; the launcher restarts it).
     deadline = time.monotonic() + 30
     served = 0

@@ -10,7 +10,6 @@ One server for the module (restarted once, on the same store file, by the restar
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +19,7 @@ import openai
 import pytest
 from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
+from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, front_ready, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -46,7 +45,7 @@ class Served:
         self.starts += 1
         proc = start_direct_server(REPO_ROOT, self.work / f"direct-{self.starts}.log", env=self.env)
         self.proc = proc
-        poll(lambda: proc.process.poll() is not None or _ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
+        poll(lambda: proc.process.poll() is not None or front_ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
         assert proc.process.poll() is None, proc.log_tail()
 
     def restart(self) -> None:
@@ -59,13 +58,6 @@ class Served:
 
     def client(self, key: str = KEY_A) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from postgres_server import postgres_binaries, postgres_server
 from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, poll
+from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, front_ready, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -39,7 +39,7 @@ def replicas(tmp_path_factory) -> Iterator[list[TrussServer]]:
         servers = [start_direct_server(REPO_ROOT, work / f"replica-{i}.log", env=env) for i in range(2)]
         try:
             for server in servers:
-                poll(lambda: server.process.poll() is not None or _ready(server.url), STARTUP_TIMEOUT_S, what="replica ready")
+                poll(lambda: server.process.poll() is not None or front_ready(server.url), STARTUP_TIMEOUT_S, what="replica ready")
                 assert server.process.poll() is None, server.log_tail()
             yield servers
         finally:
@@ -47,13 +47,6 @@ def replicas(tmp_path_factory) -> Iterator[list[TrussServer]]:
                 server.stop()
         for server in servers:
             assert SECRET_URL_PASSWORD not in server.log_path.read_text(errors="replace")
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _client(server: TrussServer, key: str = "sk-fleet-a") -> openai.OpenAI:

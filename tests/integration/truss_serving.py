@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 from trtllm_truss.fronts.direct import start_direct_server
 from trtllm_truss.fronts.truss_server import TrussServer, build_server_root, start_truss_server
 
@@ -61,3 +62,11 @@ def poll(condition, timeout_s: float, interval_s: float = 0.2, what: str = "cond
             return value
         time.sleep(interval_s)
     raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+def front_ready(url: str) -> bool:
+    """The front at `url` answers 200 on /health/ready (False while it refuses or does not listen yet)."""
+    try:
+        return httpx.get(url + "/health/ready", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
