@@ -168,6 +168,17 @@ class SqlStore(Store):
                 self._reset()
                 raise StoreError(f"the store failed: {type(exc).__name__}: {exc}") from exc
 
+    def _insert(self, cur: Any, obj: StoredObject, data: bytes, now: float) -> None:
+        """One new row for `obj` (none of its kind and id is left), counted, then the bound kept."""
+        self._run(
+            cur,
+            "INSERT INTO store_objects (kind, id, owner, status, created_at, updated_at, expires_at, size, body)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (obj.kind, obj.id, obj.owner, obj.status, obj.created_at, now, obj.created_at + self.ttl_s, len(data), data),
+        )
+        self._add(cur, len(data), 1)
+        self._evict(cur)
+
     # --- the interface --------------------------------------------------------------------------
 
     def put(self, obj: StoredObject) -> bool:
@@ -182,14 +193,7 @@ class SqlStore(Store):
             if old is not None:
                 self._run(cur, "DELETE FROM store_objects WHERE kind = ? AND id = ?", (obj.kind, obj.id))
                 self._add(cur, -old[0], -1)
-            self._run(
-                cur,
-                "INSERT INTO store_objects (kind, id, owner, status, created_at, updated_at, expires_at, size, body)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (obj.kind, obj.id, obj.owner, obj.status, obj.created_at, now, obj.created_at + self.ttl_s, len(data), data),
-            )
-            self._add(cur, len(data), 1)
-            self._evict(cur)
+            self._insert(cur, obj, data, now)
         return True
 
     def add(self, obj: StoredObject) -> bool:
@@ -201,14 +205,7 @@ class SqlStore(Store):
             self._expire(cur, now)
             if self._run(cur, "SELECT 1 FROM store_objects WHERE kind = ? AND id = ?", (obj.kind, obj.id)).fetchone():
                 return False
-            self._run(
-                cur,
-                "INSERT INTO store_objects (kind, id, owner, status, created_at, updated_at, expires_at, size, body)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (obj.kind, obj.id, obj.owner, obj.status, obj.created_at, now, obj.created_at + self.ttl_s, len(data), data),
-            )
-            self._add(cur, len(data), 1)
-            self._evict(cur)
+            self._insert(cur, obj, data, now)
         obj.updated_at = now
         return True
 
