@@ -21,9 +21,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from trtllm_truss.fronts.direct import start_direct_server
-from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, front_ready, poll
+from truss_serving import RestartableDirectFront, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -39,24 +37,13 @@ BODIES = {
 OBJECT = {"/v1/chat/completions": "chat.completion", "/v1/completions": "text_completion", "/v1/responses": "response"}
 
 
-class Served:
+class Served(RestartableDirectFront):
     def __init__(self, work: Path) -> None:
-        self.work = work
-        self.env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                    "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "2",
-                    "TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3"),
-                    "TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT": "2",
-                    "TRTLLM_RUNTIME__BATCHES__POLL_S": "0.2"}
-        self.starts = 0
-        self.proc: TrussServer | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.starts += 1
-        proc = start_direct_server(REPO_ROOT, self.work / f"direct-{self.starts}.log", env=self.env)
-        self.proc = proc
-        poll(lambda: proc.process.poll() is not None or front_ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
-        assert proc.process.poll() is None, proc.log_tail()
+        super().__init__(work, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "2",
+                                "TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3"),
+                                "TRTLLM_RUNTIME__BATCHES__MAX_IN_FLIGHT": "2",
+                                "TRTLLM_RUNTIME__BATCHES__POLL_S": "0.2"})
 
     def openai(self, key: str = KEY_A) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.proc.url + "/v1", api_key=key, max_retries=0, timeout=60)

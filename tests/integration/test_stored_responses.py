@@ -17,9 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from trtllm_truss.fronts.direct import start_direct_server
-from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import REPO_ROOT, STARTUP_TIMEOUT_S, front_ready, poll
+from truss_serving import RestartableDirectFront, poll
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -28,33 +26,14 @@ GREEDY = {"temperature": 0.0, "max_output_tokens": 12}
 USER_TURNS = ["My name is Ada.", "What is my name?", "Say it again.", "Spell it.", "Thanks, bye."]
 
 
-class Served:
-    """The direct front on one store file; `restart()` stops it and starts it again on the same file."""
+class Served(RestartableDirectFront):
+    """The direct front with 4 processes on one store file."""
 
     def __init__(self, work: Path) -> None:
-        self.work = work
-        self.env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                    "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "4",
-                    "TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS": "0",  # the kernel spreads connections
-                    "TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3")}
-        self.starts = 0
-        self.proc: TrussServer | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.starts += 1
-        proc = start_direct_server(REPO_ROOT, self.work / f"direct-{self.starts}.log", env=self.env)
-        self.proc = proc
-        poll(lambda: proc.process.poll() is not None or front_ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
-        assert proc.process.poll() is None, proc.log_tail()
-
-    def restart(self) -> None:
-        self.proc.stop()
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return self.proc.url
+        super().__init__(work, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                "TRTLLM_RUNTIME__DIRECT_FRONT__PROCESSES": "4",
+                                "TRTLLM_RUNTIME__DIRECT_FRONT__FILL_CONNECTIONS": "0",  # the kernel spreads connections
+                                "TRTLLM_RUNTIME__STORE__PATH": str(work / "store.sqlite3")})
 
     def client(self, key: str = KEY_A) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)

@@ -70,3 +70,30 @@ def front_ready(url: str) -> bool:
         return httpx.get(url + "/health/ready", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+class RestartableDirectFront:
+    """The direct front of this repository's truss on `env` (a store file, say), started at once; `restart()`
+    stops it and starts it again on the same settings, each start logging to `work`/direct-N.log."""
+
+    def __init__(self, work: Path, env: dict[str, str]) -> None:
+        self.work = work
+        self.env = env
+        self.starts = 0
+        self.proc: TrussServer | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.starts += 1
+        proc = start_direct_server(REPO_ROOT, self.work / f"direct-{self.starts}.log", env=self.env)
+        self.proc = proc
+        poll(lambda: proc.process.poll() is not None or front_ready(proc.url), STARTUP_TIMEOUT_S, what="direct front ready")
+        assert proc.process.poll() is None, proc.log_tail()
+
+    def restart(self) -> None:
+        self.proc.stop()
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
