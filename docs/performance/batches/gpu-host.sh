@@ -19,6 +19,7 @@ set -u
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-570}
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; RES=${RES:-/tmp/res-batches}; mkdir -p $RES
 STUDY=docs/performance/batches; CARRY=.carry/batches
+V=${VENV:-/tmp/vb}  # its own venv: the fleet study's (/tmp/v) on the same warm machine sees the whole image site
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 pack() { tar -czf $OUT/results.tmp -C $RES . 2>/dev/null && mv $OUT/results.tmp $OUT/results.tgz; }
 if [ "${1:-}" = carry ]; then
@@ -40,12 +41,13 @@ if [ -z "${LOCAL:-}" ]; then
   log "host: $(nproc) cores, $(python3 -V 2>&1); $(nvidia-smi -L 2>/dev/null | head -1)"
   log "cpu: $(lscpu 2>/dev/null | grep -E '^Model name' | tr -s ' ')"
   PY=$(command -v python3)
-  if [ ! -x /tmp/v/bin/python ]; then
-    $PY -m venv --without-pip /tmp/v || { log "venv failed"; exit 1; }
-    SP=$(/tmp/v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  if [ ! -x $V/bin/python ]; then
+    $PY -m venv --without-pip $V || { log "venv failed"; exit 1; }
+    SP=$($V/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     IMG=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     if [ -f $CARRY/site312.tar.xz ]; then tar -xJf $CARRY/site312.tar.xz -C "$SP" || { log "site extract failed"; exit 1; }
-    else cat /tmp/site312.part-aa .carry/site312.part-ab | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }; fi
+    else AB=.carry/site312.part-ab; [ -f $AB ] || AB=/tmp/site312.part-ab  # carried now, or kept by an earlier call
+         cat /tmp/site312.part-aa $AB | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }; fi
     tar -xJf $CARRY/site.tar.xz -C "$SP" || { log "extras extract failed"; exit 1; }
     # From the image only torch (with what it imports) and tokenizers, after ours: the image's other packages
     # are built for numpy 2 (scipy uses np.long, which numpy 1.26 lacks) and Triton 2.51's python backend
@@ -61,7 +63,7 @@ if [ -z "${LOCAL:-}" ]; then
     log "site ready: $(du -sh $SP | cut -f1)"
   fi
   cp $CARRY/batch_study.py $STUDY/batch_study.py
-  export PATH=/tmp/v/bin:$PATH; PYRUN=python
+  export PATH=$V/bin:$PATH; PYRUN=python
   REAL_SMI=$(command -v nvidia-smi)
   mkdir -p /tmp/nogpu && printf '#!/bin/sh\nexit 1\n' > /tmp/nogpu/nvidia-smi && chmod +x /tmp/nogpu/nvidia-smi
   export PATH=/tmp/nogpu:$PATH

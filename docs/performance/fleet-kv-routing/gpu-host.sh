@@ -28,7 +28,9 @@ if [ -z "${LOCAL:-}" ]; then
     $PY -m venv --without-pip /tmp/v || { log "venv failed"; exit 1; }
     SP=$(/tmp/v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     IMG=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    cat /tmp/site312.part-aa .carry/site312.part-ab | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }
+    # Part ab is carried by this call, or was kept under /tmp by an earlier call to the warm machine.
+    AB=.carry/site312.part-ab; [ -f $AB ] || AB=/tmp/site312.part-ab
+    cat /tmp/site312.part-aa $AB | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }
     cp -a /tmp/dyn/. "$SP/"
     echo "import site; site.addsitedir('$IMG')" > "$SP/zz_image_site.pth"
     # The package as committed on the study's branch (carried: the device gets /work/main's working tree,
@@ -75,7 +77,9 @@ for s in "$@"; do case $s in
             served_bench fleet$R-kv TRTLLM_FLEET__ROUTER_MODE=kv -- --replicas $R ;;
   fleet-rr) BENCH=("${TRACE[@]}" --trace-time-scale $SCALE --lru-pool-blocks $((R * POOL_BLOCKS)))
             served_bench fleet$R-round-robin TRTLLM_FLEET__ROUTER_MODE=round_robin -- --replicas $R ;;
-  mocker) log "START mocker"; timeout $(( BUDGET_S - ($(date +%s) - T0) - 10 )) $PYRUN $STUDY/harness.py --replicas $R --block-size $BLOCK --pool-blocks $POOL_BLOCKS \
+  # The mocker fleet's router gets the fleet's overlap credit where the environment sets one (the frontend's flag).
+  mocker) CREDIT=${TRTLLM_FLEET__OVERLAP_SCORE_CREDIT:+--frontend-arg=--router-kv-overlap-score-credit=$TRTLLM_FLEET__OVERLAP_SCORE_CREDIT}
+          log "START mocker $CREDIT"; timeout $(( BUDGET_S - ($(date +%s) - T0) - 10 )) $PYRUN $STUDY/harness.py --replicas $R --block-size $BLOCK --pool-blocks $POOL_BLOCKS $CREDIT \
             --trace-block-tokens $BLOCK --trace-max-input 1536 --trace-max-output $MAXOUT --trace-time-scale $SCALE \
             --trace-limit $LIMIT --engine-type trtllm --out /tmp/mocker > $RES/mocker-harness.log 2>&1
           log "mocker rc=$?"; tail -5 $RES/mocker-harness.log
