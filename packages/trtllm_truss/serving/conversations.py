@@ -19,7 +19,7 @@ from trtllm_truss.api.responses_stored import input_item_page
 from trtllm_truss.serving.core import Refused, RequestCore
 from trtllm_truss.serving.openai_shared import openai_error
 from trtllm_truss.serving.stored_responses import CONVERSATION as KIND
-from trtllm_truss.serving.stored_responses import appended, call, request_owner, routed
+from trtllm_truss.serving.stored_responses import appended, call, delete_owned, read_owned, request_owner, routed
 from trtllm_truss.store import Store, StoredObject
 
 
@@ -60,11 +60,7 @@ async def create(core: RequestCore, body: Any, http_request: Any) -> Any:
 
 
 async def retrieve(core: RequestCore, conversation_id: str, http_request: Any) -> Any:
-    async def work(store: Store) -> Any:
-        found = await call(store, store.get, KIND, conversation_id, request_owner(http_request))
-        return _not_found(conversation_id) if found is None else found.body["conversation"]
-
-    return await routed(core, work)
+    return await read_owned(core, KIND, conversation_id, http_request, _not_found, lambda found: found.body["conversation"])
 
 
 async def update(core: RequestCore, conversation_id: str, body: Any, http_request: Any) -> Any:
@@ -82,22 +78,14 @@ async def update(core: RequestCore, conversation_id: str, body: Any, http_reques
 
 
 async def delete(core: RequestCore, conversation_id: str, http_request: Any) -> Any:
-    async def work(store: Store) -> Any:
-        if not await call(store, store.delete, KIND, conversation_id, request_owner(http_request)):
-            return _not_found(conversation_id)
-        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
-
-    return await routed(core, work)
+    return await delete_owned(core, KIND, conversation_id, http_request, _not_found,
+                              {"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 async def list_items(core: RequestCore, conversation_id: str, http_request: Any) -> Any:
-    async def work(store: Store) -> Any:
-        found = await call(store, store.get, KIND, conversation_id, request_owner(http_request))
-        if found is None:
-            return _not_found(conversation_id)
-        return input_item_page(found.body["items"], dict(http_request.query_params) if http_request is not None else {})
-
-    return await routed(core, work)
+    query = dict(http_request.query_params) if http_request is not None else {}
+    return await read_owned(core, KIND, conversation_id, http_request, _not_found,
+                            lambda found: input_item_page(found.body["items"], query))
 
 
 async def add_items(core: RequestCore, conversation_id: str, body: Any, http_request: Any) -> Any:
@@ -110,18 +98,19 @@ async def add_items(core: RequestCore, conversation_id: str, body: Any, http_req
     return await routed(core, work)
 
 
+def _item_not_found(item_id: str) -> JSONResponse:
+    return openai_error(404, f"invalid request: item_id: no item {item_id[:80]!r} in this conversation",
+                        param="item_id", code="not_found")
+
+
 async def retrieve_item(core: RequestCore, conversation_id: str, item_id: str, http_request: Any) -> Any:
-    async def work(store: Store) -> Any:
-        found = await call(store, store.get, KIND, conversation_id, request_owner(http_request))
-        if found is None:
-            return _not_found(conversation_id)
+    def answer(found: StoredObject) -> Any:
         for item in found.body["items"]:
             if item.get("id") == item_id:
                 return item
-        return openai_error(404, f"invalid request: item_id: no item {item_id[:80]!r} in this conversation",
-                            param="item_id", code="not_found")
+        return _item_not_found(item_id)
 
-    return await routed(core, work)
+    return await read_owned(core, KIND, conversation_id, http_request, _not_found, answer)
 
 
 async def delete_item(core: RequestCore, conversation_id: str, item_id: str, http_request: Any) -> Any:
@@ -142,8 +131,7 @@ async def delete_item(core: RequestCore, conversation_id: str, item_id: str, htt
         if found is None:
             return _not_found(conversation_id)
         if missing:
-            return openai_error(404, f"invalid request: item_id: no item {item_id[:80]!r} in this conversation",
-                                param="item_id", code="not_found")
+            return _item_not_found(item_id)
         return found.body["conversation"]
 
     return await routed(core, work)

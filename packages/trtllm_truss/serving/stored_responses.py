@@ -223,6 +223,29 @@ async def routed(core: RequestCore, work: Callable[[Store], Awaitable[Any]]) -> 
         return openai_error(exc.status_code, str(exc.detail), param=field or None)
 
 
+async def read_owned(core: RequestCore, kind: str, object_id: str, http_request: Any,
+                     not_found: Callable[[str], JSONResponse], answer: Callable[[StoredObject], Any]) -> Any:
+    """A route that reads one stored object of the caller's: `answer(found)`, or `not_found(object_id)`."""
+
+    async def work(store: Store) -> Any:
+        found = await call(store, store.get, kind, object_id, request_owner(http_request))
+        return not_found(object_id) if found is None else answer(found)
+
+    return await routed(core, work)
+
+
+async def delete_owned(core: RequestCore, kind: str, object_id: str, http_request: Any,
+                       not_found: Callable[[str], JSONResponse], deleted: dict[str, Any]) -> Any:
+    """A route that deletes one stored object of the caller's: `deleted`, or `not_found(object_id)`."""
+
+    async def work(store: Store) -> Any:
+        if not await call(store, store.delete, kind, object_id, request_owner(http_request)):
+            return not_found(object_id)
+        return deleted
+
+    return await routed(core, work)
+
+
 async def _live(store: Store, response_id: str, owner: str) -> StoredObject | None:
     """The stored response; one still running whose process stopped (no heartbeat) is stored as failed."""
     found = await call(store, store.get, KIND, response_id, owner)
@@ -246,23 +269,14 @@ async def retrieve(core: RequestCore, response_id: str, http_request: Any) -> An
 
 
 async def delete(core: RequestCore, response_id: str, http_request: Any) -> Any:
-    async def work(store: Store) -> Any:
-        if not await call(store, store.delete, KIND, response_id, request_owner(http_request)):
-            return _not_found(response_id)
-        return {"id": response_id, "object": "response", "deleted": True}
-
-    return await routed(core, work)
+    return await delete_owned(core, KIND, response_id, http_request, _not_found,
+                              {"id": response_id, "object": "response", "deleted": True})
 
 
 async def input_items(core: RequestCore, response_id: str, http_request: Any) -> Any:
-    async def work(store: Store) -> Any:
-        found = await call(store, store.get, KIND, response_id, request_owner(http_request))
-        if found is None:
-            return _not_found(response_id)
-        query = dict(http_request.query_params) if http_request is not None else {}
-        return stored.input_item_page(found.body["input_items"], query)
-
-    return await routed(core, work)
+    query = dict(http_request.query_params) if http_request is not None else {}
+    return await read_owned(core, KIND, response_id, http_request, _not_found,
+                            lambda found: stored.input_item_page(found.body["input_items"], query))
 
 
 async def cancel(core: RequestCore, response_id: str, http_request: Any) -> Any:
