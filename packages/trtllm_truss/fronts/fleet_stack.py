@@ -155,9 +155,15 @@ def advertise_host_for(fleet: Any, environ: Any) -> str:
 
 
 def require_dynamo() -> None:
+    """NVIDIA Dynamo is installed. Found, not imported: Dynamo sets its logging up (DYN_LOG) when it is first
+    imported, which in a front is when its router starts, with the fleet's variables set."""
+    import importlib.util
+
     try:
-        import dynamo.llm  # noqa: F401
-    except ImportError:
+        found = importlib.util.find_spec("dynamo.llm") is not None
+    except ImportError:  # no `dynamo` package at all
+        found = False
+    if not found:
         raise FleetError(
             "a fleet (model_metadata.trt_llm.fleet, serve --replicas) needs NVIDIA Dynamo: pip install"
             " 'trtllm-truss[fleet]' && pip install --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1"
