@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
-
 from trtllm_truss.config.fleet import FleetConfig
 from trtllm_truss.fronts.service import fleet_configured
 from trtllm_truss.planning.fleet import make_fleet_plan
