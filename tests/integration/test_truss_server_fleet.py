@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import serve_truss
+from truss_serving import poll, serve_truss
 
 pytest.importorskip("dynamo.llm", reason="NVIDIA Dynamo not installed (requirements/fleet.txt; scripts/bootstrap.sh)")
 
@@ -61,8 +61,9 @@ def _command(process: psutil.Process) -> str:
 
 
 def test_chat_and_a_streamed_chat_through_the_fleet(fleet):
+    # Both replicas' tritonservers were ready when load() returned; each joins Dynamo's fleet moments after.
+    poll(lambda: len(_instances(fleet)) == 2, 60, what="both replicas in the fleet")
     instances = _instances(fleet)
-    assert len(instances) == 2, fleet.log_tail()  # both replicas joined the fleet before load() returned
     answer = _chat(fleet, "Tell me about the sea", max_tokens=8)
     body = answer.json()
     assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] > 0, body
