@@ -3,7 +3,8 @@ embedded default, with block reuse and its KV events on), so `LLMService.load()`
 of the embedded default, real tritonservers, real NVIDIA Dynamo 1.6.1 with file discovery) and truss's event
 loop routes each request with Dynamo's KV router, as a direct frontend of `serve --replicas` does.
 
-- a chat completion and a streamed one through the fleet, each naming the replica that took it (`x-replica`);
+- a chat completion and a streamed one through the fleet, and one answer of each other dialect, each naming
+  the replica that took it (`x-replica`);
 - KV routing: the same long prompt sent 5 times stays on one replica and comes back with `cached_tokens`
   >= 75 % of the prompt each time after the first;
 - a stop of truss's server (SIGTERM) leaves no process: no replica, tritonserver or python-backend stub.
@@ -75,6 +76,26 @@ def test_chat_and_a_streamed_chat_through_the_fleet(fleet):
         assert response.headers["x-replica"] in instances, response.headers
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) >= 3, events
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "answered"),
+    [
+        ("/v1/models/model:predict", {"prompt": "Hello", "max_tokens": 4, "stream": False},
+         lambda b: 1 <= b["usage"]["completion_tokens"] <= 4),
+        ("/v1/completions", {"model": "embedded", "prompt": "Hello", "max_tokens": 4},
+         lambda b: 1 <= b["usage"]["completion_tokens"] <= 4),
+        ("/v1/responses", {"model": "embedded", "input": "Hi", "max_output_tokens": 4},
+         lambda b: b["status"] in ("completed", "incomplete") and b["output"]),
+        ("/v1/messages", {"model": "embedded", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+         lambda b: b["content"][0]["text"]),
+    ],
+)
+def test_the_other_dialects_through_the_fleet(fleet, path, body, answered):
+    response = httpx.post(fleet.url + path, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert answered(response.json()), response.text
+    assert response.headers["x-replica"] in _instances(fleet), response.headers
 
 
 def test_kv_router_keeps_a_repeated_prompt_on_one_replica_and_its_cache(fleet):

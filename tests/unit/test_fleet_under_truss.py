@@ -82,6 +82,6 @@ def test_the_replica_header_on_truss_servers_answers():
     answer = with_replica_header({"a": 1}, _request(["7"]))
     assert isinstance(answer, JSONResponse) and answer.headers[REPLICA_HEADER] == "7" and answer.body == b'{"a":1}'
     model = with_replica_header(_Answer(text="hi"), _request(["7", "9"]))
-    assert model.headers[REPLICA_HEADER] == "7, 9" and model.body == b'{"text":"hi"}'
+    assert model.headers[REPLICA_HEADER] == "7, 9" and model.body == b'{"text":"hi","extra":null}'
     streamed = Response(b"x")
     assert with_replica_header(streamed, _request(["7"])) is streamed and streamed.headers[REPLICA_HEADER] == "7"

@@ -43,8 +43,8 @@ def with_replica_header(result: Any, http_request: Any) -> Any:
     if isinstance(result, Response):
         result.headers.update(header)
         return result
-    if isinstance(result, BaseModel):
-        result = result.model_dump(mode="json", exclude_none=True)
+    if isinstance(result, BaseModel):  # as truss 0.18's server renders one (every field, None included)
+        return Response(result.model_dump_json(), media_type="application/json", headers=header)
     if isinstance(result, (dict, list)):
         return JSONResponse(result, headers=header)
     return result
