@@ -18,9 +18,15 @@ from trtllm_truss.serving.replica_header import REPLICA_HEADER, with_replica_hea
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_fleet_section_turns_the_fleet_on():
+def test_the_fleet_section_turns_the_fleet_on_under_both_fronts(monkeypatch):
+    from trtllm_truss.commands.serve import _has_fleet_section
+
     assert not fleet_configured(REPO_ROOT, {})  # this repository's config.yaml: one stack
     assert fleet_configured(REPO_ROOT, {"TRTLLM_FLEET__REPLICAS": "2"})  # the section, from an override
+    monkeypatch.delenv("TRTLLM_FLEET__REPLICAS", raising=False)
+    assert not _has_fleet_section(REPO_ROOT)
+    monkeypatch.setenv("TRTLLM_FLEET__REPLICAS", "2")  # `serve .` reads the same override
+    assert _has_fleet_section(REPO_ROOT)
 
 
 class _Exited:
