@@ -19,13 +19,13 @@ DIRECT_FRONTENDS = "2"
 RUNNING: dict[int, TrussServer] = {}  # id -> started here, not stopped yet (conftest stops a module's at once)
 
 
-def serve_truss(work: Path, env: dict[str, str]) -> Iterator[TrussServer]:
+def serve_truss(work: Path, env: dict[str, str], startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[TrussServer]:
     """This repository's truss under truss's real server (one thread per numeric library)."""
     fs_root = build_server_root(REPO_ROOT, work)
     proc = start_truss_server(fs_root, work / "server.log", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env})
     RUNNING[id(proc)] = proc
     try:
-        proc.wait_ready(STARTUP_TIMEOUT_S)
+        proc.wait_ready(startup_timeout_s)
         yield proc
     finally:
         proc.stop()

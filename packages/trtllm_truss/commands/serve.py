@@ -173,9 +173,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _has_fleet_section(truss_dir: Path) -> bool:
-    """config.yaml has model_metadata.trt_llm.fleet (then serve runs the fleet, as --replicas does)."""
+    """config.yaml has model_metadata.trt_llm.fleet, or a TRTLLM_FLEET__* variable sets it (then serve runs the
+    fleet, as --replicas does, and as truss's server does: fronts.service.fleet_configured)."""
+    import os
+
     import yaml
 
+    from trtllm_truss.config.sources import env_name
+
+    if any(name.startswith(env_name(("fleet", ""))) for name in os.environ):
+        return True
     try:
         config = yaml.safe_load((Path(truss_dir) / "config.yaml").read_text()) or {}
         return isinstance(((config.get("model_metadata") or {}).get("trt_llm") or {}).get("fleet"), dict)

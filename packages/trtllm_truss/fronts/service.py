@@ -5,6 +5,10 @@ the stream workers, then hands them to the request core (`trtllm_truss.serving.c
 a dialect module over that core (`serving.native`, `serving.chat`, `serving.completions`,
 `serving.responses`, `serving.messages`); a new route is a new dialect module and a one-line method
 here and in `model/model.py`.
+
+With `model_metadata.trt_llm.fleet` set, `load()` starts the fleet's replicas instead of one stack
+(`fronts.fleet_stack`, as `serve --replicas` does) and streams on truss's event loop, each request from the
+replica NVIDIA Dynamo's router picks (`fronts.fleet_stack.LoopRouter`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from fastapi import Request
 from trtllm_truss.api.limits import RequestLimits
 from trtllm_truss.serving import chat, completions, messages, native, responses
 from trtllm_truss.serving.core import RequestCore, serving_metrics
+from trtllm_truss.serving.replica_header import with_replica_header
 from trtllm_truss.streaming.in_process import InProcessPool
 from trtllm_truss.streaming.pool import Admission, StreamPool, default_worker_count
 
@@ -49,6 +54,7 @@ class LLMService:
         self._pool: StreamPool | None = None
         self._engine_probe: Any = None
         self._guides: Any = None  # guides.compile_client.GuideService
+        self._fleet: Any = None  # a fleet's fronts.fleet_stack.LoopRouter: Dynamo's router on truss's loop
         self._stop_signals_chained = False
         self._shutdown_lock = threading.Lock()
         self.core = RequestCore()
@@ -68,7 +74,15 @@ class LLMService:
         native.quiet_aborted_streams()
         progress = progress or (lambda _: None)
         started = time.monotonic()
-        self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
+        fleet = fleet_configured(self.truss_dir, self._environ)
+        if fleet:
+            from trtllm_truss.fronts.fleet_stack import start_fleet_stack
+
+            # Started from a thread of the fleet's own: this one (truss's load thread) ends when load() returns.
+            self._stack = start_fleet_stack(self.truss_dir, self._environ, secrets=self._secrets, watched=True,
+                                            progress=progress)
+        else:
+            self._stack = start_stack(self.truss_dir, secrets=self._secrets, environ=self._environ, progress=progress)
         plan = self._stack.plan
         if self._stack.is_worker_node:  # its ranks are node 0's to start; this truss serves no requests
             group = self._stack.cluster.group
@@ -95,9 +109,16 @@ class LLMService:
             if self._guides is not None:
                 progress("starting the guide compile service")
                 self._guides.start(wait=False)  # warms up while the stream workers start
-            progress("starting the stream workers")
-            self._pool = stream_pool(plan, self._stack.server.grpc_url)
+            progress("starting the stream workers" if not fleet else "loading the tokenizer (streams on this loop)")
+            # A fleet streams on truss's event loop, where Dynamo's router lives (as a direct frontend of a fleet).
+            self._pool = stream_pool(plan, self._stack.server.grpc_url, workers=0 if fleet else None)
             self._pool.start()
+            if fleet:
+                from trtllm_truss.fronts.fleet_stack import LoopRouter
+                from trtllm_truss.streaming.fleet_router import check_routable
+
+                check_routable(self._pool)
+                self._fleet = LoopRouter(self._pool, self._stack.front_settings)
             checker = None
             if self._guides is not None:
                 self._guides.wait_ready()
@@ -114,7 +135,7 @@ class LLMService:
             RequestLimits.from_plan(plan, vocab_size=info and info.vocab_size, max_token_bytes=info and info.max_token_bytes),
             checker,
         )
-        if plan.runtime.health.enabled:
+        if plan.runtime.health.enabled and not fleet:  # a fleet's replicas each watch their own stack
             from trtllm_truss.engine.health import stack_probe
 
             self._engine_probe = stack_probe(self._stack.server.grpc_url, self._stack.repository_dir, plan)
@@ -126,7 +147,7 @@ class LLMService:
             "stack ready in %.1f s (backend %s, %d stream workers)",
             time.monotonic() - started,
             plan.backend,
-            len(self._pool.pids),
+            len(getattr(self._pool, "pids", ())),
         )
 
     def shutdown(self) -> None:
@@ -135,7 +156,10 @@ class LLMService:
             # Every gRPC client first: tritonserver waits for open streams before it can stop.
             if self._engine_probe is not None:
                 self._engine_probe.stop()
-            if self._pool is not None:
+            if self._fleet is not None:
+                self._fleet.close()  # the streams on truss's loop ended there, then Dynamo's router closed
+                self._fleet = None
+            elif self._pool is not None:
                 self._pool.stop()
             if self._guides is not None:
                 self._guides.stop()
@@ -154,6 +178,8 @@ class LLMService:
             return True  # prepared; the world's health is node 0's to report
         if self._stack is None or self._pool is None or not self._stack.server.alive or not self._pool.alive():
             return False
+        if self._fleet is not None:
+            await self._fleet.ready()  # Dynamo's router on this loop, before the first request needs it
         if self.core.availability.refusing():  # requests refused for an unavailable engine (serving.availability)
             return False
         # Triton's own readiness of the models (a restarted tritonserver is alive before it is ready);
@@ -173,20 +199,34 @@ class LLMService:
 
     # --- routes: one dialect module each ---------------------------------------------------------
 
+    async def _serve(self, handle: Callable[..., Any], request: Any, http_request: Request | None) -> Any:
+        if self._fleet is None:
+            return await handle(self.core, request, http_request)
+        await self._fleet.ready()  # a request may come before truss's first readiness check
+        return with_replica_header(await handle(self.core, request, http_request), http_request)
+
     async def predict(self, request: Any, http_request: Request | None = None) -> Any:
-        return await native.predict(self.core, request, http_request)
+        return await self._serve(native.predict, request, http_request)
 
     async def chat_completions(self, request: Any, http_request: Request | None = None) -> Any:
-        return await chat.chat_completions(self.core, request, http_request)
+        return await self._serve(chat.chat_completions, request, http_request)
 
     async def completions(self, request: Any, http_request: Request | None = None) -> Any:
-        return await completions.completions(self.core, request, http_request)
+        return await self._serve(completions.completions, request, http_request)
 
     async def responses(self, request: Any, http_request: Request | None = None) -> Any:
-        return await responses.responses(self.core, request, http_request)
+        return await self._serve(responses.responses, request, http_request)
 
     async def messages(self, request: Any, http_request: Request | None = None) -> Any:
-        return await messages.messages(self.core, request, http_request)
+        return await self._serve(messages.messages, request, http_request)
+
+
+def fleet_configured(truss_dir: Path, environ: Mapping[str, str] | None) -> bool:
+    """`model_metadata.trt_llm.fleet` is set (config.yaml, or a TRTLLM_FLEET__* override): this truss serves a
+    fleet, as `serve` does with the section."""
+    from trtllm_truss.config import load_config
+
+    return load_config(truss_dir, environ).trt_llm.fleet is not None
 
 
 def max_in_flight(plan: ServingPlan) -> int:

@@ -4,7 +4,10 @@ Each replica is one process (its stack and its Dynamo worker; see `runtime.fleet
 process group, on its GPUs (CUDA_VISIBLE_DEVICES from the fleet's plan; none on CPU) and its Triton ports.
 A replica that exits is started again (same index, same GPUs, same ports: it rejoins the fleet as a new
 Dynamo instance) unless the fleet is stopping; `stop_replica(i)` / `start_replica(i)` take one out and
-back (faults tests, rolling restarts). `stop()` ends every replica (SIGTERM: each leaves the fleet, stops
+back (faults tests, rolling restarts). A replica's parent-death signal follows the *thread* that started it
+(Linux: the signal is sent when that thread ends), so a caller whose thread ends before the fleet does (truss's
+load thread) starts them with `start_watched()`: started, and started again, from a thread of the fleet's own.
+`stop()` ends every replica (SIGTERM: each leaves the fleet, stops
 its tritonserver and Dynamo's runtime; SIGKILL to the group of one still there after REPLICA_STOP_S) and
 removes the file-discovery directory it made: no process and no file of the fleet is left.
 """
@@ -33,6 +36,7 @@ from trtllm_truss.runtime.fleet_replica import ReplicaSettings
 logger = logging.getLogger(__name__)
 
 REPLICA_STOP_S = 30.0
+WATCH_INTERVAL_S = 1.0  # start_watched: how often an exited replica is looked for
 INSTANCE_COUNT_PATH = ("runtime", "pytorch", "instance_count")  # the stand-in's engine instances (config.runtime)
 PACKAGES_DIR = Path(__file__).resolve().parents[2]
 
@@ -85,6 +89,8 @@ class FleetReplicas:
             self._replicas.append(_Replica(settings, plan.gpu_sets[i] if plan.gpu_sets else ()))
         self._lock = threading.Lock()
         self._stopping = False
+        self._watcher: threading.Thread | None = None
+        self._watch_stop = threading.Event()
         self.restarts = 0
 
     def __len__(self) -> int:
@@ -137,6 +143,32 @@ class FleetReplicas:
         for replica in self._replicas:
             self._spawn(replica)
 
+    def start_watched(self, interval_s: float = WATCH_INTERVAL_S) -> None:
+        """start(), then check() every `interval_s` until stop(), all on one daemon thread that lives as long as
+        the fleet (the replicas' parent-death signal is bound to it); returns once every replica is spawned."""
+        spawned = threading.Event()
+        failure: list[BaseException] = []
+
+        def watch() -> None:
+            try:
+                self.start()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                failure.append(exc)
+                return
+            finally:
+                spawned.set()
+            while not self._watch_stop.wait(interval_s):
+                try:
+                    self.check()
+                except Exception:  # a failed restart must not end the watch: the next turn tries again
+                    logger.exception("fleet: restarting a replica failed")
+
+        self._watcher = threading.Thread(target=watch, name="fleet-replicas", daemon=True)
+        self._watcher.start()
+        spawned.wait()
+        if failure:
+            raise failure[0]
+
     def ready_count(self) -> int:
         return sum(1 for r in self._replicas if self._ready(r))
 
@@ -150,8 +182,9 @@ class FleetReplicas:
         except OSError:
             return False
 
-    def wait_ready(self, timeout_s: float, count: int | None = None) -> None:
-        """Until `count` replicas (default: all) have a ready tritonserver; raises naming the ones not up."""
+    def wait_ready(self, timeout_s: float, count: int | None = None, check: bool = True) -> None:
+        """Until `count` replicas (default: all) have a ready tritonserver; raises naming the ones not up.
+        `check`: restart a replica that exited meanwhile from this thread (False: the watcher does)."""
         want = len(self._replicas) if count is None else count
         deadline = time.monotonic() + timeout_s
         while True:
@@ -163,7 +196,8 @@ class FleetReplicas:
                 raise RuntimeError(f"fleet: replica(s) {dead} exited while starting (see their log above)")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"fleet: {want} replica(s) not ready within {timeout_s:g} s")
-            self.check()
+            if check:
+                self.check()
             time.sleep(0.5)  # polling other processes' readiness over HTTP
 
     def check(self) -> None:
@@ -215,6 +249,7 @@ class FleetReplicas:
     def stop(self) -> None:
         with self._lock:
             self._stopping = True
+        self._watch_stop.set()
         threads = [threading.Thread(target=self._end, args=(r, signal.SIGTERM)) for r in self._replicas]
         for thread in threads:
             thread.start()

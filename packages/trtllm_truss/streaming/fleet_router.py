@@ -284,9 +284,8 @@ class _EachRequestsEngine:
         return None
 
 
-async def attach_router(pool: Any, settings: FleetFrontSettings) -> FleetRouter:
-    """Make an in-process pool (`streaming.in_process.InProcessPool`) stream each request from the replica
-    Dynamo's router picks."""
+def check_routable(pool: Any) -> Any:
+    """The pool's in-process model, where Dynamo's router can pick its requests' replicas (else RuntimeError)."""
     model = getattr(pool, "_model", None)
     if model is None:
         raise RuntimeError("a fleet's front streams on its own event loop: runtime.direct_front.stream_worker_processes"
@@ -294,6 +293,13 @@ async def attach_router(pool: Any, settings: FleetFrontSettings) -> FleetRouter:
     if model.ensemble is not None:
         raise RuntimeError("runtime.detokenize_in: postprocessing is not served by a fleet (the router needs the"
                            " prompt's token ids); use the default, worker")
+    return model
+
+
+async def attach_router(pool: Any, settings: FleetFrontSettings) -> FleetRouter:
+    """Make an in-process pool (`streaming.in_process.InProcessPool`) stream each request from the replica
+    Dynamo's router picks."""
+    model = check_routable(pool)
     router = FleetRouter(settings, model.settings.engine_model)
     await router.start()
     await model.engine.close()
