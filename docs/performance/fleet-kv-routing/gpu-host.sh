@@ -9,6 +9,8 @@
 # Usage, from the repository root: bash gpu-host.sh STEP...  LOCAL=1: the development machine's .venv, small loads.
 # RES (default /tmp/res), PORT (default 8000): where results go and where the fleet listens. Dynamo's router
 # weights come from the environment as any fleet setting (e.g. TRTLLM_FLEET__OVERLAP_SCORE_CREDIT=4).
+# STEP_MS, PREFILL_MS (default 10, 0.05): the synthetic engine's costs; MOCKER_SPEEDUP (default 1): the mocker's
+# --speedup-ratio (0: no simulated delays, the timing-free comparison with STEP_MS=0 PREFILL_MS=0).
 set -u
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-560}
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; RES=${RES:-/tmp/res}; mkdir -p $RES; PORT=${PORT:-8000}
@@ -51,7 +53,7 @@ C=$(nproc)
 # The engine: synthetic, 10 ms steps, 0.05 ms per uncached prompt token, blocks of 16, 4,096 blocks a replica.
 ENGINE=(TRTLLM_BUILD__PLUGIN_CONFIGURATION__TOKENS_PER_BLOCK=$BLOCK TRTLLM_RUNTIME__ENABLE_KV_CACHE_REUSE=true
   TRTLLM_RUNTIME__MAX_TOKENS_IN_PAGED_KV_CACHE=$((POOL_BLOCKS * BLOCK)) TRTLLM_RUNTIME__EVENT_BUFFER_MAX_SIZE=4096
-  'TRTLLM_RUNTIME__PYTORCH__SYNTHETIC={"step_time_ms": 10, "prefill_time_per_token_ms": 0.05}')
+  "TRTLLM_RUNTIME__PYTORCH__SYNTHETIC={\"step_time_ms\": ${STEP_MS:-10}, \"prefill_time_per_token_ms\": ${PREFILL_MS:-0.05}}")
 TRACE=(--trace $STUDY/conversation_trace_first600s.jsonl --tokenizer data/embedded-llama --trace-block-tokens $BLOCK
   --kv-block-tokens $BLOCK --trace-max-input 1536 --trace-max-output $MAXOUT --trace-limit $LIMIT --ignore-eos end_id --no-progress)
 wait_up() {  # url pid timeout log (serve prints "ready:" once every replica is in)
@@ -79,7 +81,7 @@ for s in "$@"; do case $s in
             served_bench fleet$R-round-robin TRTLLM_FLEET__ROUTER_MODE=round_robin -- --replicas $R ;;
   # The mocker fleet's router gets the fleet's overlap credit where the environment sets one (the frontend's flag).
   mocker) CREDIT=${TRTLLM_FLEET__OVERLAP_SCORE_CREDIT:+--frontend-arg=--router-kv-overlap-score-credit=$TRTLLM_FLEET__OVERLAP_SCORE_CREDIT}
-          log "START mocker $CREDIT"; timeout $(( BUDGET_S - ($(date +%s) - T0) - 10 )) $PYRUN $STUDY/harness.py --replicas $R --block-size $BLOCK --pool-blocks $POOL_BLOCKS $CREDIT \
+          log "START mocker $CREDIT"; timeout $(( BUDGET_S - ($(date +%s) - T0) - 10 )) $PYRUN $STUDY/harness.py --replicas $R --block-size $BLOCK --pool-blocks $POOL_BLOCKS $CREDIT --speedup-ratio ${MOCKER_SPEEDUP:-1} \
             --trace-block-tokens $BLOCK --trace-max-input 1536 --trace-max-output $MAXOUT --trace-time-scale $SCALE \
             --trace-limit $LIMIT --engine-type trtllm --out /tmp/mocker > $RES/mocker-harness.log 2>&1
           log "mocker rc=$?"; tail -5 $RES/mocker-harness.log
