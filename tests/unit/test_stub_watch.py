@@ -70,6 +70,81 @@ def test_a_watched_process_ends_when_its_parent_is_killed(mode: str, hang_s: flo
             os.kill(child, signal.SIGKILL)
 
 
+# A stub whose tritonserver dies while the model initializes: the watch starts (at the end of initialize)
+# once the stub has already been re-parented. Run with a python-backend stub's command line
+# (`triton_python_backend_stub <model.py> <region> <size> <size> <tritonserver's pid> ...`; here argv[1:3]
+# are `-c CODE`) so that watch_parent() finds the pid of the process that started it, as in a stub.
+LATE_CHILD = textwrap.dedent("""
+    import os, threading
+    from trtllm_truss.runtime.stub_watch import watch_parent
+    started_by = os.getppid()
+    print("started", flush=True)
+    while os.getppid() == started_by:  # the model's load outlasts tritonserver
+        threading.Event().wait(0.01)
+    watch_parent("late")
+    threading.Event().wait()
+""")
+
+LATE_PARENT = textwrap.dedent("""
+    import os, subprocess, sys, threading
+    stub_argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", "-c", sys.argv[1], "1048576", "1048576", str(os.getpid()), "x"]
+    child = subprocess.Popen(stub_argv, executable=sys.executable, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "started"
+    print(child.pid, flush=True)
+    threading.Event().wait()
+""")
+
+
+def test_a_watch_started_after_tritonserver_died_ends_the_stub_at_once():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", LATE_PARENT, LATE_CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    killed_at = time.monotonic()
+    within_s = 5.0  # the hang watchdog (HANG_S) does not fire: the watch thread runs
+    try:
+        while not _gone(child) and time.monotonic() - killed_at < within_s:
+            time.sleep(0.05)
+        assert _gone(child), f"the stub (pid {child}) outlived tritonserver by {within_s} s: its watch took init for tritonserver"
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_stubs_command_line_names_the_tritonserver_to_watch():
+    from trtllm_truss.runtime.stub_watch import tritonserver_pid
+
+    assert tritonserver_pid() == os.getppid()  # not a stub: its parent
+    probe = "from trtllm_truss.runtime.stub_watch import tritonserver_pid; print(tritonserver_pid())"
+    stub_argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", "-c", probe, "1048576", "1048576", "4242", "x"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(stub_argv, executable=sys.executable, capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.strip() == "4242", done.stderr
+
+
+def test_the_hang_watchdog_is_armed_before_the_watch_thread_runs():
+    """The stub's main thread can take the GIL for good as soon as initialize returns (it waits for
+    tritonserver holding it): the watchdog must not wait for the watch thread's first turn. Here the
+    thread is held on the watch's lock, and the GIL taken for good, from start() on."""
+    child = textwrap.dedent("""
+        import ctypes
+        from trtllm_truss.runtime.stub_watch import ParentWatch
+        watch = ParentWatch("test", poll_s=0.2, hang_s=1.0)
+        with watch._lock:
+            watch.start()
+            ctypes.PyDLL(None).pause()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-c", child], stderr=subprocess.DEVNULL, env=env)
+    try:
+        assert process.wait(timeout=30) == 1  # faulthandler's exit=True
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_a_watched_stub_that_crashes_writes_its_threads_stacks():
     """watch_parent() enables faulthandler: a segfault leaves the stacks that say where the stub died."""
     crash = textwrap.dedent("""

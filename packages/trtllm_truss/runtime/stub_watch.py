@@ -20,6 +20,19 @@ disabled again at `finalized()`: a stub of the stack segfaults while its interpr
 (seen at the end of `make predict`), which ends nothing that serves.
 `ParentWatch.finalized()` (called at the end of a model's `finalize`) gives the stub `grace_s` to exit:
 tritonserver waits for the stub without a timeout once it has sent the finalize.
+
+Triton's own exit also deadlocks when tritonserver dies while a model initializes (a rank killed before its
+startup models are loaded: tritonserver installs its SIGTERM handler only after loading them, so the
+signal ends it at once). After `initialize` returns, the stub's main thread waits, with the GIL held and
+no timeout, for tritonserver's last message of the handshake (the deferred `stub_message_queue_->Pop()`
+of `Stub::RunCommand`); the health thread sees the parent gone and then blocks for good taking the GIL
+in `~Stub` (gdb showed both; its check, `kill(parent, 0)`, also sees a dead tritonserver alive until
+init reaps it). So the watch:
+- watches the pid the stub was started by, from the stub's command line (`tritonserver_pid()`), not
+  `os.getppid()` at the time the watch starts: a tritonserver that died during a long initialize has
+  already handed the stub to init, and the watch would otherwise wait for init to go;
+- checks it, and arms the watchdog, in `start()` itself, in the model's thread: the watch thread may not
+  get the GIL once before the main thread takes it for good, and an unarmed watchdog ends nothing.
 """
 
 from __future__ import annotations
@@ -29,18 +42,39 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
+
+from trtllm_truss.runtime.process_tree import STUB_EXECUTABLE
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0
 HANG_S = 10.0  # a GIL held this long by one thread is a hang, not work
 EXIT_GRACE_S = 10.0
+# python_backend's stub_launcher.cc starts a stub as `triton_python_backend_stub <model.py> <shm region>
+# <shm default size> <shm growth size> <tritonserver's pid> ...`.
+STUB_PARENT_ARG = 5
+
+
+def tritonserver_pid() -> int:
+    """The tritonserver that started this stub (the pid its command line names, which the stub's own health
+    thread watches); for any other process its parent. os.getppid() alone is wrong once that parent died:
+    the process has been re-parented to init (or a subreaper)."""
+    try:
+        argv = Path("/proc/self/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return os.getppid()
+    if len(argv) > STUB_PARENT_ARG and os.path.basename(argv[0]) == STUB_EXECUTABLE.encode():
+        parent = argv[STUB_PARENT_ARG]
+        if parent.isdigit():
+            return int(parent)
+    return os.getppid()
 
 
 class ParentWatch:
-    def __init__(self, name: str, *, poll_s: float = POLL_S, hang_s: float = HANG_S) -> None:
+    def __init__(self, name: str, *, parent: int | None = None, poll_s: float = POLL_S, hang_s: float = HANG_S) -> None:
         self.name = name
-        self.parent = os.getppid()
+        self.parent = tritonserver_pid() if parent is None else parent
         self._poll_s = poll_s
         self._hang_s = hang_s
         self._lock = threading.Lock()  # finalized() and the re-arming must not overtake each other
@@ -48,6 +82,11 @@ class ParentWatch:
         self._thread = threading.Thread(target=self._run, name=f"{name}-parent-watch", daemon=True)
 
     def start(self) -> ParentWatch:
+        # Here, not only in the thread: see the module's docstring (a GIL held for good from the moment
+        # the model's initialize returns, a tritonserver gone before the watch starts).
+        _arm(self._hang_s)
+        if os.getppid() != self.parent:
+            self._parent_gone()
         self._thread.start()
         return self
 
@@ -65,6 +104,9 @@ class ParentWatch:
                 if not self._finalized:
                     _arm(self._hang_s)
             time.sleep(self._poll_s)  # the poll period
+        self._parent_gone()
+
+    def _parent_gone(self) -> None:
         # Nothing is left to serve, and the stub's own exit may be the part that hangs.
         logger.error("%s: tritonserver (pid %d) is gone; ending this stub (pid %d)", self.name, self.parent, os.getpid())
         os._exit(1)
