@@ -72,8 +72,8 @@ def test_a_watched_process_ends_when_its_parent_is_killed(mode: str, hang_s: flo
 
 # A stub whose tritonserver dies while the model initializes: the watch starts (at the end of initialize)
 # once the stub has already been re-parented. Run with a python-backend stub's command line
-# (`triton_python_backend_stub <model.py> <region> <size> <size> <tritonserver's pid> ...`; here argv[1:3]
-# are `-c CODE`) so that watch_parent() finds the pid of the process that started it, as in a stub.
+# (`triton_python_backend_stub <model.py> <shm region> <size> <size> <tritonserver's pid> ...`) so that
+# watch_parent() finds what it finds in a stub.
 LATE_CHILD = textwrap.dedent("""
     import os, threading
     from trtllm_truss.runtime.stub_watch import watch_parent
@@ -87,17 +87,26 @@ LATE_CHILD = textwrap.dedent("""
 
 LATE_PARENT = textwrap.dedent("""
     import os, subprocess, sys, threading
-    stub_argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", "-c", sys.argv[1], "1048576", "1048576", str(os.getpid()), "x"]
+    stub_argv = [sys.argv[1], sys.argv[2], sys.argv[3], "1048576", "1048576", str(os.getpid()), "x"]
     child = subprocess.Popen(stub_argv, executable=sys.executable, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "started"
     print(child.pid, flush=True)
     threading.Event().wait()
 """)
 
+STUB_PATH = "/opt/tritonserver/backends/python/triton_python_backend_stub"
 
-def test_a_watch_started_after_tritonserver_died_ends_the_stub_at_once():
+
+def test_a_watch_started_after_tritonserver_died_ends_the_stub_at_once(tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text(LATE_CHILD)
+    region = Path("/dev/shm") / f"stub_watch_test_{os.getpid()}"
+    region.write_bytes(b"")  # the stub's shm region, which tritonserver can no longer remove
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, "-c", LATE_PARENT, LATE_CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", LATE_PARENT, STUB_PATH, str(model), region.name],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
     child = int(parent.stdout.readline())
     parent.kill()
     parent.wait()
@@ -107,18 +116,21 @@ def test_a_watch_started_after_tritonserver_died_ends_the_stub_at_once():
         while not _gone(child) and time.monotonic() - killed_at < within_s:
             time.sleep(0.05)
         assert _gone(child), f"the stub (pid {child}) outlived tritonserver by {within_s} s: its watch took init for tritonserver"
+        assert not region.exists(), "the stub left its shared-memory region behind"
     finally:
         if not _gone(child):
             os.kill(child, signal.SIGKILL)
+        region.unlink(missing_ok=True)
 
 
-def test_the_stubs_command_line_names_the_tritonserver_to_watch():
+def test_the_stubs_command_line_names_the_tritonserver_to_watch(tmp_path):
     from trtllm_truss.runtime.stub_watch import tritonserver_pid
 
     assert tritonserver_pid() == os.getppid()  # not a stub: its parent
-    probe = "from trtllm_truss.runtime.stub_watch import tritonserver_pid; print(tritonserver_pid())"
-    stub_argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", "-c", probe, "1048576", "1048576", "4242", "x"]
+    model = tmp_path / "model.py"
+    model.write_text("from trtllm_truss.runtime.stub_watch import tritonserver_pid\nprint(tritonserver_pid())\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
+    stub_argv = [STUB_PATH, str(model), "region", "1048576", "1048576", "4242", "x"]
     done = subprocess.run(stub_argv, executable=sys.executable, capture_output=True, text=True, env=env, timeout=60)
     assert done.stdout.strip() == "4242", done.stderr
 

@@ -53,22 +53,41 @@ HANG_S = 10.0  # a GIL held this long by one thread is a hang, not work
 EXIT_GRACE_S = 10.0
 # python_backend's stub_launcher.cc starts a stub as `triton_python_backend_stub <model.py> <shm region>
 # <shm default size> <shm growth size> <tritonserver's pid> ...`.
+STUB_REGION_ARG = 2
 STUB_PARENT_ARG = 5
+SHM_DIR = Path("/dev/shm")  # where shm_open (boost's shared_memory_object) keeps a region
+
+
+def _stub_argv() -> list[str] | None:
+    """This process's command line if it is a python-backend stub."""
+    try:
+        argv = Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    return argv if len(argv) > STUB_PARENT_ARG and os.path.basename(argv[0]) == STUB_EXECUTABLE else None
 
 
 def tritonserver_pid() -> int:
     """The tritonserver that started this stub (the pid its command line names, which the stub's own health
     thread watches); for any other process its parent. os.getppid() alone is wrong once that parent died:
     the process has been re-parented to init (or a subreaper)."""
-    try:
-        argv = Path("/proc/self/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return os.getppid()
-    if len(argv) > STUB_PARENT_ARG and os.path.basename(argv[0]) == STUB_EXECUTABLE.encode():
-        parent = argv[STUB_PARENT_ARG]
-        if parent.isdigit():
-            return int(parent)
+    argv = _stub_argv()
+    if argv is not None and argv[STUB_PARENT_ARG].isdigit():
+        return int(argv[STUB_PARENT_ARG])
     return os.getppid()
+
+
+def _remove_own_shm_region() -> None:
+    """The stub's shared-memory region, which the stub itself removes when Triton's exit of an orphaned
+    stub completes (its SharedMemoryManager's destructor) and os._exit skips. With tritonserver gone no
+    one else will: a killed rank leaves it in /dev/shm otherwise."""
+    argv = _stub_argv()
+    region = argv[STUB_REGION_ARG] if argv is not None else ""
+    if region and "/" not in region:
+        try:
+            (SHM_DIR / region).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 class ParentWatch:
@@ -109,6 +128,7 @@ class ParentWatch:
     def _parent_gone(self) -> None:
         # Nothing is left to serve, and the stub's own exit may be the part that hangs.
         logger.error("%s: tritonserver (pid %d) is gone; ending this stub (pid %d)", self.name, self.parent, os.getpid())
+        _remove_own_shm_region()
         os._exit(1)
 
 
