@@ -33,6 +33,9 @@ init reaps it). So the watch:
   already handed the stub to init, and the watch would otherwise wait for init to go;
 - checks it, and arms the watchdog, in `start()` itself, in the model's thread: the watch thread may not
   get the GIL once before the main thread takes it for good, and an unarmed watchdog ends nothing.
+A tritonserver that dies in the few milliseconds between `start()` and the end of that handshake leaves
+the stub to the watchdog (gone after `hang_s`; its shared-memory region, which the watch otherwise
+removes, then stays).
 """
 
 from __future__ import annotations
@@ -91,9 +94,9 @@ def _remove_own_shm_region() -> None:
 
 
 class ParentWatch:
-    def __init__(self, name: str, *, parent: int | None = None, poll_s: float = POLL_S, hang_s: float = HANG_S) -> None:
+    def __init__(self, name: str, *, poll_s: float = POLL_S, hang_s: float = HANG_S) -> None:
         self.name = name
-        self.parent = tritonserver_pid() if parent is None else parent
+        self.parent = tritonserver_pid()
         self._poll_s = poll_s
         self._hang_s = hang_s
         self._lock = threading.Lock()  # finalized() and the re-arming must not overtake each other
