@@ -135,6 +135,41 @@ def test_the_stubs_command_line_names_the_tritonserver_to_watch(tmp_path):
     assert done.stdout.strip() == "4242", done.stderr
 
 
+def test_a_stub_started_through_a_process_that_stays_watches_that_process(tmp_path):
+    """Not ended for a parent that is not the pid on its command line while that pid runs (a launcher
+    that does not exec the stub); ended once that parent goes."""
+    model = tmp_path / "model.py"
+    model.write_text("import threading\nfrom trtllm_truss.runtime.stub_watch import watch_parent\n"
+                     "watch_parent('wrapped')\nprint('watching', flush=True)\nthreading.Event().wait()\n")
+    stub_argv = [STUB_PATH, str(model), "region", "1048576", "1048576", str(os.getpid()), "x"]
+    launcher = "import subprocess, sys; subprocess.run(sys.argv[1:], executable=sys.executable)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([PACKAGES, os.environ.get("PYTHONPATH", "")])}
+    wrapper = subprocess.Popen([sys.executable, "-c", launcher, *stub_argv], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    child = None
+    try:
+        assert wrapper.stdout.readline().strip() == "watching"  # start() did not end it
+        child = next(int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _parent_of(int(pid)) == wrapper.pid)
+        wrapper.kill()
+        wrapper.wait()
+        killed_at = time.monotonic()
+        while not _gone(child) and time.monotonic() - killed_at < 10.0:
+            time.sleep(0.05)
+        assert _gone(child), f"the stub (pid {child}) outlived its parent by 10 s"
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def test_the_hang_watchdog_is_armed_before_the_watch_thread_runs():
     """The stub's main thread can take the GIL for good as soon as initialize returns (it waits for
     tritonserver holding it): the watchdog must not wait for the watch thread's first turn. Here the

@@ -80,6 +80,15 @@ def tritonserver_pid() -> int:
     return os.getppid()
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: a dead tritonserver stays one until init reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _remove_own_shm_region() -> None:
     """The stub's shared-memory region, which the stub itself removes when Triton's exit of an orphaned
     stub completes (its SharedMemoryManager's destructor) and os._exit skips. With tritonserver gone no
@@ -108,7 +117,11 @@ class ParentWatch:
         # the model's initialize returns, a tritonserver gone before the watch starts).
         _arm(self._hang_s)
         if os.getppid() != self.parent:
-            self._parent_gone()
+            if not _alive(self.parent):
+                self._parent_gone()
+            # Started through something between tritonserver and the stub that did not exec (Triton
+            # itself execs the stub): watch that parent, as before.
+            self.parent = os.getppid()
         self._thread.start()
         return self
 
