@@ -10,7 +10,8 @@ health thread waiting for the mutex).
 
 `watch_parent()` starts one daemon thread that, every `poll_s`:
 - compares `os.getppid()` with tritonserver's pid (the stub's parent): once re-parented, tritonserver
-  is gone and the process ends (`os._exit`: the stub's Python finalization is what hangs);
+  is gone and the process ends (`os._exit`: the stub's Python finalization is what hangs), after removing
+  the stub's shared-memory region, as Triton's own exit does (`os._exit` skips it; no one else will);
 - re-arms faulthandler's watchdog (`dump_traceback_later(hang_s, exit=True)`), a C thread that needs no
   GIL: if this thread cannot run for `hang_s` (the GIL held by a thread blocked for good), the watchdog
   writes every thread's stack to stderr and ends the process.
@@ -35,7 +36,8 @@ init reaps it). So the watch:
   get the GIL once before the main thread takes it for good, and an unarmed watchdog ends nothing.
 A tritonserver that dies in the few milliseconds between `start()` and the end of that handshake leaves
 the stub to the watchdog (gone after `hang_s`; its shared-memory region, which the watch otherwise
-removes, then stays).
+removes, then stays). The kernel's parent-death signal (PR_SET_PDEATHSIG) is no substitute: it fires when
+the *thread* that forked the stub ends (one of tritonserver's model-loading threads), not tritonserver.
 """
 
 from __future__ import annotations
