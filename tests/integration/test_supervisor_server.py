@@ -2,6 +2,9 @@
 
 The repository mimics the product's shape without depending on it: an `ensemble` of a python
 `preprocessing` step and a decoupled python `tensorrt_llm` step that streams one response per word.
+Like every product model, each starts the parent watch (runtime/stub_watch.py): Triton's stub alone
+outlives a tritonserver that dies while the stub initializes (a rank of world size 2 still loading when
+its parent is killed), deadlocked in its own exit.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ MARKER_ENV = "SUPERVISOR_TEST_MARKERS"
 # Each python model records which MPI rank loaded it, so tests can tell what ran where.
 _MARKER_CODE = f"""
 import os
+from trtllm_truss.runtime.stub_watch import watch_parent
 def record_load(model_name):
     marker_dir = os.environ.get("{MARKER_ENV}")
     if marker_dir:
@@ -51,6 +55,10 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         record_load(args["model_name"])
+        self._parent_watch = watch_parent(args["model_name"])
+
+    def finalize(self):
+        self._parent_watch.finalized()
 
     def execute(self, requests):
         responses = []
@@ -68,6 +76,10 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         record_load(args["model_name"])
+        self._parent_watch = watch_parent(args["model_name"])
+
+    def finalize(self):
+        self._parent_watch.finalized()
 
     def execute(self, requests):
         for request in requests:
@@ -475,6 +487,77 @@ def test_a_parent_killed_without_stop_takes_tritonserver_with_it(tmp_path, world
     )
     # SIGTERM, not SIGKILL: Triton shut down and removed its python backend shared memory itself.
     assert not list(Path("/dev/shm").glob(f"{shm_prefix}*"))
+
+
+# A model still initializing when its tritonserver dies. tritonserver traps SIGTERM only once its startup
+# models are loaded, so its parent-death signal ends it at once (as a rank of world size 2 that is still
+# loading when the parent is killed). The model returns from initialize once tritonserver is gone, which
+# leaves Triton's stub deadlocked in its own exit (its main thread waits for tritonserver with the GIL
+# held): only the parent watch, started last in initialize as in the product's models, ends it.
+_INITIALIZING_ENGINE = f"""
+import os, threading
+from trtllm_truss.runtime.stub_watch import watch_parent
+
+class TritonPythonModel:
+    def initialize(self, args):
+        started_by = os.getppid()
+        open(os.path.join(os.environ["{MARKER_ENV}"], "initializing"), "w").close()
+        while os.getppid() == started_by:  # the model's load outlasts tritonserver
+            threading.Event().wait(0.01)
+        self._parent_watch = watch_parent(args["model_name"])
+
+    def execute(self, requests):
+        return None
+"""
+
+_LOADING_PARENT = f"""
+import sys, time
+from pathlib import Path
+from trtllm_truss.runtime.supervisor import TritonServer
+server = TritonServer(Path(sys.argv[1]), env={{"{MARKER_ENV}": sys.argv[2]}}, ready_models=("engine",))
+server.start()
+print(server.pid, server._spec.shm_prefix, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="util-linux setpriv is not installed")
+def test_a_stub_whose_tritonserver_dies_while_it_initializes_ends(tmp_path):
+    import subprocess
+
+    from trtllm_truss.runtime.process_tree import _kill_session_and_wait, _remove_shm_regions
+
+    repo = tmp_path / "repository"
+    _python_model(repo, "engine", _INITIALIZING_ENGINE, input="WORDS", output="text_output")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _LOADING_PARENT, str(repo), str(markers)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    session, shm_prefix = None, None
+    try:
+        line = parent.stdout.readline()
+        assert line.strip(), "the parent process did not start tritonserver"
+        pid, shm_prefix = line.split()
+        session = int(pid)
+        _poll(lambda: (markers / "initializing").exists(), 120, "the model's initialize to start")
+        parent.kill()  # tritonserver gets its parent-death SIGTERM while still loading
+        parent.wait()
+        _poll(
+            lambda: _session_members(session) == [], 60, "tritonserver and its stub to exit:",
+            lambda: _describe_processes(_session_members(session)),
+        )
+        # The stub removed its shared-memory region, as Triton's own exit of an orphaned stub does.
+        assert not list(Path("/dev/shm").glob(f"{shm_prefix}*"))
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if session is not None:
+            _kill_session_and_wait(session)
+        if shm_prefix is not None:
+            _remove_shm_regions(shm_prefix)  # after a failure
 
 
 def test_python_models_import_from_the_rendered_import_path_not_pythonpath(tmp_path):
