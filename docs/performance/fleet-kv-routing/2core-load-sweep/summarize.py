@@ -36,6 +36,7 @@ for scale in sorted({scale for _, scale in runs}, reverse=True):
             "ttft_p50_ms_mean": round(statistics.mean(r["ttft_p50_ms"] for r in group), 1),
             "output_tokens_per_s_mean": round(statistics.mean(r["output_tokens_per_s"] for r in group), 1),
             "cached_over_bound_mean": round(statistics.mean(r["cached_over_bound"] for r in group), 3),
+            "succeeded": [r["succeeded"] for r in group],  # of 600 each; the rest refused (429: the front's bound)
             "per_run": group,
         }
     row["ttft_p50_kv_over_round_robin"] = round(row["kv"]["ttft_p50_ms_mean"] / row["round_robin"]["ttft_p50_ms_mean"], 3)
@@ -57,4 +58,5 @@ for row in rows:
     print(f"x{row['offered_rate_x_trace']:>5}: TTFT p50 kv {row['kv']['ttft_p50_ms_mean']:7.1f} ms, rr"
           f" {row['round_robin']['ttft_p50_ms_mean']:7.1f} ms, ratio {row['ttft_p50_kv_over_round_robin']:.2f};"
           f" tokens/s ratio {row['tokens_per_s_kv_over_round_robin']:.3f}; cached/bound kv"
-          f" {row['kv']['cached_over_bound_mean']:.3f} rr {row['round_robin']['cached_over_bound_mean']:.3f}")
+          f" {row['kv']['cached_over_bound_mean']:.3f} rr {row['round_robin']['cached_over_bound_mean']:.3f};"
+          f" succeeded kv {row['kv']['succeeded']} rr {row['round_robin']['succeeded']}")
