@@ -29,7 +29,7 @@ import pytest
 import yaml
 from trtllm_truss.config.runtime import RuntimeConfig
 from trtllm_truss.fronts.truss_server import TrussServer, free_port
-from truss_serving import REPO_ROOT, front_ready, poll
+from truss_serving import REPO_ROOT, fleet_instances, fleet_replica_pids, front_ready, poll
 
 pytest.importorskip("dynamo.llm", reason="NVIDIA Dynamo not installed (requirements/fleet.txt; scripts/bootstrap.sh)")
 
@@ -128,15 +128,6 @@ def _replicas(server: TrussServer, what: str = "grpc") -> dict[int, str]:
     return found
 
 
-def _instances(server: TrussServer) -> dict[int, str]:
-    """Replica index -> its Dynamo instance id now (what the fleet names it by in the x-replica header)."""
-    found = {}
-    for match in re.finditer(r"replica (\d+) in the fleet \(Dynamo instance (\d+)\)",
-                             server.log_path.read_text(errors="replace")):
-        found[int(match.group(1))] = match.group(2)
-    return found
-
-
 def _metric(server: TrussServer, name: str) -> float:
     """The sum of a Triton metric over the replicas (the stand-in's own series)."""
     total = 0.0
@@ -202,7 +193,7 @@ def _chat(server: TrussServer, content: str, max_tokens: int = 4, model: str = "
     ],
 )
 def test_every_dialect_is_served_through_the_fleet(kv_fleet, path, body, answered):
-    instances = set(_instances(kv_fleet).values())
+    instances = set(fleet_instances(kv_fleet).values())
     response = _post(kv_fleet, path, body)
     assert response.status_code == 200, response.text
     assert answered(response.json()), response.text
@@ -297,7 +288,7 @@ def test_round_robin_spreads_the_same_prompt_over_both_replicas(rr_fleet):
     grew = {i: after[i] - before[i] for i in after}
     assert len(grew) == 2 and all(n >= 1 for n in grew.values()), grew
     # Each response names the replica that took it: both appear, none more often than its engine served.
-    instances = _instances(rr_fleet)
+    instances = fleet_instances(rr_fleet)
     assert set(named) == {instances[i] for i in grew}, (named, instances)
     assert all(named.count(instances[i]) <= grew[i] for i in grew), (named, instances, grew)
 
@@ -329,15 +320,6 @@ def test_a_stopped_replica_leaves_the_fleet_and_rejoins(rr_fleet):
     poll(both_serve, STARTUP_TIMEOUT_S, interval_s=2.0, what="the restarted replica back in the fleet")
 
 
-def _replica_pids(server: TrussServer) -> dict[int, int]:
-    """Replica index -> the pid of its process now (the latest "in the fleet" line per index)."""
-    found = {}
-    for match in re.finditer(r"\[fleet replica (\d+)\] INFO replica (\d+) in the fleet",
-                             server.log_path.read_text(errors="replace")):
-        found[int(match.group(2))] = int(match.group(1))
-    return found
-
-
 def test_a_killed_replica_ends_its_open_streams_and_the_others_serve(rr_fleet):
     assert len(_replica_processes(rr_fleet)) == 2
     body = {"model": "embedded", "stream": True, "max_tokens": 400, "ignore_eos": True,
@@ -352,10 +334,10 @@ def test_a_killed_replica_ends_its_open_streams_and_the_others_serve(rr_fleet):
                 assert next(line for line in lines if line.startswith("data: "))
             # The replica each stream is on, as the fleet names it (x-replica); the first stream's is killed.
             named = [first.headers["x-replica"], second.headers["x-replica"]]
-            by_instance = {instance: index for index, instance in _instances(rr_fleet).items()}
+            by_instance = {instance: index for index, instance in fleet_instances(rr_fleet).items()}
             victim_index = by_instance[named[0]]
             on = {victim_index: named.count(named[0])}
-            victim = psutil.Process(_replica_pids(rr_fleet)[victim_index])
+            victim = psutil.Process(fleet_replica_pids(rr_fleet)[victim_index])
             doomed = victim.children(recursive=True)
             victim.kill()  # a crash: no goodbye to the fleet
             for process in doomed:  # its tritonserver would follow on the parent-death signal; at once here

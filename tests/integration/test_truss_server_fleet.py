@@ -7,6 +7,9 @@ loop routes each request with Dynamo's KV router, as a direct frontend of `serve
   the replica that took it (`x-replica`);
 - KV routing: the same long prompt sent 5 times stays on one replica and comes back with `cached_tokens`
   >= 75 % of the prompt each time after the first;
+- a replica killed (SIGKILL, with its tritonserver): the other serves meanwhile, and the fleet's own thread
+  starts it again (truss's load thread, which started the fleet, ended long before): it rejoins as a new
+  Dynamo instance and serves;
 - a stop of truss's server (SIGTERM) leaves no process: no replica, tritonserver or python-backend stub.
 
 One server for the module (two stacks take about a minute to start on 2 cores); the stop test is the last.
@@ -14,15 +17,15 @@ One server for the module (two stacks take about a minute to start on 2 cores); 
 
 from __future__ import annotations
 
-import re
 import signal
+import time
 from collections.abc import Iterator
 
 import httpx
 import psutil
 import pytest
 from trtllm_truss.fronts.truss_server import TrussServer
-from truss_serving import poll, serve_truss
+from truss_serving import fleet_instances, fleet_replica_pids, poll, serve_truss
 
 pytest.importorskip("dynamo.llm", reason="NVIDIA Dynamo not installed (requirements/fleet.txt; scripts/bootstrap.sh)")
 
@@ -43,8 +46,8 @@ def fleet(tmp_path_factory) -> Iterator[TrussServer]:
 
 
 def _instances(server: TrussServer) -> set[str]:
-    """The replicas' Dynamo instance ids, from their own log lines (what `x-replica` names them by)."""
-    return set(re.findall(r"replica \d+ in the fleet \(Dynamo instance (\d+)\)", server.log_path.read_text(errors="replace")))
+    """The replicas' Dynamo instance ids now (what `x-replica` names them by)."""
+    return set(fleet_instances(server).values())
 
 
 def _chat(server: TrussServer, content: str, max_tokens: int = 4) -> httpx.Response:
@@ -107,6 +110,44 @@ def test_kv_router_keeps_a_repeated_prompt_on_one_replica_and_its_cache(fleet):
     assert prompt > 400
     for usage in usages[1:]:
         assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.75 * prompt, usages
+
+
+def test_a_killed_replica_is_started_again_by_the_fleet_and_rejoins(fleet):
+    poll(lambda: len(_instances(fleet)) == 2, 60, what="both replicas in the fleet")
+    killed_instance = fleet_instances(fleet)[0]
+    victim = psutil.Process(fleet_replica_pids(fleet)[0])
+    doomed = victim.children(recursive=True)
+    victim.kill()  # a crash: no goodbye to the fleet
+    for process in doomed:  # its tritonserver would follow on the parent-death signal; at once here
+        process.kill()
+    # Meanwhile the other replica serves (a request that finds the dead one is routed once more).
+    deadline, served = time.monotonic() + 30, []
+    while len(served) < 4 and time.monotonic() < deadline:
+        response = httpx.post(fleet.url + "/v1/chat/completions", timeout=60, json={
+            "model": "embedded", "messages": [{"role": "user", "content": "Still there?"}], "max_tokens": 2})
+        if response.status_code == 200:
+            served.append(response.headers["x-replica"])
+    assert len(served) == 4 and killed_instance not in served, served
+    # Started again by the fleet's thread: a new process, a new Dynamo instance, both in the fleet.
+    poll(lambda: fleet_replica_pids(fleet).get(0) not in (None, victim.pid), 480, interval_s=2.0,
+         what="replica 0 started again")
+    back = poll(lambda: fleet_instances(fleet).get(0) not in (None, killed_instance) and fleet_instances(fleet)[0],
+                120, interval_s=1.0, what="replica 0 back in the fleet")
+    # The new instance takes requests: of two streams open at once, the router sends the second where the
+    # first is not (its load), so the two together name both replicas.
+
+    def both_named() -> bool:
+        with httpx.Client(timeout=120) as client, \
+                client.stream("POST", fleet.url + "/v1/chat/completions", json=_long_stream("Go on")) as first, \
+                client.stream("POST", fleet.url + "/v1/chat/completions", json=_long_stream("Tell me more")) as second:
+            return {first.headers["x-replica"], second.headers["x-replica"]} == {back, served[0]}
+
+    poll(both_named, 60, interval_s=0.5, what="the restarted replica and the other both serving")
+
+
+def _long_stream(content: str) -> dict:
+    return {"model": "embedded", "stream": True, "max_tokens": 64, "ignore_eos": True,
+            "messages": [{"role": "user", "content": content}]}
 
 
 def test_a_stop_of_truss_server_leaves_no_process(fleet):

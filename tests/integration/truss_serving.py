@@ -3,6 +3,7 @@ or the direct front), and polling."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +71,23 @@ def front_ready(url: str) -> bool:
         return httpx.get(url + "/health/ready", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def fleet_instances(server: TrussServer) -> dict[int, str]:
+    """A fleet's replica index -> its Dynamo instance id now (what `x-replica` names it by), from the replicas'
+    "in the fleet" log lines (a restarted replica logs a new one)."""
+    found = {}
+    for match in re.finditer(r"replica (\d+) in the fleet \(Dynamo instance (\d+)\)", server.log_path.read_text(errors="replace")):
+        found[int(match.group(1))] = match.group(2)
+    return found
+
+
+def fleet_replica_pids(server: TrussServer) -> dict[int, int]:
+    """A fleet's replica index -> the pid of its process now (the latest "in the fleet" line per index)."""
+    found = {}
+    for match in re.finditer(r"\[fleet replica (\d+)\] INFO replica (\d+) in the fleet", server.log_path.read_text(errors="replace")):
+        found[int(match.group(2))] = int(match.group(1))
+    return found
 
 
 class RestartableDirectFront:
