@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
+from trtllm_truss.config import fleet_configured
 from trtllm_truss.config.fleet import FleetConfig
-from trtllm_truss.fronts.service import fleet_configured
 from trtllm_truss.planning.fleet import make_fleet_plan
 from trtllm_truss.serving.replica_header import REPLICA_HEADER, with_replica_header
 

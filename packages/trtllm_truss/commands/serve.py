@@ -173,21 +173,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _has_fleet_section(truss_dir: Path) -> bool:
-    """config.yaml has model_metadata.trt_llm.fleet, or a TRTLLM_FLEET__* variable sets it (then serve runs the
-    fleet, as --replicas does, and as truss's server does: fronts.service.fleet_configured)."""
-    import os
+    """The truss serves a fleet (`config.fleet_configured`, the rule truss's server follows too); then serve runs
+    the fleet, as --replicas does. A configuration that does not load is not a fleet here: the serving path's
+    own load_config reports it, naming the problem."""
+    from trtllm_truss.config import ConfigError, fleet_configured
 
-    import yaml
-
-    from trtllm_truss.config.sources import env_name
-
-    if any(name.startswith(env_name(("fleet", ""))) for name in os.environ):
-        return True
     try:
-        config = yaml.safe_load((Path(truss_dir) / "config.yaml").read_text()) or {}
-        return isinstance(((config.get("model_metadata") or {}).get("trt_llm") or {}).get("fleet"), dict)
-    except (OSError, yaml.YAMLError, AttributeError):
-        return False  # load_config reports it, naming the problem
+        return fleet_configured(truss_dir)
+    except ConfigError:
+        return False
 
 
 def _run_direct(args: argparse.Namespace, console) -> int:

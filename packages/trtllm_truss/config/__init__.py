@@ -17,7 +17,7 @@ from trtllm_truss.config.enums import (
     Quantization,
 )
 from trtllm_truss.config.errors import ConfigError
-from trtllm_truss.config.loader import ResolvedConfig, load_config
+from trtllm_truss.config.loader import ResolvedConfig, fleet_configured, load_config
 from trtllm_truss.config.locations import RepositoryLocation, is_hub_repo_id, resolve_repository
 from trtllm_truss.config.runtime import PytorchEngineConfig, RuntimeConfig, SyntheticEngineConfig
 from trtllm_truss.config.schema import ServeConfig, TrtLlmConfig
@@ -51,6 +51,7 @@ __all__ = [
     "TrtLlmConfig",
     "env_name",
     "is_hub_repo_id",
+    "fleet_configured",
     "load_config",
     "parse_accelerator",
     "resolve_repository",

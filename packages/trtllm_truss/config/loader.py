@@ -258,3 +258,10 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
         model_name=str(model_name) if model_name is not None else None,
         node_count=node_count,
     )
+
+
+def fleet_configured(truss_dir: Path | str, environ: Mapping[str, str] | None = None) -> bool:
+    """`model_metadata.trt_llm.fleet` is set (in config.yaml, or by a TRTLLM_FLEET__* override, config.yaml's
+    `environment_variables` included): the truss serves a fleet, under truss's server and `serve` alike.
+    Raises `ConfigError` as `load_config` does."""
+    return load_config(truss_dir, environ).trt_llm.fleet is not None

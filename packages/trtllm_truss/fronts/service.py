@@ -74,6 +74,8 @@ class LLMService:
         native.quiet_aborted_streams()
         progress = progress or (lambda _: None)
         started = time.monotonic()
+        from trtllm_truss.config import fleet_configured
+
         fleet = fleet_configured(self.truss_dir, self._environ)
         if fleet:
             from trtllm_truss.fronts.fleet_stack import start_fleet_stack
@@ -219,14 +221,6 @@ class LLMService:
 
     async def messages(self, request: Any, http_request: Request | None = None) -> Any:
         return await self._serve(messages.messages, request, http_request)
-
-
-def fleet_configured(truss_dir: Path, environ: Mapping[str, str] | None) -> bool:
-    """`model_metadata.trt_llm.fleet` is set (config.yaml, or a TRTLLM_FLEET__* override): this truss serves a
-    fleet, as `serve` does with the section."""
-    from trtllm_truss.config import load_config
-
-    return load_config(truss_dir, environ).trt_llm.fleet is not None
 
 
 def max_in_flight(plan: ServingPlan) -> int:
