@@ -83,4 +83,15 @@ lane "${lane2[@]}" & pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid"; done
 lane alone
 for i in "${!order[@]}"; do cat "$logs/$i.log"; done
-if [ -s "$logs/failed" ]; then echo "== failed: $(tr '\n' ' ' < "$logs/failed")"; exit 1; fi
+if [ -s "$logs/failed" ]; then
+  # Again at the end, where a reader of the output's tail (CI's summary) finds them: each failed suite's
+  # failures, from pytest's FAILURES section (its first 200 lines) and its short summary.
+  while read -r suite; do
+    for i in "${!order[@]}"; do [ "${order[$i]}" = "$suite" ] && break; done
+    echo "== the failures of $suite, again"
+    sed -n '/^=* FAILURES =*$/,/^=* slowest/p' "$logs/$i.log" | head -200
+    grep -E '^(FAILED|ERROR) ' "$logs/$i.log"
+  done < "$logs/failed"
+  echo "== failed: $(tr '\n' ' ' < "$logs/failed")"
+  exit 1
+fi

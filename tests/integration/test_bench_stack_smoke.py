@@ -73,7 +73,8 @@ def test_bench_compare_backends_streams_the_llmapi_path_on_the_synthetic_engine(
     assert llmapi["metrics"]["output_tokens_total"] == pytorch["metrics"]["output_tokens_total"] == 16 * 24
     (comparison,) = report["comparisons"]
     assert (comparison["direct"], comparison["full"]) == ("engine@pytorch", "engine@llmapi")
-    assert comparison["cpu_ratios"]["total"] > 0 and comparison["cpu_ratios"]["triton_and_stubs"] > 0
+    assert comparison["cpu_ratios"]["total"] > 0 and comparison["cpu_ratios"]["triton_and_stubs"] > 0, (
+        comparison["cpu_ratios"], report["warnings"], [run["server_cpu"] for run in report["runs"]])
     assert "engine@llmapi / engine@pytorch" in out
 
 

@@ -253,6 +253,9 @@ def _serve_stop_cycle(truss_dir: Path, work: Path, round_: int) -> tuple[int, fl
         gone_after = assert_all_gone(marker, EXIT_TIMEOUT_S, f"stop {round_} of trtllm-truss serve")
         assert process.wait(timeout=5) == 0, output()
         assert EXIT_TIMEOUT_MESSAGE not in (work / f"serve-{round_}.log").read_text(), f"stop {round_} waited out the exit timeout"
+    except BaseException:
+        print(f"serve, stop {round_}:\n{output()}")  # in the failure's captured output, as the other fronts' logs
+        raise
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

@@ -94,6 +94,9 @@ class ScriptedProbe:
     def __init__(self):
         self.cpu = {"serving_path": 0.0, "tritonserver": 0.0, "python_stubs": 0.0}
 
+    def root_pids(self):
+        return tuple(range(len(self.cpu)))
+
     def snapshot(self):
         return {k: (group, 1.0, self.cpu[group]) for k, group in enumerate(self.cpu)}
 
@@ -195,6 +198,40 @@ async def test_targets_on_their_own_stacks_are_read_by_their_own_probes_and_thei
     assert ratios["serving_path"] == pytest.approx(1.0)
     assert ratios["triton_and_stubs"] == pytest.approx(3.5 / 3.0)
     assert ratios["total"] == pytest.approx(4.5 / 4.0)
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+
+
+async def test_a_replaced_root_is_followed_and_a_round_it_ended_in_is_reported():
+    """A tritonserver the bench started is read through its supervisor: after a restart the new one is
+    measured, and the round in which the old one ended says its CPU misses that process."""
+    current = [_sleeper()]
+    ended = []
+    probe = probe_for([], current_roots=lambda: (current[0].pid,))
+
+    class Restarting(ScriptedTarget):
+        async def stream(self, request):
+            async for chunk in super().stream(request):
+                yield chunk
+            if not ended:  # the supervised process restarts once, during the first round
+                ended.append(current[0])
+                current[0].kill()
+                current[0].wait()
+                current[0] = _sleeper()
+
+    plan = BenchPlan(targets=[Restarting("engine")], levels=[ClosedLoop(concurrency=1)], requests=_requests(2, output_len=2),
+                     workload={}, warmup_requests=0, rounds=2, cpu_probe=probe)
+    try:
+        report = await run_bench(plan, None)
+        assert probe.snapshot().keys() == {current[0].pid}  # the one running now
+    finally:
+        current[0].kill()
+        current[0].wait()
+    (warning,) = report.warnings  # the first round only: the second read the new process from its start
+    assert f"[{ended[0].pid}]" in warning and "ended during a round" in warning
+    assert report.runs[0].server_cpu is not None
 
 
 def test_processes_a_stub_started_count_as_the_stubs(tmp_path):

@@ -13,12 +13,15 @@ The processes are grouped by what they are:
 A probe is given the root processes of what is measured (truss's server, or tritonserver when the
 gRPC targets run without truss); every process of their trees is read. A process started during a
 round (a restarted worker) counts all its CPU; one that ended during it loses the CPU it used in
-the round (its times can no longer be read).
+the round (its times can no longer be read). A root found by the port it listens on is the process
+listening there when the run starts; a tritonserver this command started is read through its
+supervisor (`current_roots`), so a restarted one is followed. A root that ended during a round (a
+restart, a crash) takes its CPU of the round with it: the session warns that the round's CPU misses it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -43,14 +46,21 @@ def classify(name: str, exe_name: str) -> str:
 
 @dataclass(frozen=True)
 class CpuProbe:
-    """Reads the CPU seconds of every process in the trees under `roots`."""
+    """Reads the CPU seconds of every process in the trees under `roots` (or, where given, under the pids
+    `current_roots()` returns at each snapshot: a supervised process that may be replaced)."""
 
     roots: tuple[int, ...]
+    current_roots: Callable[[], Iterable[int | None]] | None = None
+
+    def root_pids(self) -> tuple[int, ...]:
+        if self.current_roots is None:
+            return self.roots
+        return tuple(pid for pid in self.current_roots() if pid is not None)
 
     def snapshot(self) -> Snapshot:
         seen: Snapshot = {}
         parents: dict[int, int] = {}
-        for root in self.roots:
+        for root in self.root_pids():
             try:
                 top = psutil.Process(root)
                 processes = [top, *top.children(recursive=True)]
@@ -113,6 +123,8 @@ def listening_pid(url: str) -> int | None:
     return None
 
 
-def probe_for(pids: Iterable[int | None]) -> CpuProbe | None:
+def probe_for(pids: Iterable[int | None], current_roots: Callable[[], Iterable[int | None]] | None = None) -> CpuProbe | None:
     roots = tuple(dict.fromkeys(pid for pid in pids if pid is not None))
+    if current_roots is not None:
+        return CpuProbe(roots, current_roots)
     return CpuProbe(roots) if roots else None

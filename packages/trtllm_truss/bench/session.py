@@ -99,6 +99,7 @@ async def run_bench(
                     requests = requests_of[target.name]
                     progress.level_started(target.name, level, len(requests))
                     probe = plan.cpu_probes.get(target.name, plan.cpu_probe)
+                    roots = probe.root_pids() if probe is not None else ()
                     cpu_before = probe.snapshot() if probe is not None else None
                     if plan.client_processes > 1 and not hasattr(target, "run_level"):
                         records, cpu_s = await run_level_in_processes(
@@ -113,7 +114,15 @@ async def run_bench(
                         )
                         # A target that runs levels in its own process (llm) reports that process's CPU.
                         cpu_s = getattr(target, "cpu_s", time.process_time() - client_cpu_before)
-                    server_cpu = cpu_between(cpu_before, probe.snapshot()) if probe is not None and cpu_before is not None else None
+                    server_cpu = None
+                    if probe is not None and cpu_before is not None:
+                        cpu_after = probe.snapshot()
+                        server_cpu = cpu_between(cpu_before, cpu_after)
+                        if ended := [pid for pid in roots if pid not in cpu_after]:
+                            report.warnings.append(
+                                f"{target.name} @ {level.label}: the server process(es) {ended} measured for CPU"
+                                " ended during a round (restarted or crashed); that round's server CPU misses them"
+                            )
                     # The target that sets the lengths ends requests early on purpose (a guide completing).
                     fixed_length = plan.fixed_length and target.name != plan.lengths_from
                     method, warnings = count_output_tokens(records, plan.token_counting, tokenizer, fixed_length=fixed_length)

@@ -269,6 +269,7 @@ class _Endpoints:
     tokenizer_dir: Path | None
     metrics_url: str | None = None  # Triton's /metrics, when this command started the stack
     truss_pid: int | None = None  # truss's server, when this command started it
+    stack: Any = None  # the stack (runtime.stack) this command started for the gRPC targets: its tritonserver's pid
 
 
 class _SetupError(Exception):
@@ -300,6 +301,7 @@ def _bring_up(args: argparse.Namespace, names: list[str], cleanup: contextlib.Ex
         raise _SetupError("--compare with --url: also give --grpc-url, the Triton behind that truss server", 2)
     elif grpc_needed and found.grpc_url is None:
         stack = _start_stack(args, cleanup, err)
+        found.stack = stack
         found.grpc_url = stack.server.grpc_url
         found.metrics_url = stack.server.metrics_url
         found.tokenizer_dir = found.tokenizer_dir or stack.plan.tokenizer_dir
@@ -326,7 +328,7 @@ def _bring_up_backends(args: argparse.Namespace, cleanup: contextlib.ExitStack, 
             stack = _start_stack(args, cleanup, err, environ={**os.environ, **override})
             found = _Endpoints(grpc_url=stack.server.grpc_url, http_url=None,
                                tokenizer_dir=args.tokenizer or stack.plan.tokenizer_dir,
-                               metrics_url=stack.server.metrics_url)
+                               metrics_url=stack.server.metrics_url, stack=stack)
         if found.tokenizer_dir is None:
             found.tokenizer_dir = _plan_tokenizer_dir(args.truss_dir)
         if not Path(found.tokenizer_dir).is_dir():
@@ -338,12 +340,15 @@ def _bring_up_backends(args: argparse.Namespace, cleanup: contextlib.ExitStack, 
 def _cpu_probe(endpoints: _Endpoints):
     """Reads the CPU of the servers measured when they run on this machine: truss's server and what
     runs under it (stream workers, tritonserver, its stubs), or the tritonserver behind the gRPC
-    targets; found by the ports they listen on when this command did not start them."""
+    targets; found by the ports they listen on when this command did not start them. A tritonserver this
+    command started is read through its supervisor: the one running at each round, a restart followed."""
     from trtllm_truss.bench.cpu import listening_pid, probe_for
 
-    pids = [endpoints.truss_pid or (listening_pid(endpoints.http_url) if endpoints.http_url else None)]
-    pids.append(listening_pid(endpoints.grpc_url) if endpoints.grpc_url else None)
-    return probe_for(pids)
+    truss = endpoints.truss_pid or (listening_pid(endpoints.http_url) if endpoints.http_url else None)
+    if endpoints.stack is not None:
+        server = endpoints.stack.server
+        return probe_for([truss], current_roots=lambda: (truss, server.pid))
+    return probe_for([truss, listening_pid(endpoints.grpc_url) if endpoints.grpc_url else None])
 
 
 def _workload(args: argparse.Namespace, levels: list, tokenizer: Any):
