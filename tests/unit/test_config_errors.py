@@ -3,6 +3,7 @@ names the exact key path (and the allowed values where there is a fixed set)."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -473,6 +474,21 @@ def test_secret_values_never_appear_in_errors(tmp_path: Path):
     text = str(info.value)
     assert f"{S}.serve.bogus" in text and f"{S}.serve.tensor_parallel_count" in text
     assert token not in text and "abcdefghijklmnop" not in text
+
+
+def test_a_value_only_truss_holds_is_hidden_from_the_errors_once_given(tmp_path: Path):
+    """truss's secrets mapping (a local run's values, in neither the environment nor /secrets) is read before
+    anything is validated: a secret pasted into the wrong variable is not shown in the error naming it."""
+    # Not shaped like a known credential (those are hidden by their shape): only the mapping says it is one.
+    token = "open-sesame-" + uuid.uuid4().hex[:8]  # this test's own: redaction remembers values for the whole process
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"secrets": {"hf_access_token": None}}))
+    environ = {"TRTLLM_SERVE__TENSOR_PARALLEL_COUNT": token}
+    with pytest.raises(ConfigError) as unseen:
+        load_config(tmp_path, environ=environ)
+    assert token in str(unseen.value)  # nothing said it was a secret
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path, environ=environ, secrets={"hf_access_token": token})
+    assert f"{S}.serve.tensor_parallel_count" in str(info.value) and token not in str(info.value)
 
 
 def test_key_in_the_wrong_section_says_where_it_belongs(tmp_path: Path):

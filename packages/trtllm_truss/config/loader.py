@@ -190,16 +190,18 @@ def _effective_environ(
     return {**from_file, **environ}, labels
 
 
-def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None) -> ResolvedConfig:
+def load_config(
+    truss_dir: Path | str, environ: Mapping[str, str] | None = None, *, secrets: Mapping[str, Any] | None = None
+) -> ResolvedConfig:
     """Read `config.yaml`, apply environment overrides, validate. Raises `ConfigError` listing every
-    problem found (one line each, with its dotted key path)."""
+    problem found (one line each, with its dotted key path). `secrets`: truss's mapping, whose values (a local
+    run's can be ones neither the environment nor /secrets holds) no error or log line may show either."""
     truss_dir = Path(truss_dir).resolve()
     truss_config = _read_truss_config(truss_dir)
     env, env_labels = _effective_environ(truss_config, os.environ if environ is None else environ)
     declared_secrets = declared_secret_names(truss_config)
-    secrets = list(declared_secrets)
     # Before any value is validated: from here on no error, table or log line can show a secret's value.
-    remember_secret_values(secret_values(declared_secrets, environ=env))
+    remember_secret_values(secret_values(declared_secrets, secrets=secrets, environ=env))
     raw = RawSection()
 
     resources = truss_config.get("resources") or {}
@@ -217,7 +219,7 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
         else:
             node_count = declared_nodes
 
-    for name in secrets:
+    for name in declared_secrets:
         if declared_secrets[name] not in (None, ""):
             raw.warnings.append(
                 f"secrets.{name}: config.yaml holds a value (not shown); keep it null here and store the value"
@@ -253,15 +255,18 @@ def load_config(truss_dir: Path | str, environ: Mapping[str, str] | None = None)
         accelerator=accelerator,
         sources=sources,
         truss_dir=truss_dir,
-        secrets=secrets,
+        secrets=list(declared_secrets),
         warnings=warnings,
         model_name=str(model_name) if model_name is not None else None,
         node_count=node_count,
     )
 
 
-def fleet_configured(truss_dir: Path | str, environ: Mapping[str, str] | None = None) -> bool:
+def fleet_configured(
+    truss_dir: Path | str, environ: Mapping[str, str] | None = None, *, secrets: Mapping[str, Any] | None = None
+) -> bool:
     """`model_metadata.trt_llm.fleet` is set (in config.yaml, or by a TRTLLM_FLEET__* override, config.yaml's
     `environment_variables` included): the truss serves a fleet, under truss's server and `serve` alike.
-    Raises `ConfigError` as `load_config` does."""
-    return load_config(truss_dir, environ).trt_llm.fleet is not None
+    Raises `ConfigError` as `load_config` does (`secrets` as there: the first read of a truss's configuration
+    is the one whose error is shown)."""
+    return load_config(truss_dir, environ, secrets=secrets).trt_llm.fleet is not None

@@ -84,12 +84,7 @@ def start_fleet_stack(
 
     require_dynamo()
     environ = os.environ if environ is None else environ
-    resolved = load_config(truss_dir, environ)
-    if secrets is not None:  # as runtime.stack: no value of truss's mapping in any log line
-        from trtllm_truss.config.errors import remember_secret_values
-        from trtllm_truss.config.secrets import secret_values
-
-        remember_secret_values(secret_values(resolved.secrets, secrets=secrets, environ=environ))
+    resolved = load_config(truss_dir, environ, secrets=secrets)
     facts = probe_facts()
     plan = make_plan(resolved, facts, environ=environ)
     fleet = resolved.trt_llm.fleet or FleetConfig()

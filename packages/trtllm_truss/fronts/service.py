@@ -76,7 +76,7 @@ class LLMService:
         started = time.monotonic()
         from trtllm_truss.config import fleet_configured
 
-        fleet = fleet_configured(self.truss_dir, self._environ)
+        fleet = fleet_configured(self.truss_dir, self._environ, secrets=self._secrets)
         if fleet:
             from trtllm_truss.fronts.fleet_stack import start_fleet_stack
 

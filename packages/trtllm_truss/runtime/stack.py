@@ -99,12 +99,7 @@ def start_stack(
     from trtllm_truss.repository import ENSEMBLE, IDS_ENSEMBLE, render_repository
 
     progress("reading the configuration")
-    resolved = load_config(Path(truss_dir), environ)
-    if secrets is not None:  # truss's mapping can hold values load_config could not see (e.g. a local run's)
-        from trtllm_truss.config.errors import remember_secret_values
-        from trtllm_truss.config.secrets import secret_values
-
-        remember_secret_values(secret_values(resolved.secrets, secrets=secrets, environ=environ))
+    resolved = load_config(Path(truss_dir), environ, secrets=secrets)
     if facts is None:
         progress("probing GPUs and TensorRT-LLM")
         facts = probe_facts()
