@@ -194,7 +194,9 @@ async def test_compare_session_report_json_schema(tmp_path):
     engine4, http4 = data["runs"][2]["metrics"], data["runs"][3]["metrics"]
     assert data["ratio"] == pytest.approx(http4["output_tokens_per_s"] / engine4["output_tokens_per_s"])
     assert data["added_ttft_p50_ms"] == pytest.approx(http4["ttft_ms"]["p50"] - engine4["ttft_ms"]["p50"])
-    assert 0 < data["ratio"] < 1  # the scripted full path is several times slower
+    # (full over direct, pinned above; not "< 1" from the scripted steps' lengths: a busy machine's sleeps of 1 ms
+    # and 6 ms both overrun to its scheduling tick, and CI saw 1.11)
+    assert data["ratio"] > 0
     assert [c["level"]["concurrency"] for c in data["comparisons"]] == [2, 4]
 
     # the file reads back into the typed report
