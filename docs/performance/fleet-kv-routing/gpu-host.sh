@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fleet study on the GPU host (a harness, not part of the product). The synthetic engine needs no GPU:
 # the host's 16 cores are what the 4 replicas, Dynamo and the client use.
-#   setup          (call 1) unpack the carried Dynamo archive and the first part of the site archive under /tmp
+#   setup          unpack the carried Dynamo archive, keep a carried part of the site archive under /tmp (a call each)
 #   fleet-kv fleet-rr   serve --replicas R of the embedded default (synthetic engine, block reuse, finite pool,
 #                  KV events) with router_mode kv / round_robin, each replayed by `bench --trace`
 #   mocker         Dynamo's mocker fleet (harness.py) on the same slice, replicas, block size and pools
@@ -21,7 +21,11 @@ R=${REPLICAS:-4}; LIMIT=${TRACE_LIMIT:-1750}; SCALE=${TIME_SCALE:-0.1}; MAXOUT=$
 POOL_BLOCKS=4096; BLOCK=16
 if [ -z "${LOCAL:-}" ]; then
   if [ "${1:-}" = setup ]; then
-    mkdir -p /tmp/dyn && tar -xJf .carry/dyn312.tar.xz -C /tmp/dyn && cp .carry/site312.part-aa /tmp/ && log "setup: $(du -sh /tmp/dyn | cut -f1) dynamo, part aa kept"; exit
+    # Whatever this call carries: the Dynamo archive is unpacked, a part of the site archive kept under /tmp (the
+    # tracked tree, 23 MB, leaves about 43 MB a call: Dynamo alone, then each half of the site archive).
+    if [ -f .carry/dyn312.tar.xz ]; then mkdir -p /tmp/dyn && tar -xJf .carry/dyn312.tar.xz -C /tmp/dyn && log "setup: dynamo, $(du -sh /tmp/dyn | cut -f1)"; fi
+    for part in .carry/site312.part-a?; do [ -f "$part" ] && cp "$part" /tmp/ && log "setup: $(basename "$part") kept under /tmp"; done
+    exit
   fi
   log "host: $(nproc) cores, $(python3 -V 2>&1); $(nvidia-smi -L 2>/dev/null | head -1)"
   log "cpu: $(lscpu 2>/dev/null | grep -E '^Model name' | tr -s ' ')"
@@ -31,8 +35,9 @@ if [ -z "${LOCAL:-}" ]; then
     SP=$(/tmp/v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     IMG=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     # Part ab is carried by this call, or was kept under /tmp by an earlier call to the warm machine.
+    AA=.carry/site312.part-aa; [ -f $AA ] || AA=/tmp/site312.part-aa
     AB=.carry/site312.part-ab; [ -f $AB ] || AB=/tmp/site312.part-ab
-    cat /tmp/site312.part-aa $AB | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }
+    cat $AA $AB | tar -xJ -C "$SP" || { log "site extract failed"; exit 1; }
     cp -a /tmp/dyn/. "$SP/"
     echo "import site; site.addsitedir('$IMG')" > "$SP/zz_image_site.pth"
     # The package as committed on the study's branch (carried: the device gets /work/main's working tree,
