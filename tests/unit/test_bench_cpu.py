@@ -209,7 +209,7 @@ async def test_a_replaced_root_is_followed_and_a_round_it_ended_in_is_reported()
     measured, and the round in which the old one ended says its CPU misses that process."""
     current = [_sleeper()]
     ended = []
-    probe = probe_for([], current_roots=lambda: (current[0].pid,))
+    probe = CpuProbe((), current_roots=lambda: (current[0].pid,))
 
     class Restarting(ScriptedTarget):
         async def stream(self, request):

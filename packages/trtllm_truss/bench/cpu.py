@@ -123,8 +123,6 @@ def listening_pid(url: str) -> int | None:
     return None
 
 
-def probe_for(pids: Iterable[int | None], current_roots: Callable[[], Iterable[int | None]] | None = None) -> CpuProbe | None:
+def probe_for(pids: Iterable[int | None]) -> CpuProbe | None:
     roots = tuple(dict.fromkeys(pid for pid in pids if pid is not None))
-    if current_roots is not None:
-        return CpuProbe(roots, current_roots)
     return CpuProbe(roots) if roots else None

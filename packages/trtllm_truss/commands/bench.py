@@ -342,12 +342,12 @@ def _cpu_probe(endpoints: _Endpoints):
     runs under it (stream workers, tritonserver, its stubs), or the tritonserver behind the gRPC
     targets; found by the ports they listen on when this command did not start them. A tritonserver this
     command started is read through its supervisor: the one running at each round, a restart followed."""
-    from trtllm_truss.bench.cpu import listening_pid, probe_for
+    from trtllm_truss.bench.cpu import CpuProbe, listening_pid, probe_for
 
     truss = endpoints.truss_pid or (listening_pid(endpoints.http_url) if endpoints.http_url else None)
     if endpoints.stack is not None:
         server = endpoints.stack.server
-        return probe_for([truss], current_roots=lambda: (truss, server.pid))
+        return CpuProbe((), current_roots=lambda: (truss, server.pid))
     return probe_for([truss, listening_pid(endpoints.grpc_url) if endpoints.grpc_url else None])
 
 
